@@ -1,0 +1,125 @@
+"""The GDN-2 problem type: inputs in the layout of DESIGN.md §2, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+# Layout (DESIGN.md §2): which inputs are [B, T, H, K] and which are [B, T, H, V].
+KEY_INPUTS = ("q", "k", "g", "b")
+VALUE_INPUTS = ("v", "w")
+INPUTS = ("q", "k", "v", "g", "b", "w")
+GRADS = ("dq", "dk", "dv", "dg", "db", "dw", "dh0")
+
+
+def _as_float_array(name, x):
+    """Return ``x`` as a float64 ndarray, or raise ValueError naming ``name``."""
+    a = np.asarray(x)
+    if not (np.issubdtype(a.dtype, np.floating)):
+        raise ValueError(f"{name}: expected a floating-point array, got dtype {a.dtype}")
+    a = a.astype(np.float64)
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name}: contains NaN or inf")
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class Problem:
+    """One GDN-2 instance: ``q, k, g, b: [B,T,H,K]``, ``v, w: [B,T,H,V]``, ``initial_state: [B,H,K,V]``.
+
+    Arrays are held as float64 (the exact values a kernel saw); ``scale`` defaults to ``K**-0.5``.
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    g: np.ndarray
+    b: np.ndarray
+    w: np.ndarray
+    scale: float | None = None
+    initial_state: np.ndarray | None = None
+
+    def __post_init__(self):
+        arrays = {name: _as_float_array(name, getattr(self, name)) for name in INPUTS}
+        for name, a in arrays.items():
+            if a.ndim != 4:
+                raise ValueError(f"{name}: expected rank 4 [B, T, H, dim], got shape {a.shape}")
+        B, T, H, K = arrays["q"].shape
+        V = arrays["v"].shape[-1]
+        if T == 0:
+            raise ValueError("q: empty sequence (T == 0)")
+        if min(B, H, K, V) == 0:
+            raise ValueError(f"q: zero-sized dimension in shape {arrays['q'].shape} / v {arrays['v'].shape}")
+        for name in KEY_INPUTS:
+            if arrays[name].shape != (B, T, H, K):
+                raise ValueError(f"{name}: shape {arrays[name].shape} does not match q's {(B, T, H, K)}")
+        for name in VALUE_INPUTS:
+            if arrays[name].shape != (B, T, H, V):
+                raise ValueError(f"{name}: shape {arrays[name].shape} does not match [B, T, H, V] = {(B, T, H, V)}")
+        if np.any(arrays["g"] > 0):
+            raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
+        for name, a in arrays.items():
+            a.setflags(write=False)
+            object.__setattr__(self, name, a)
+        scale = self.scale
+        if scale is None:
+            scale = float(K) ** -0.5
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"scale: expected a real number, got {self.scale!r}") from None
+        if not np.isfinite(scale):
+            raise ValueError(f"scale: must be finite, got {scale}")
+        object.__setattr__(self, "scale", scale)
+        if self.initial_state is not None:
+            h0 = _as_float_array("initial_state", self.initial_state)
+            if h0.shape != (B, H, K, V):
+                raise ValueError(f"initial_state: shape {h0.shape} does not match [B, H, K, V] = {(B, H, K, V)}")
+            h0.setflags(write=False)
+            object.__setattr__(self, "initial_state", h0)
+
+    @property
+    def shape(self):
+        """``(B, T, H, K, V)``."""
+        B, T, H, K = self.q.shape
+        return B, T, H, K, self.v.shape[-1]
+
+    def h0(self):
+        """The initial state, zeros when none was given."""
+        B, _, H, K, V = self.shape
+        return np.zeros((B, H, K, V)) if self.initial_state is None else self.initial_state
+
+    def inputs(self):
+        """The six per-token inputs in contract order ``(q, k, v, g, b, w)``."""
+        return tuple(getattr(self, name) for name in INPUTS)
+
+    def replace(self, **changes):
+        """A new validated Problem with some fields replaced."""
+        fields = {name: getattr(self, name) for name in INPUTS + ("scale", "initial_state")}
+        fields.update(changes)
+        return Problem(**fields)
+
+    def check_cotangents(self, do, dfinal_state):
+        """Validate output cotangents ``do: [B,T,H,V]`` and ``dfinal_state: [B,H,K,V]``; return float64."""
+        B, T, H, K, V = self.shape
+        do = _as_float_array("do", do)
+        dfs = _as_float_array("dfinal_state", dfinal_state)
+        if do.shape != (B, T, H, V):
+            raise ValueError(f"do: shape {do.shape} does not match o's {(B, T, H, V)}")
+        if dfs.shape != (B, H, K, V):
+            raise ValueError(f"dfinal_state: shape {dfs.shape} does not match {(B, H, K, V)}")
+        return do, dfs
+
+
+class Grads(NamedTuple):
+    """The seven gradients of a scalar loss: inputs' layouts, and ``dh0: [B,H,K,V]``."""
+
+    dq: np.ndarray
+    dk: np.ndarray
+    dv: np.ndarray
+    dg: np.ndarray
+    db: np.ndarray
+    dw: np.ndarray
+    dh0: np.ndarray

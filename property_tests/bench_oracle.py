@@ -1,0 +1,62 @@
+"""Benchmark of the exact oracles (a script, not a timed test).
+
+NumPy float64 forward + VJP at the seed benchmark shape (B=8, T=4096, H=6, K=V=128) and
+mpmath forward + VJP at T=64, K=V=16, 256 bits: wall time and peak resident memory.
+
+    python property_tests/bench_oracle.py [--numpy-shape 8,4096,6,128,128] [--skip-mp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import numpy as np
+
+import oracle
+from oracle import mp, recurrence
+
+
+def _peak_rss_gib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--numpy-shape", default="8,4096,6,128,128", help="B,T,H,K,V")
+    parser.add_argument("--mp-shape", default="1,64,1,16,16", help="B,T,H,K,V")
+    parser.add_argument("--prec", type=int, default=256)
+    parser.add_argument("--skip-mp", action="store_true")
+    parser.add_argument("--skip-numpy", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.skip_numpy:
+        shape = tuple(int(x) for x in args.numpy_shape.split(","))
+        p = oracle.make_problem(*shape, decay="moderate", initial_state=True, seed=0)
+        do, dfs = oracle.random_cotangents(p)
+        base = _peak_rss_gib()
+        t0 = time.perf_counter()
+        o, S = recurrence.forward(p)
+        t1 = time.perf_counter()
+        grads = recurrence.vjp(p, do, dfs)
+        t2 = time.perf_counter()
+        print(f"numpy float64 {shape}: forward {t1 - t0:.1f} s, vjp {t2 - t1:.1f} s, "
+              f"total {t2 - t0:.1f} s; peak RSS {_peak_rss_gib():.2f} GiB "
+              f"(inputs+cotangents alone {base:.2f} GiB)")
+        del o, S, grads
+    if not args.skip_mp:
+        shape = tuple(int(x) for x in args.mp_shape.split(","))
+        p = oracle.make_problem(*shape, decay="moderate", initial_state=True, seed=0)
+        do, dfs = oracle.random_cotangents(p)
+        t0 = time.perf_counter()
+        fwd = mp.forward(p, prec=args.prec)
+        t1 = time.perf_counter()
+        grads = mp.vjp(p, do, dfs, prec=args.prec)
+        t2 = time.perf_counter()
+        worst = max(float(np.max(e)) for e in list(fwd.errors.values()) + list(grads.errors.values()))
+        print(f"mpmath {args.prec} bits {shape}: forward {t1 - t0:.1f} s, vjp {t2 - t1:.1f} s "
+              f"(each includes the {2 * args.prec}-bit error-estimate run); largest error estimate {worst:.1e}")
+
+
+if __name__ == "__main__":
+    main()
