@@ -101,18 +101,17 @@ def make_problem(B, T, H, K, V, *, decay="moderate", gates="uniform", qk="l2",
         raise ValueError(f"precision: {precision!r} not one of {INPUT_PRECISIONS}")
     rng = np.random.default_rng(seed)
     kshape, vshape = (B, T, H, K), (B, T, H, V)
-    q = _query_key(rng, kshape, qk)
-    k = _query_key(rng, kshape, qk)
-    v = rng.standard_normal(vshape)
-    g = log_decay(rng, kshape, decay)
     erase, write = GATES[gates]
-    b = _gate(rng, kshape, erase)
-    w = _gate(rng, vshape, write)
-    h0 = rng.standard_normal((B, H, K, V)) if initial_state else None
-    arrays = {n: round_to(x, precision) for n, x in dict(q=q, k=k, v=v, g=g, b=b, w=w).items()}
-    arrays["g"] = np.minimum(arrays["g"], 0.0)
-    if h0 is not None:
-        h0 = round_to(h0, "float32")  # the state is float32 in every kernel
+    # Each input is rounded as soon as it is drawn, so at most one raw array is alive at a time.
+    arrays = {}
+    arrays["q"] = round_to(_query_key(rng, kshape, qk), precision)
+    arrays["k"] = round_to(_query_key(rng, kshape, qk), precision)
+    arrays["v"] = round_to(rng.standard_normal(vshape), precision)
+    arrays["g"] = np.minimum(round_to(log_decay(rng, kshape, decay), precision), 0.0)
+    arrays["b"] = round_to(_gate(rng, kshape, erase), precision)
+    arrays["w"] = round_to(_gate(rng, vshape, write), precision)
+    # The state is float32 in every kernel.
+    h0 = round_to(rng.standard_normal((B, H, K, V)), "float32") if initial_state else None
     return Problem(**arrays, scale=scale, initial_state=h0)
 
 

@@ -15,13 +15,15 @@ GRADS = ("dq", "dk", "dv", "dg", "db", "dw", "dh0")
 
 
 def _as_float_array(name, x):
-    """Return ``x`` as a float64 ndarray, or raise ValueError naming ``name``."""
+    """Return ``x`` as a read-only float64 array (a view when it already is one), or raise
+    ValueError naming ``name``."""
     a = np.asarray(x)
     if not (np.issubdtype(a.dtype, np.floating)):
         raise ValueError(f"{name}: expected a floating-point array, got dtype {a.dtype}")
-    a = a.astype(np.float64)
+    a = np.asarray(a, dtype=np.float64).view()
     if not np.all(np.isfinite(a)):
         raise ValueError(f"{name}: contains NaN or inf")
+    a.setflags(write=False)
     return a
 
 
@@ -61,7 +63,6 @@ class Problem:
         if np.any(arrays["g"] > 0):
             raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
         for name, a in arrays.items():
-            a.setflags(write=False)
             object.__setattr__(self, name, a)
         scale = self.scale
         if scale is None:
@@ -77,7 +78,6 @@ class Problem:
             h0 = _as_float_array("initial_state", self.initial_state)
             if h0.shape != (B, H, K, V):
                 raise ValueError(f"initial_state: shape {h0.shape} does not match [B, H, K, V] = {(B, H, K, V)}")
-            h0.setflags(write=False)
             object.__setattr__(self, "initial_state", h0)
 
     @property

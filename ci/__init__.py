@@ -1,0 +1,1 @@
+"""The gates: tolerance model, validation harness, validation-gated benchmark and CLI."""

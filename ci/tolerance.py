@@ -1,0 +1,174 @@
+"""The tolerance model (DESIGN.md §4): how a kernel's result is judged against the exact reference.
+
+Metrics, per output and gradient, against the float64 reference ``ref``:
+
+* ``err_ratio = rms(got - ref) / scale_rms`` and
+* ``max_err   = max|got - ref| / scale_max``,
+
+where the scale is the reference's own size (``rms(ref)``, ``max|ref|``) unless the quantity is
+formed from much larger terms that cancel — then it is the size of those terms (the *envelope*,
+below). NaN or inf in a result is always a failure.
+
+Allowed error (the rule a verdict names):
+
+* ``recurrence``: ``MULTIPLE[dtype] x`` the same metric achieved by the plain token-by-token
+  recurrence in the kernel's working precision on the same inputs (:mod:`oracle.recurrence` in
+  float32; for bfloat16 the inputs are already bf16-rounded and the recurrence's results are
+  rounded to the dtype the kernel returned them in, as a bf16 kernel must);
+* ``floor``: ``FLOOR[dtype]`` when that is larger (a recurrence can be exact by luck, e.g. g = 0
+  with zero gates).
+
+The envelope (the extreme-decay trap). Under extreme decay the true ``dg`` can be ~1e-11 while a
+correct chunked kernel, which forms ``dg`` as a reverse cumulative sum of O(1) terms
+(``q*dq``, ``k*dk``, ``b*db`` per channel: the partial derivatives through the decayed scores),
+has absolute error ~1e-9 — error relative to the terms, not to their tiny sum. So ``dg`` is
+judged on ``max(rms(dg), rms(E))`` with ``E = |q*dq| + |k*dk| + |b*db|`` computed from the
+float64 reference gradients. In every regime without cancellation ``rms(E)`` is within a small
+factor of ``rms(dg)``, so a kernel whose ``dg`` is wrong by more than a few ulps of its terms
+still fails. Quantities that underflow entirely (``dh0`` after hundreds of extreme decays) are
+judged against ``ABS_FLOOR`` instead of an exact zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+import oracle
+from oracle.generate import round_to
+from oracle.recurrence import forward_and_vjp
+
+RESULTS = ("o", "final_state", "dq", "dk", "dv", "dg", "db", "dw", "dh0")
+DTYPES = ("float32", "bfloat16")
+# Allowed error: this many times the plain working-precision recurrence's error ...
+MULTIPLE = {"float32": 32.0, "bfloat16": 8.0}
+# ... but never less than this (err_ratio and max_err alike). float32: 2^-20 (~8 ulps of 1);
+# bfloat16: 2^-8 (half an ulp of 1: the rounding of the result itself).
+FLOOR = {"float32": 2.0 ** -20, "bfloat16": 2.0 ** -8}
+# Scale used when a reference is (numerically) zero: below float32's normal range.
+ABS_FLOOR = 1e-30
+
+
+def rms(x):
+    """Root mean square of an array (float64)."""
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.sqrt(np.mean(np.square(x)))) if x.size else 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of one output or gradient."""
+
+    name: str
+    err_ratio: float
+    max_err: float
+    tol_ratio: float
+    tol_max: float
+    rule: str
+    passed: bool
+    note: str = ""
+
+    def as_dict(self):
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    """All verdicts for one kernel call; ``passed`` when every verdict passed."""
+
+    verdicts: list = field(default_factory=list)
+    dtype: str = "float32"
+
+    @property
+    def passed(self):
+        return all(v.passed for v in self.verdicts)
+
+    def failures(self):
+        return [v for v in self.verdicts if not v.passed]
+
+    def __getitem__(self, name):
+        return next(v for v in self.verdicts if v.name == name)
+
+    def format(self):
+        """A fixed-width table: name, errors, tolerances, rule, verdict."""
+        rows = [f"{'result':<12} {'err_ratio':>10} {'tol':>9} {'max_err':>10} {'tol':>9}  {'rule':<11} verdict"]
+        for v in self.verdicts:
+            rows.append(f"{v.name:<12} {v.err_ratio:>10.2e} {v.tol_ratio:>9.1e} {v.max_err:>10.2e} "
+                        f"{v.tol_max:>9.1e}  {v.rule:<11} {'PASS' if v.passed else 'FAIL'}"
+                        + (f"  ({v.note})" if v.note else ""))
+        return "\n".join(rows)
+
+
+def envelope(name, problem: oracle.Problem, ref):
+    """Magnitude envelope of the terms a result is summed from, or None (judged on itself)."""
+    if name != "dg":
+        return None
+    return np.abs(problem.q * ref["dq"]) + np.abs(problem.k * ref["dk"]) + np.abs(problem.b * ref["db"])
+
+
+def scales(name, problem, ref):
+    """``(scale_rms, scale_max)`` a result's errors are divided by (see the module docstring)."""
+    r = np.asarray(ref[name], dtype=np.float64)
+    s_rms, s_max = rms(r), float(np.max(np.abs(r)))
+    env = envelope(name, problem, ref)
+    if env is not None:
+        s_rms, s_max = max(s_rms, rms(env)), max(s_max, float(np.max(env)))
+    return max(s_rms, ABS_FLOOR), max(s_max, ABS_FLOOR)
+
+
+def metrics(got, ref, scale_rms, scale_max):
+    """``(err_ratio, max_err)`` of ``got`` against ``ref``; ``inf`` when got is not finite."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if got.shape != ref.shape:
+        raise ValueError(f"got: shape {got.shape} does not match the reference's {ref.shape}")
+    if not np.all(np.isfinite(got)):
+        return float("inf"), float("inf")
+    diff = got - ref
+    return rms(diff) / scale_rms, float(np.max(np.abs(diff))) / scale_max
+
+
+def baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None):
+    """The plain float32 token-by-token recurrence on the same inputs, rounded to the result dtypes.
+
+    ``result_dtypes`` maps a result name to the dtype the kernel returned it in ("float32" or
+    "bfloat16"); missing names stay float32.
+    """
+    (o, S), grads = forward_and_vjp(problem, do, dfinal_state, dtype=np.float32)
+    base = {"o": o, "final_state": S, **grads._asdict()}
+    result_dtypes = result_dtypes or {}
+    return {n: round_to(np.asarray(x, np.float64), result_dtypes.get(n, "float32")) for n, x in base.items()}
+
+
+def dtype_name(x):
+    """"bfloat16" for a bfloat16 array (jax/ml_dtypes), else "float32"."""
+    return "bfloat16" if "bfloat16" in str(getattr(x, "dtype", "")) else "float32"
+
+
+def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float32", base=None) -> Report:
+    """Judge a kernel's results ``got`` against float64 ``ref`` (both mappings over RESULTS).
+
+    ``dtype`` is the kernel's input dtype; ``base`` may hold a precomputed :func:`baseline`.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} not one of {DTYPES}")
+    missing = [n for n in RESULTS if n not in got]
+    if missing:
+        raise ValueError(f"got: missing results {missing}")
+    if base is None:
+        base = baseline(problem, do, dfinal_state, {n: dtype_name(got[n]) for n in RESULTS})
+    report = Report(dtype=dtype)
+    for name in RESULTS:
+        s_rms, s_max = scales(name, problem, ref)
+        err_ratio, max_err = metrics(got[name], ref[name], s_rms, s_max)
+        base_ratio, base_max = metrics(base[name], ref[name], s_rms, s_max)
+        by_rule = MULTIPLE[dtype] * base_ratio, MULTIPLE[dtype] * base_max
+        tol_ratio, tol_max = max(by_rule[0], FLOOR[dtype]), max(by_rule[1], FLOOR[dtype])
+        rule = "recurrence" if by_rule[0] >= FLOOR[dtype] else "floor"
+        note = "judged on envelope" if s_rms > max(rms(ref[name]), ABS_FLOOR) else ""
+        if not np.isfinite(err_ratio):
+            rule, note = "non-finite", "NaN or inf in result"
+        passed = bool(err_ratio <= tol_ratio and max_err <= tol_max)
+        report.verdicts.append(Verdict(name, err_ratio, max_err, tol_ratio, tol_max, rule, passed, note))
+    return report
