@@ -1,0 +1,296 @@
+"""The golden corpus (issue 4): integrity, reproducibility, accuracy, and every kernel against it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import golden
+import oracle
+from golden import catalogue
+from golden.load import ARRAY_ORDER, DATA_DIR, MANIFEST, RESULTS, decode, encode, read_manifest
+from golden.regenerate import main as regenerate_main
+from oracle import recurrence, reductions
+from oracle.generate import DECAYS
+
+NAMES = golden.names()
+MANIFEST_DATA = read_manifest()
+
+
+def normalised_error(got, ref):
+    """``max|got - ref| / max|ref|`` (0/0 counts as 0)."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape
+    assert np.all(np.isfinite(got)), "non-finite values"
+    diff = np.max(np.abs(got - ref), initial=0.0)
+    scale = np.max(np.abs(ref), initial=0.0)
+    return 0.0 if diff == 0 else diff / (scale if scale > 0 else np.finfo(float).tiny)
+
+
+@pytest.fixture(scope="module")
+def goldens():
+    """Every golden, loaded (and hash-checked) once."""
+    return {n: golden.load(n) for n in NAMES}
+
+
+# --- (a) manifest, files and catalogue agree ----------------------------------------------
+
+def test_manifest_lists_exactly_the_files_and_the_catalogue():
+    files = sorted(p.stem for p in DATA_DIR.glob("*.npz"))
+    others = sorted(p.name for p in DATA_DIR.iterdir() if p.suffix != ".npz")
+    assert not others, f"unexpected files in {DATA_DIR}: {others}"
+    assert sorted(MANIFEST_DATA["cases"]) == files, "manifest vs golden/data/*.npz"
+    assert sorted(NAMES) == files, "catalogue vs golden/data/*.npz"
+    for name in NAMES:
+        entry, case = MANIFEST_DATA["cases"][name], catalogue.get(name)
+        assert entry["recipe"] == case.recipe(), name
+        assert entry["recipe_sha256"] == case.checksum(), name
+        assert entry["generator_version"] == catalogue.GENERATOR_VERSION, name
+        assert entry["precision_bits"] == catalogue.PRECISION_BITS, name
+        assert entry["bytes"] == (DATA_DIR / f"{name}.npz").stat().st_size, name
+
+
+def test_manifest_is_deterministic_json():
+    from golden.regenerate import manifest_text
+    assert MANIFEST.read_text(encoding="utf-8") == manifest_text(MANIFEST_DATA)
+
+
+def test_corpus_is_commit_sized():
+    total = sum((DATA_DIR / f"{n}.npz").stat().st_size for n in NAMES)
+    assert total <= 20e6, f"golden corpus is {total / 1e6:.1f} MB (> 20 MB)"
+
+
+def test_catalogue_covers_the_required_regimes():
+    cases = catalogue.CASES
+    assert len(cases) >= 40
+    assert {c.decay for c in cases} >= set(DECAYS)
+    assert {c.gates for c in cases} >= {"uniform", "zero", "one", "erase_zero", "erase_one", "write_one", "negative"}
+    lengths = {c.T for c in cases}
+    for C in (16, 64):
+        assert {1, C - 1, C, C + 1} <= lengths, C
+        assert any(c.T > 2 * C and c.T % C for c in cases), f"no multi-chunk case with a tail for C={C}"
+    assert any(c.K != c.V for c in cases)
+    assert {c.initial_state for c in cases} == {False, True}
+    assert None in {c.scale for c in cases} and any(c.scale is not None for c in cases)
+    assert {c.reduction for c in cases} == {None, "kda", "gdn"}
+    assert {c.precision for c in cases} >= {"float32", "bfloat16"}
+    assert any(c.K == c.V == 128 for c in cases)
+    assert any(c.gates in ("erase_zero", "zero") for c in cases)  # b = 0
+    assert all(1 <= c.B <= 2 and 1 <= c.H <= 2 for c in cases)
+    checksums = [c.checksum() for c in cases]
+    assert len(set(checksums)) == len(checksums), "two cases share a recipe"
+
+
+def test_unknown_name_is_a_value_error():
+    with pytest.raises(ValueError, match="no_such_case"):
+        golden.load("no_such_case")
+
+
+def test_loaded_golden_has_the_documented_arrays(goldens):
+    required = set(ARRAY_ORDER) - {"initial_state"}
+    for name, gd in goldens.items():
+        case = gd.case
+        assert required <= set(gd), name
+        assert ("initial_state" in gd) == case.initial_state, name
+        B, T, H, K, V = case.shape
+        assert gd.shape == case.shape and gd["o"].shape == (B, T, H, V), name
+        assert gd["dh0"].shape == gd["final_state"].shape == (B, H, K, V), name
+        assert all(gd[n].dtype == np.float64 for n in gd), name
+        p = gd.problem()
+        assert p.shape == case.shape and p.scale == float(gd["scale"])
+        if case.scale is not None:
+            assert p.scale == case.scale
+        else:
+            assert p.scale == K ** -0.5
+
+
+# --- (b) a corrupted, truncated or missing copy is detected ---------------------------------
+
+def _smallest():
+    return min(NAMES, key=lambda n: (DATA_DIR / f"{n}.npz").stat().st_size)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing"])
+def test_damaged_golden_is_detected(tmp_path, damage):
+    name = _smallest()
+    expected = MANIFEST_DATA["cases"][name]["sha256"]
+    path = tmp_path / f"{name}.npz"
+    shutil.copyfile(DATA_DIR / f"{name}.npz", path)
+    golden.load(name, data_dir=tmp_path)  # an intact copy loads
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    elif damage == "truncate":
+        path.write_bytes(bytes(data[: len(data) - 100]))
+    else:
+        path.unlink()
+    with pytest.raises(golden.GoldenError) as info:
+        golden.load(name, data_dir=tmp_path)
+    msg = str(info.value)
+    assert isinstance(info.value, ValueError)
+    assert name in msg and expected in msg, msg
+    if damage != "missing":
+        import hashlib
+        assert hashlib.sha256(path.read_bytes()).hexdigest() in msg, msg
+
+
+def test_stale_recipe_is_detected():
+    name = _smallest()
+    manifest = json.loads(json.dumps(MANIFEST_DATA))
+    manifest["cases"][name]["recipe_sha256"] = "0" * 64
+    with pytest.raises(golden.GoldenError, match=name):
+        golden.load(name, manifest=manifest)
+
+
+# --- (c) regeneration reproduces the stored bytes ---------------------------------------------
+
+def test_regenerating_a_case_reproduces_its_bytes(tmp_path, capsys):
+    name = min(NAMES, key=lambda n: catalogue.get(n).cost())
+    assert regenerate_main(["--root", str(tmp_path), "--case", name]) == 0
+    assert (tmp_path / "data" / f"{name}.npz").read_bytes() == (DATA_DIR / f"{name}.npz").read_bytes()
+    fresh = read_manifest(tmp_path / "MANIFEST.json")["cases"][name]
+    assert fresh == MANIFEST_DATA["cases"][name]
+    # Up to date: a second run skips it; --check passes on it.
+    assert regenerate_main(["--root", str(tmp_path), "--case", name]) == 0
+    assert "0 regenerated, 1 up to date" in capsys.readouterr().out
+    assert regenerate_main(["--root", str(tmp_path), "--case", name, "--check"]) == 0
+    # An altered stored value fails --check, naming the case and the array.
+    path = tmp_path / "data" / f"{name}.npz"
+    arrays = decode(path.read_bytes())
+    arrays["dk"] = arrays["dk"].copy()
+    arrays["dk"].flat[0] = np.nextafter(arrays["dk"].flat[0], np.inf)
+    path.write_bytes(encode(arrays))
+    capsys.readouterr()
+    assert regenerate_main(["--root", str(tmp_path), "--case", name, "--check"]) == 1
+    out = capsys.readouterr().out
+    assert f"{name}: array 'dk' differs" in out, out
+
+
+def test_encoding_round_trips_bytes():
+    name = _smallest()
+    data = (DATA_DIR / f"{name}.npz").read_bytes()
+    assert encode(decode(data)) == data
+
+
+# --- (d) error estimates --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_error_estimate_is_negligible(goldens, name):
+    gd = goldens[name]
+    for r, err in gd.errors().items():
+        ref = np.max(np.abs(gd[r]))
+        assert err <= 1e-15 * ref or err == 0.0, f"{name}: {r} error estimate {err:.2e} vs max|{r}| {ref:.2e}"
+    assert MANIFEST_DATA["cases"][name]["max_error_rel"] < 1e-15
+
+
+# --- (e) the float64 recurrence agrees with every golden ------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_numpy_float64_oracle_agrees(goldens, name):
+    gd = goldens[name]
+    (o, S), grads = recurrence.forward_and_vjp(gd.problem(), *gd.cotangents())
+    got = {"o": o, "final_state": S, **grads._asdict()}
+    for r in RESULTS:
+        err = normalised_error(got[r], gd[r])
+        assert err <= 1e-12, f"{name}: {r} normalised error {err:.2e}"
+
+
+def test_b_zero_goldens_match_the_closed_form(goldens):
+    checked = 0
+    for name, gd in goldens.items():
+        p = gd.problem()
+        if np.any(p.b != 0):
+            continue
+        o, S = reductions.gla_forward(p)
+        assert normalised_error(o, gd["o"]) <= 1e-12, name
+        assert normalised_error(S, gd["final_state"]) <= 1e-12, name
+        checked += 1
+    assert checked >= 2
+
+
+def test_recipes_rebuild_the_stored_inputs(goldens):
+    """The catalogue's recipe reproduces the stored inputs (and reductions/bf16 hold)."""
+    for name, gd in goldens.items():
+        p, do, dfs = gd.case.build()
+        for n in oracle.INPUTS:
+            np.testing.assert_array_equal(getattr(p, n), gd[n], err_msg=f"{name}: {n}")
+        np.testing.assert_array_equal(do, gd["do"], err_msg=name)
+        np.testing.assert_array_equal(dfs, gd["dfinal_state"], err_msg=name)
+        if gd.case.precision == "bfloat16":
+            for n in oracle.INPUTS + ("do",):
+                x = gd[n].astype(np.float32)
+                assert np.all(x.view(np.uint32) & 0xFFFF == 0), f"{name}: {n} not bf16-representable"
+        if gd.case.reduction in ("kda", "gdn"):
+            assert np.all(gd["b"] == gd["b"][..., :1]) and np.all(gd["w"] == gd["b"][..., :1]), name
+        if gd.case.reduction == "gdn":
+            assert np.all(gd["g"] == gd["g"][..., :1]), name
+        if gd.case.decay == "resets":
+            assert np.any(gd["g"] <= -500), f"{name}: no reset token"
+
+
+# --- (f) every registered kernel against every golden -----------------------------------------
+
+def _kernel_names():
+    try:
+        import kernels
+    except ImportError:
+        return []
+    return kernels.names()
+
+
+KERNELS = _kernel_names()
+_COMPILED = {}
+
+
+def _runner(kernel_name, shape, dtype, scale):
+    """One jitted forward+VJP per (kernel, shape, dtype, scale) for the whole session."""
+    key = (kernel_name, shape, dtype, scale)
+    if key not in _COMPILED:
+        import jax
+        import kernels
+
+        fn = kernels.get(kernel_name)
+
+        def run(q, k, v, g, b, w, h0, do, dfs):
+            def f(q, k, v, g, b, w, h0):
+                return fn(q, k, v, g, b, w, scale=scale, initial_state=h0)
+            out, pull = jax.vjp(f, q, k, v, g, b, w, h0)
+            return out, pull((do, dfs))
+
+        _COMPILED[key] = jax.jit(run)
+    return _COMPILED[key]
+
+
+# Order cases so that ones sharing a compiled function run back to back.
+_KERNEL_CASES = sorted(NAMES, key=lambda n: (catalogue.get(n).shape, catalogue.get(n).precision,
+                                               catalogue.get(n).scale or 0.0, n))
+
+
+@pytest.mark.skipif(not KERNELS, reason="no kernels registered (package `kernels` missing or empty)")
+@pytest.mark.parametrize("name", _KERNEL_CASES)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_matches_golden(goldens, kernel, name):
+    tolerance = pytest.importorskip("ci.tolerance", reason="ci.tolerance (the tolerance model) not written yet")
+    import jax.numpy as jnp
+
+    gd = goldens[name]
+    dtype = "bfloat16" if gd.precision == "bfloat16" else "float32"
+    jdt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+    B, T, H, K, V = gd.shape
+    h0 = gd["initial_state"] if "initial_state" in gd else np.zeros((B, H, K, V))
+    args = [jnp.asarray(gd[n], dtype=jdt) for n in oracle.INPUTS]
+    args.append(jnp.asarray(h0, dtype=jnp.float32))
+    args.append(jnp.asarray(gd["do"], dtype=jdt))
+    args.append(jnp.asarray(gd["dfinal_state"], dtype=jnp.float32))
+    run = _runner(kernel, gd.shape, dtype, float(gd["scale"]))
+    (o, fs), grads = run(*args)
+    got = {"o": o, "final_state": fs}
+    got.update(zip(oracle.GRADS, grads))
+    # Keep each result's dtype (bf16 for bf16 inputs): the tolerance model rounds its baseline to it.
+    got = {n: np.asarray(x) for n, x in got.items()}
+    report = tolerance.compare(gd.problem(), *gd.cotangents(), got, gd.reference(), dtype=dtype)
+    assert report.passed, f"kernel {kernel!r} on golden {name!r} ({dtype}):\n{report.format()}"
