@@ -1,0 +1,68 @@
+"""Pallas TPU (Mosaic) GDN-2 kernels: the pairwise-decay baseline and the boundary-factorized kernel.
+
+``pallas_pairwise(**tile_options)`` and ``pallas_factorized(**tile_options)`` return callables with
+the kernel contract of DESIGN.md §2 (``fn(q, k, v, g, b, w, *, scale=None, initial_state=None)
+-> (o, final_state)``, differentiable in all seven inputs). Tile options: ``chunk`` (64/128/256),
+``split`` (top-level boundary, a multiple of ``leaf``), ``leaf`` (8/16/32), ``interpret``
+(``None``/"auto" = Mosaic on a TPU backend, else the TPU interpreter; ``True``/"tpu" = TPU
+interpreter; "xla" = the fast generic interpreter; ``False`` = Mosaic; or a
+``pltpu.InterpretParams``). ``REGISTRY`` maps the registry names to these factories.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .api import check_interpret, gdn2, resolve_interpret
+from .config import SWEEP, TileConfig, vmem_footprint, vmem_limit_bytes
+
+__all__ = ["gdn2", "check_interpret", "pallas_pairwise", "pallas_factorized", "make_kernel", "REGISTRY", "SWEEP",
+           "TileConfig", "vmem_footprint", "vmem_limit_bytes", "resolve_interpret"]
+
+
+def make_kernel(method, *, chunk=None, split=None, leaf=16, interpret=None, check_values=False,
+                chunk_size=None):
+    """A contract callable for ``method`` with a validated :class:`TileConfig`.
+
+    ``chunk_size`` is accepted as an alias of ``chunk`` (the pure-JAX kernels' option name).
+    """
+    if chunk is not None and chunk_size is not None and chunk != chunk_size:
+        raise ValueError(f"chunk: {chunk} conflicts with chunk_size={chunk_size}")
+    chunk = chunk if chunk is not None else (chunk_size if chunk_size is not None else 64)
+    cfg = TileConfig(method=method, chunk=chunk, split=split, leaf=leaf)
+    check_interpret(interpret)
+
+    def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
+        return gdn2(q, k, v, g, b, w, scale=scale, initial_state=initial_state, config=cfg,
+                    interpret=interpret, check_values=check_values)
+
+    kernel.__name__ = f"pallas_{cfg.method}"
+    kernel.__qualname__ = kernel.__name__
+    kernel.config = cfg
+    kernel.interpret = interpret
+    return kernel
+
+
+pallas_pairwise = functools.partial(make_kernel, "pairwise")
+pallas_factorized = functools.partial(make_kernel, "factorized")
+
+REGISTRY = {"pallas-pairwise": pallas_pairwise, "pallas-factorized": pallas_factorized}
+
+
+def _register():
+    """Register with ``kernels.registry`` when it offers ``register`` (it imports this module lazily)."""
+    try:
+        from .. import registry
+    except Exception:  # noqa: BLE001 - the registry is optional for this package
+        return
+    register = getattr(registry, "register", None)
+    if register is None:
+        return
+    for name, factory in REGISTRY.items():
+        try:
+            register(name, factory)
+        except ValueError:
+            pass
+
+
+_register()
