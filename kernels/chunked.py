@@ -1,0 +1,247 @@
+"""Chunked GDN-2 (DESIGN.md §1, chunkwise form) with a hand-written chunkwise backward (custom_vjp).
+
+Forward: state-independent chunk work (G, tiles T and Aqk, A = (I+T)^{-1}, Y = A Ebar, U = A Z) for all
+chunks in parallel groups (lax.map), the state recurrence R = U - Y S0, S_C = ... by lax.scan, then
+O = scale((gamma q) S0 + Aqk R) in parallel. Backward: recompute per chunk, reverse lax.scan carrying dS,
+then every chunk's gradients in parallel. Only each chunk's starting state S0 is saved between passes.
+The decay strategy (kernels/decay.py) is the only difference between the pairwise and factorized kernels:
+it builds the score tiles in the forward and their gradients in the backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import wy
+from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs
+from .decay import Factorized, Pairwise
+
+CHUNK_RANGE = (16, 256)
+# Chunks are processed in parallel groups holding at most this many decay-factor floats at once.
+WORKSPACE_FLOATS = 2**25
+
+
+def _mm(spec, a, b):
+    """einsum at HIGHEST precision."""
+    return jnp.einsum(spec, a, b, precision=MATMUL_PRECISION)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Static configuration of one traced call."""
+
+    chunk_size: int
+    scale: float
+    decay: Any  # Pairwise() or Factorized(split, leaf)
+
+
+def _strict(C):
+    """Strictly-lower mask r > s of a C x C tile."""
+    return jnp.tril(jnp.ones((C, C), bool), -1)
+
+
+class Local(NamedTuple):
+    """State-independent quantities of one chunk (cheap elementwise ones; the score tiles are separate)."""
+
+    G: Any  # within-chunk cumsum of g, G_r = sum_{i<=r} g_i   [..., C, K]
+    gamma: Any  # exp(G)
+    a: Any  # b * k (erase-weighted key)
+    Ebar: Any  # gamma * b * k
+    Qg: Any  # gamma * q
+    Kd: Any  # exp(G_C - G) * k
+    gC: Any  # exp(G_C)                                       [..., 1, K]
+
+
+def _local(q, g, b, k):
+    """G = cumsum(g), gamma = exp(G), Ebar = gamma b k, Qg = gamma q, Kd = exp(G_C - G) k."""
+    G = jnp.cumsum(g, axis=-2)
+    gamma = jnp.exp(G)
+    GC = G[..., -1:, :]
+    a = b * k
+    return Local(G, gamma, a, gamma * a, gamma * q, jnp.exp(GC - G) * k, jnp.exp(GC))
+
+
+def _tiles(decay, L, q, k):
+    """T = strict_lower(sum_c a k exp(G_r - G_s)), Aqk = lower(sum_c q k exp(G_r - G_s)), A = (I + T)^{-1}."""
+    scores = decay.scores(jnp.stack([L.a, q], axis=-3), k, L.G)
+    T = jnp.where(_strict(q.shape[-2]), scores[..., 0, :, :], 0.0)
+    return T, scores[..., 1, :, :], wy.inverse(T)
+
+
+def _fwd_local(decay, x):
+    """Per chunk, in parallel: Y = A Ebar, U = A (w v), plus Kd, gC, Qg, Aqk for the scan and the output."""
+    q, k, v, g, b, w = x
+    L = _local(q, g, b, k)
+    _, Aqk, A = _tiles(decay, L, q, k)
+    return _mm("...rs,...sk->...rk", A, L.Ebar), _mm("...rs,...sv->...rv", A, w * v), L.Kd, L.gC, L.Qg, Aqk
+
+
+def _state_step(S0, inp):
+    """R = U - Y S0;  S_C = Diag(gamma_C) S0 + Kd^T R."""
+    Y, U, Kd, gC = inp
+    R = U - _mm("...ck,...kv->...cv", Y, S0)
+    return jnp.swapaxes(gC, -1, -2) * S0 + _mm("...ck,...cv->...kv", Kd, R), (S0, R)
+
+
+def _bwd_local(cfg, x, S0, dO):
+    """Per chunk, in parallel: recompute tiles, A and R; c = scale (Qg^T dO - Y^T Aqk^T dO) for the dS scan."""
+    q, k, v, g, b, w = x
+    L = _local(q, g, b, k)
+    _, Aqk, A = _tiles(cfg.decay, L, q, k)
+    Y = _mm("...rs,...sk->...rk", A, L.Ebar)
+    R = _mm("...rs,...sv->...rv", A, w * v) - _mm("...ck,...kv->...cv", Y, S0)
+    dR = cfg.scale * _mm("...rs,...rv->...sv", Aqk, dO)
+    c = cfg.scale * _mm("...ck,...cv->...kv", L.Qg, dO) - _mm("...ck,...cv->...kv", Y, dR)
+    return (Y, L.Kd, L.gC, c), (A, Aqk, R)
+
+
+def _dstate_step(dS1, inp):
+    """dS0 = scale Qg^T dO + Diag(gamma_C) dS1 - Ebar^T A^T (scale Aqk^T dO + Kd dS1)  (c holds the dO terms)."""
+    Y, Kd, gC, c = inp
+    dS0 = c + jnp.swapaxes(gC, -1, -2) * dS1 - _mm("...ck,...cv->...kv", Y, _mm("...ck,...kv->...cv", Kd, dS1))
+    return dS0, dS1
+
+
+def _bwd_chunk(cfg, x, S0, dO, dS1, A, Aqk, R):
+    """Chunkwise backward (paper App. B): output, state, WY-inverse, score paths; dg by reverse cumsum."""
+    q, k, v, g, b, w = x
+    L = _local(q, g, b, k)
+    s = cfg.scale
+    C = q.shape[-2]
+    # output and state paths
+    dR = s * _mm("...rs,...rv->...sv", Aqk, dO) + _mm("...ck,...kv->...cv", L.Kd, dS1)
+    dAqk = jnp.where(jnp.tril(jnp.ones((C, C), bool)), s * _mm("...rv,...sv->...rs", dO, R), 0.0)
+    dQg = s * _mm("...cv,...kv->...ck", dO, S0)
+    dKd = _mm("...cv,...kv->...ck", R, dS1)
+    # WY-inverse path: R = A X, A = (I+T)^{-1}  =>  dX = A^T dR, dT = -strict_lower(A^T dA A^T) = -strict_lower(dX R^T)
+    dX = _mm("...rs,...rv->...sv", A, dR)
+    dT = jnp.where(_strict(C), -_mm("...rv,...sv->...rs", dX, R), 0.0)
+    dEbar = -_mm("...cv,...kv->...ck", dX, S0)
+    # score path (same decay-factor code as the forward tiles); Aqk's diagonal (no decay) is kept apart
+    diag = jnp.diagonal(dAqk, axis1=-2, axis2=-1)[..., None]
+    dAqk = jnp.where(_strict(C), dAqk, 0.0)
+    dXs, dk_s = cfg.decay.scores_vjp(jnp.stack([dT, dAqk], axis=-3), jnp.stack([L.a, q], axis=-3), k, L.G)
+    da = L.gamma * dEbar + dXs[..., 0, :, :]
+    dq = L.gamma * dQg + dXs[..., 1, :, :] + diag * k
+    dk = jnp.exp(L.G[..., -1:, :] - L.G) * dKd + dk_s + diag * q + da * b
+    db = da * k
+    # gate terms. G_r = sum_{i<=r} g_i, so a term depending on G_r reaches dg_i for i <= r (reverse cumsum):
+    # gamma (Ebar, Qg) and the tiles' off-diagonal pairs (X dX - Y dY; pairs r > s cancel for i <= s).
+    # Kd_r = exp(G_C - G_r) k_r reaches dg_i for i > r (exclusive cumsum) and gamma_C = exp(G_C) every i.
+    # Keeping the undecayed diagonal and last-token terms out avoids cancelling O(1) terms when dg is tiny.
+    dG = L.Ebar * dEbar + L.Qg * dQg + L.a * dXs[..., 0, :, :] + q * dXs[..., 1, :, :] - k * dk_s
+    dg = jnp.flip(jnp.cumsum(jnp.flip(dG, -2), axis=-2), -2)
+    KdK = jnp.cumsum(L.Kd * dKd, axis=-2)
+    KdK = jnp.concatenate([jnp.zeros_like(KdK[..., :1, :]), KdK[..., :-1, :]], axis=-2)  # exclusive cumsum
+    dg = dg + KdK + L.gC * jnp.sum(dS1 * S0, axis=-1)[..., None, :]
+    return dq, dk, dX * w, dg, db, dX * v
+
+
+def _map(cfg, fn, xs):
+    """fn over chunks in parallel, in groups bounded by the decay strategy's workspace (lax.map + vmap)."""
+    N, B, H, C, K = xs[0][0].shape
+    group = max(1, min(N, WORKSPACE_FLOATS // (B * H * cfg.decay.workspace(C, K))))
+    return jax.lax.map(lambda a: fn(*a), xs, batch_size=group)
+
+
+def _forward(cfg, xs, h0):
+    """Parallel local stage, sequential state scan, parallel output O = scale((gamma q) S0 + Aqk R)."""
+    Y, U, Kd, gC, Qg, Aqk = _map(cfg, lambda x: _fwd_local(cfg.decay, x), (xs,))
+    hT, (S0s, R) = jax.lax.scan(_state_step, h0, (Y, U, Kd, gC))
+    o = cfg.scale * (_mm("...ck,...kv->...cv", Qg, S0s) + _mm("...rs,...sv->...rv", Aqk, R))
+    return o, hT, S0s
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def chunked_core(cfg, q, k, v, g, b, w, h0):
+    """(o, final_state) on chunk-major float32 inputs ``[N, B, H, C, dim]``, h0 ``[B, H, K, V]``."""
+    o, hT, _ = _forward(cfg, (q, k, v, g, b, w), h0)
+    return o, hT
+
+
+def _core_fwd(cfg, q, k, v, g, b, w, h0):
+    o, hT, S0s = _forward(cfg, (q, k, v, g, b, w), h0)
+    return (o, hT), ((q, k, v, g, b, w), S0s)
+
+
+def _core_bwd(cfg, res, cts):
+    """Recompute per chunk (parallel), reverse scan carrying dS, then per-chunk gradients (parallel)."""
+    xs, S0s = res
+    do, dhT = cts
+    scan_in, saved = _map(cfg, lambda x, S0, dO: _bwd_local(cfg, x, S0, dO), (xs, S0s, do))
+    dh0, dS1s = jax.lax.scan(_dstate_step, dhT, scan_in, reverse=True)
+    grads = _map(cfg, lambda *a: _bwd_chunk(cfg, *a), (xs, S0s, do, dS1s, *saved))
+    return (*grads, dh0)
+
+
+chunked_core.defvjp(_core_fwd, _core_bwd)
+
+
+def to_chunks(x, C):
+    """[B, T, H, D] -> [N, B, H, C, D] float32, padded at the end with zeros (identity tokens: g=k=0)."""
+    B, T, H, D = x.shape
+    N = -(-T // C)
+    x = jnp.pad(x.astype(ACC_DTYPE), ((0, 0), (0, N * C - T), (0, 0), (0, 0)))
+    return x.reshape(B, N, C, H, D).transpose(1, 0, 3, 2, 4)
+
+
+def from_chunks(o, T):
+    """[N, B, H, C, V] -> [B, T, H, V] (drops padding)."""
+    N, B, H, C, V = o.shape
+    return o.transpose(1, 0, 3, 2, 4).reshape(B, N * C, H, V)[:, :T]
+
+
+@partial(jax.jit, static_argnums=0)
+def _run(cfg, q, k, v, g, b, w, h0):
+    """Pad, chunk, run the custom_vjp core, unchunk; output in v.dtype, final state float32."""
+    B, T, H, K = q.shape
+    if h0 is None:
+        h0 = jnp.zeros((B, H, K, v.shape[-1]), ACC_DTYPE)
+    xs = [to_chunks(x, cfg.chunk_size) for x in (q, k, v, g, b, w)]
+    o, hT = chunked_core(cfg, *xs, h0)
+    return from_chunks(o, T).astype(v.dtype), hT
+
+
+class ChunkedKernel:
+    """A GDN-2 kernel with the contract ``fn(q, k, v, g, b, w, *, scale=None, initial_state=None)``."""
+
+    def __init__(self, name, decay, chunk_size):
+        self.name, self.decay, self.chunk_size = name, decay, chunk_size
+
+    def __call__(self, q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False):
+        """Return (o [B,T,H,V] in v.dtype, final_state [B,H,K,V] float32)."""
+        _, scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state, check_values=check_values)
+        return _run(Config(self.chunk_size, scale, self.decay), q, k, v, g, b, w, initial_state)
+
+    def __repr__(self):
+        return f"ChunkedKernel({self.name!r}, chunk_size={self.chunk_size}, decay={self.decay})"
+
+
+def _check_int(name, value, lo, hi):
+    """Validate an integer option in [lo, hi]; ValueError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def pairwise(chunk_size=64):
+    """Chunked kernel whose score tiles materialise exp(G_r - G_s) per pair and channel (C x C x K)."""
+    C = _check_int("chunk_size", chunk_size, *CHUNK_RANGE)
+    return ChunkedKernel("pairwise", Pairwise(), C)
+
+
+def factorized(chunk_size=64, split=None, leaf=16):
+    """Chunked kernel with boundary-factorized score tiles: split at ``split`` (default middle), recurse to ``leaf``.
+
+    Blocks of at most ``leaf`` tokens are done pairwise (so ``leaf == chunk_size`` is the pairwise kernel).
+    """
+    C = _check_int("chunk_size", chunk_size, *CHUNK_RANGE)
+    if split is not None:
+        _check_int("split", split, 1, C - 1)
+    _check_int("leaf", leaf, 1, C)
+    return ChunkedKernel("factorized", Factorized(split, leaf), C)
