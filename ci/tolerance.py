@@ -129,6 +129,16 @@ def metrics(got, ref, scale_rms, scale_max):
     return rms(diff) / scale_rms, float(np.max(np.abs(diff))) / scale_max
 
 
+def normalised_error(got, ref):
+    """``max|got - ref| / max|ref|`` (0/0 counts as 0); non-finite values fail an assertion."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert np.all(np.isfinite(got)), "non-finite values"
+    diff = np.max(np.abs(got - ref), initial=0.0)
+    scale = np.max(np.abs(ref), initial=0.0)
+    return 0.0 if diff == 0 else diff / (scale if scale > 0 else np.finfo(float).tiny)
+
+
 def baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None):
     """The plain float32 token-by-token recurrence on the same inputs, rounded to the result dtypes.
 

@@ -9,12 +9,9 @@ from . import chunked
 
 _FACTORIES = {"pairwise": chunked.pairwise, "factorized": chunked.factorized}
 # Names provided by modules imported only when first asked for (they may be absent on this machine).
-_LAZY = {
-    "pallas-pairwise": "kernels.pallas",
-    "pallas-factorized": "kernels.pallas",
-    "atomic-ops": "kernels.peers",
-    "atomic-gdn2": "kernels.peers",
-}
+_LAZY = {"pallas-pairwise": "kernels.pallas", "pallas-factorized": "kernels.pallas"}
+# Peer kernels (optional extra `peers`): resolved by get(), listed by names(optional=True) only.
+_OPTIONAL = {"atomic-ops": "kernels.peers", "atomic-gdn2": "kernels.peers"}
 
 
 def register(name, factory):
@@ -37,12 +34,14 @@ def _load_lazy(module):
     return None
 
 
-def names():
-    """Registered kernel names (lazy modules that import cleanly are loaded first)."""
-    for module in sorted(set(_LAZY.values())):
-        if any(n not in _FACTORIES for n, m in _LAZY.items() if m == module):
+def names(optional=False):
+    """Registered kernel names (lazy modules that import cleanly are loaded first); peer kernels
+    of the optional extra only with ``optional=True``."""
+    lazy = {**_LAZY, **_OPTIONAL} if optional else _LAZY
+    for module in sorted(set(lazy.values())):
+        if any(n not in _FACTORIES for n, m in lazy.items() if m == module):
             _load_lazy(module)
-    return sorted(_FACTORIES)
+    return sorted(n for n in _FACTORIES if optional or n not in _OPTIONAL)
 
 
 def _external(spec, options):
@@ -70,13 +69,14 @@ def get(name, **options):
         raise ValueError(f"name: expected a string, got {type(name).__name__}")
     if ":" in name:
         return _external(name, options)
-    if name not in _FACTORIES and name in _LAZY:
-        error = _load_lazy(_LAZY[name])
+    lazy = {**_LAZY, **_OPTIONAL}
+    if name not in _FACTORIES and name in lazy:
+        error = _load_lazy(lazy[name])
         if name not in _FACTORIES:
-            why = error or f"{_LAZY[name]} did not register it"
+            why = error or f"{lazy[name]} did not register it"
             raise ValueError(f"name: kernel {name!r} is unavailable ({why})")
     if name not in _FACTORIES:
-        raise ValueError(f"name: unknown kernel {name!r}; registered: {', '.join(names())}")
+        raise ValueError(f"name: unknown kernel {name!r}; registered: {', '.join(names(optional=True))}")
     try:
         return _FACTORIES[name](**options)
     except TypeError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
@@ -9,25 +10,18 @@ import numpy as np
 import pytest
 
 import golden
+import kernels
 import oracle
+from ci import harness
 from golden import catalogue
 from golden.load import ARRAY_ORDER, DATA_DIR, MANIFEST, RESULTS, decode, encode, read_manifest
 from golden.regenerate import main as regenerate_main
 from oracle import recurrence, reductions
 from oracle.generate import DECAYS
+from ci.tolerance import normalised_error
 
 NAMES = golden.names()
 MANIFEST_DATA = read_manifest()
-
-
-def normalised_error(got, ref):
-    """``max|got - ref| / max|ref|`` (0/0 counts as 0)."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape
-    assert np.all(np.isfinite(got)), "non-finite values"
-    diff = np.max(np.abs(got - ref), initial=0.0)
-    scale = np.max(np.abs(ref), initial=0.0)
-    return 0.0 if diff == 0 else diff / (scale if scale > 0 else np.finfo(float).tiny)
 
 
 @pytest.fixture(scope="module")
@@ -232,65 +226,37 @@ def test_recipes_rebuild_the_stored_inputs(goldens):
             assert np.any(gd["g"] <= -500), f"{name}: no reset token"
 
 
-# --- (f) every registered kernel against every golden -----------------------------------------
-
-def _kernel_names():
-    try:
-        import kernels
-    except ImportError:
-        return []
-    return kernels.names()
-
-
-KERNELS = _kernel_names()
-_COMPILED = {}
-
-
-def _runner(kernel_name, shape, dtype, scale):
-    """One jitted forward+VJP per (kernel, shape, dtype, scale) for the whole session."""
-    key = (kernel_name, shape, dtype, scale)
-    if key not in _COMPILED:
-        import jax
-        import kernels
-
-        fn = kernels.get(kernel_name)
-
-        def run(q, k, v, g, b, w, h0, do, dfs):
-            def f(q, k, v, g, b, w, h0):
-                return fn(q, k, v, g, b, w, scale=scale, initial_state=h0)
-            out, pull = jax.vjp(f, q, k, v, g, b, w, h0)
-            return out, pull((do, dfs))
-
-        _COMPILED[key] = jax.jit(run)
-    return _COMPILED[key]
-
+# --- (f) every kernel under test against every golden -------------------------------------------
+# The kernels are the suite's selection (conftest: --kernel / GDN2_KERNEL, default pairwise and
+# factorized); the Pallas kernels run on a representative subset below (interpret mode is slow).
 
 # Order cases so that ones sharing a compiled function run back to back.
 _KERNEL_CASES = sorted(NAMES, key=lambda n: (catalogue.get(n).shape, catalogue.get(n).precision,
                                                catalogue.get(n).scale or 0.0, n))
 
 
-@pytest.mark.skipif(not KERNELS, reason="no kernels registered (package `kernels` missing or empty)")
-@pytest.mark.parametrize("name", _KERNEL_CASES)
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_kernel_matches_golden(goldens, kernel, name):
-    tolerance = pytest.importorskip("ci.tolerance", reason="ci.tolerance (the tolerance model) not written yet")
-    import jax.numpy as jnp
-
-    gd = goldens[name]
+def _judge(fn, gd, label):
     dtype = "bfloat16" if gd.precision == "bfloat16" else "float32"
-    jdt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
-    B, T, H, K, V = gd.shape
-    h0 = gd["initial_state"] if "initial_state" in gd else np.zeros((B, H, K, V))
-    args = [jnp.asarray(gd[n], dtype=jdt) for n in oracle.INPUTS]
-    args.append(jnp.asarray(h0, dtype=jnp.float32))
-    args.append(jnp.asarray(gd["do"], dtype=jdt))
-    args.append(jnp.asarray(gd["dfinal_state"], dtype=jnp.float32))
-    run = _runner(kernel, gd.shape, dtype, float(gd["scale"]))
-    (o, fs), grads = run(*args)
-    got = {"o": o, "final_state": fs}
-    got.update(zip(oracle.GRADS, grads))
-    # Keep each result's dtype (bf16 for bf16 inputs): the tolerance model rounds its baseline to it.
-    got = {n: np.asarray(x) for n, x in got.items()}
-    report = tolerance.compare(gd.problem(), *gd.cotangents(), got, gd.reference(), dtype=dtype)
-    assert report.passed, f"kernel {kernel!r} on golden {name!r} ({dtype}):\n{report.format()}"
+    report = harness.validate(fn, gd.problem(), *gd.cotangents(), dtype=dtype, ref=gd.reference())
+    assert report.passed, f"{label} on golden {gd.case.name!r} ({dtype}):\n{report.format()}"
+
+
+@pytest.mark.parametrize("name", _KERNEL_CASES)
+def test_kernel_matches_golden(goldens, kernel, name):
+    _judge(kernel.fn, goldens[name], f"kernel {kernel.name!r}")
+
+
+PALLAS_CASES = ["tpu128_len1", "tpu128_moderate", "tpu128_bf16_strong", "decay_resets",
+                "len_c64_x2_tail_extreme", "decay_mixed", "kv_8x64_negative"]
+
+
+@functools.lru_cache(maxsize=None)
+def _pallas(name):
+    return kernels.get(name, interpret="xla")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PALLAS_CASES)
+@pytest.mark.parametrize("kernel_name", ["pallas-pairwise", "pallas-factorized"])
+def test_pallas_kernel_matches_golden(goldens, kernel_name, name):
+    _judge(_pallas(kernel_name), goldens[name], f"kernel {kernel_name!r} (XLA interpreter)")

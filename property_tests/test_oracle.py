@@ -13,15 +13,7 @@ import oracle
 from oracle import GRADS, mp, recurrence, reductions
 from oracle.generate import DECAYS, GATES
 
-
-def normalised_error(got, ref):
-    """``max|got - ref| / max|ref|`` (0/0 counts as 0)."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape
-    assert np.all(np.isfinite(got)), "non-finite values"
-    scale = np.max(np.abs(ref))
-    diff = np.max(np.abs(got - ref))
-    return 0.0 if diff == 0 else diff / (scale if scale > 0 else np.finfo(float).tiny)
+from ci.tolerance import normalised_error
 
 
 def _problem(decay, gates, **kw):

@@ -1,0 +1,272 @@
+"""Report helpers shared by ``gdn2-oracle validate`` and ``bench``: kernel specs, provenance, JSON, tables, plot."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import inspect
+import json
+import math
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jax
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_KERNELS = ("pairwise", "factorized")
+_SPEC = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<opts>.*)\])?$")
+
+
+class UsageError(ValueError):
+    """A command-line problem (unknown kernel, import failure, bad option): exit status 2."""
+
+
+# --- kernel specs ---------------------------------------------------------------------------
+
+def parse_options(text):
+    """``"chunk_size=32,leaf=8"`` -> ``{"chunk_size": 32, "leaf": 8}`` (values as Python literals, else strings)."""
+    opts = {}
+    if not text or not text.strip():
+        return opts
+    for item in text.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise UsageError(f"option {item!r} is not of the form key=value")
+        opts[key] = _literal(value.strip())
+    return opts
+
+
+def _literal(value):
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+@dataclass
+class KernelSpec:
+    """A kernel named on the command line: ``NAME``, ``package.module:attr``, optionally ``[key=value,...]``."""
+
+    spec: str
+    name: str
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text):
+        m = _SPEC.match(text.strip())
+        if not m:
+            raise UsageError(f"--kernel {text!r}: expected NAME, package.module:attr or NAME[key=value,...]")
+        return cls(text.strip(), m.group("name").strip(), parse_options(m.group("opts")))
+
+    def label(self, extra=None):
+        opts = {**self.options, **(extra or {})}
+        if not opts:
+            return self.name
+        return f"{self.name}[{','.join(f'{k}={v}' for k, v in opts.items())}]"
+
+    def build(self, **extra):
+        """The kernel callable (``kernels.get``); UsageError with the registry's message on failure."""
+        import kernels  # noqa: PLC0415
+
+        _ensure_peers()
+        try:
+            return kernels.get(self.name, **{**self.options, **extra})
+        except ValueError as exc:
+            raise UsageError(f"--kernel {self.spec}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a broken external factory is a usage problem too
+            raise UsageError(f"--kernel {self.spec}: {type(exc).__name__}: {exc}") from None
+
+
+def _ensure_peers():
+    """Make the optional peer adapters (kernels/peers.py) known to the registry (no-op if already)."""
+    try:
+        import kernels.peers  # noqa: F401, PLC0415
+    except Exception:  # noqa: BLE001 - peers are optional
+        pass
+
+
+def kernel_notes(fn):
+    """Notes a kernel declares about itself (e.g. a peer's documented domain)."""
+    note = getattr(fn, "note", None) or getattr(getattr(fn, "func", None), "note", None)
+    return [note] if note else []
+
+
+# --- provenance -----------------------------------------------------------------------------
+
+def _root_object(fn):
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
+def _module_of(obj):
+    mod = inspect.getmodule(obj)
+    if mod is None and not inspect.isfunction(obj) and not inspect.isclass(obj):
+        mod = sys.modules.get(type(obj).__module__)
+    return mod
+
+
+def kernel_modules(fn):
+    """The modules whose source defines kernel ``fn``: its module and, recursively, the modules of
+    the same top-level package it refers to (or ``fn.modules`` when the kernel lists them)."""
+    listed = getattr(fn, "modules", None)
+    if listed:
+        import importlib  # noqa: PLC0415
+        return [importlib.import_module(m) for m in listed]
+    start = _module_of(_root_object(fn))
+    if start is None:
+        return []
+    top = start.__name__.split(".")[0]
+    seen, todo = {}, [start]
+    while todo:
+        mod = todo.pop()
+        if mod.__name__ in seen:
+            continue
+        seen[mod.__name__] = mod
+        if top in ("__main__",):
+            continue
+        for value in list(vars(mod).values()):
+            if inspect.ismodule(value):
+                dep = value
+            else:
+                name = getattr(value, "__module__", None)
+                if not isinstance(name, str):
+                    continue
+                dep = sys.modules.get(name)
+            if dep is not None and dep.__name__.split(".")[0] == top and dep.__name__ not in seen:
+                todo.append(dep)
+    return [seen[n] for n in sorted(seen)]
+
+
+def source_sha256(fn):
+    """``{"sha256": hex over all modules' sources, "modules": {module: sha256}}`` for kernel ``fn``."""
+    per, total = {}, hashlib.sha256()
+    for mod in kernel_modules(fn):
+        try:
+            src = inspect.getsource(mod)
+        except (OSError, TypeError):
+            src = ""
+        h = hashlib.sha256(src.encode("utf-8")).hexdigest()
+        per[mod.__name__] = h
+        total.update(f"{mod.__name__}\0{h}\n".encode())
+    return {"sha256": total.hexdigest() if per else None, "modules": per}
+
+
+def git_commit():
+    """``{"commit": sha or None, "dirty": bool or None}`` of the checkout holding this package."""
+    def run(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    try:
+        head = run("rev-parse", "HEAD")
+        if head.returncode:
+            return {"commit": None, "dirty": None}
+        dirty = run("status", "--porcelain", "--untracked-files=no")
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def environment():
+    """Device and software provenance recorded in every report."""
+    dev = jax.devices()[0]
+    try:
+        import jaxlib  # noqa: PLC0415
+        jaxlib_version = jaxlib.__version__
+    except Exception:  # noqa: BLE001
+        jaxlib_version = None
+    return {
+        "device_kind": dev.device_kind,
+        "platform": dev.platform,
+        "device_count": jax.device_count(),
+        "jax_version": jax.__version__,
+        "jaxlib_version": jaxlib_version,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "git": git_commit(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+# --- JSON -----------------------------------------------------------------------------------
+
+def jsonable(x):
+    """Plain-JSON form: non-finite floats become the strings "inf", "-inf", "nan"."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if hasattr(x, "item") and not isinstance(x, (list, tuple, dict)):
+        x = x.item()
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
+        return x
+    return x
+
+
+def write_json(path, data):
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(jsonable(data), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+def table(headers, rows, aligns=None):
+    """A fixed-width text table; ``aligns`` is a string of '<' / '>' per column."""
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) if rows else len(str(h)) for i, h in enumerate(headers)]
+    aligns = aligns or "<" * len(headers)
+    fmt = "  ".join(f"{{:{a}{w}}}" for a, w in zip(aligns, widths))
+    out = [fmt.format(*headers), "  ".join("-" * w for w in widths)]
+    out += [fmt.format(*r) for r in rows]
+    return "\n".join(out)
+
+
+def fmt_err(x):
+    return "inf" if x == float("inf") else ("nan" if x != x else f"{x:.2e}")
+
+
+def progress(iterable=None, *, total=None, desc="", unit="it"):
+    """A tqdm progress bar on stderr (shown only on a terminal), or the plain iterable without tqdm."""
+    try:
+        from tqdm import tqdm  # noqa: PLC0415
+    except ImportError:
+        return _NoBar(iterable)
+    return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=None,
+                dynamic_ncols=True, leave=False)
+
+
+class _NoBar:
+    def __init__(self, iterable):
+        self.iterable = iterable
+
+    def __iter__(self):
+        return iter(self.iterable)
+
+    def update(self, n=1):
+        pass
+
+    def set_postfix_str(self, s):
+        pass
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        pass

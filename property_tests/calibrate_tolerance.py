@@ -1,0 +1,177 @@
+"""Calibrate the tolerance model (ci/tolerance.py): false alarms of correct kernels, and the spread of err/tol.
+
+Runs our kernels over every decay regime x gate regime x configuration (shapes and dtypes of
+``strategies.CORE``, optionally more seeds), judges each result with ``ci.tolerance.compare``, and
+reports
+
+* the false-alarm count and rate per kernel and dtype (a "false alarm" is a failed verdict of a
+  kernel we believe correct; each one is listed with its rule, the regime and a one-line repro, so
+  it can be classified as an unfair rule or a kernel defect);
+* the distribution of ``ratio = max(err_ratio / tol_ratio, max_err / tol_max)`` per result
+  (quantiles; ``ratio > 1`` fails);
+* the agreement of the two kernels, ``max(metric(pairwise - factorized) / bound)`` per result, with
+  ``bound`` the property suite's tight agreement bound (``strategies.agreement_bound``);
+* with ``--variants``, the same agreement for other chunk sizes / split points.
+
+Usage (from the repository root)::
+
+    python property_tests/calibrate_tolerance.py [--seeds N] [--kernels pairwise,factorized]
+        [--configs all|f32|bf16] [--variants] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+import zlib
+from collections import defaultdict
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import oracle  # noqa: E402
+from ci import harness, tolerance  # noqa: E402
+from ci.tolerance import RESULTS  # noqa: E402
+
+import strategies  # noqa: E402
+from strategies import CORE, Spec  # noqa: E402
+
+QUANTILES = (0.5, 0.9, 0.99, 1.0)
+
+
+def ratio(v):
+    """How close a verdict is to failing: max of its two metrics over their tolerances (inf if non-finite)."""
+    return max(v.err_ratio / v.tol_ratio, v.max_err / v.tol_max)
+
+
+def agreement_ratios(problem, a, b, ref, base, dtype):
+    """Per result: max(metric(a - b) / bound), bound = the property suite's tight agreement bound
+    (test_properties.agreement_bound: AGREE_FRACTION x MULTIPLE x e_rec, never below FLOOR, plus one bf16
+    ulp for bf16 results); <= 1 passes."""
+    out = {}
+    for name in RESULTS:
+        s_rms, s_max = tolerance.scales(name, problem, ref)
+        e_r, e_m = tolerance.metrics(a[name], b[name], s_rms, s_max)
+        b_r, b_m = tolerance.metrics(base[name], ref[name], s_rms, s_max)
+        bf16 = "bfloat16" in (tolerance.dtype_name(a[name]), tolerance.dtype_name(b[name]))
+        t_r, t_m = strategies.agreement_bound(b_r, b_m, dtype, bf16)
+        out[name] = max(e_r / t_r, e_m / t_m)
+    return out
+
+
+def examples(configs, seeds):
+    """(spec) for every config x decay x gates x seed; qk and initial state vary with the seed."""
+    for config, decay, gates, s in itertools.product(configs, oracle.DECAYS, oracle.GATES, range(seeds)):
+        seed = zlib.crc32(repr((tuple(config), decay, gates, s)).encode())
+        yield Spec(*config.shape, decay=decay, gates=gates, qk=("l2", "raw")[(seed >> 3) & 1],
+                   initial_state=bool(seed & 1), precision=config.dtype, seed=seed, cot_seed=seed ^ 0x5A5A)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=1, help="examples per (config, decay, gates)")
+    ap.add_argument("--kernels", default="pairwise,factorized")
+    ap.add_argument("--configs", default="all", choices=("all", "f32", "bf16"))
+    ap.add_argument("--variants", action="store_true", help="also chunk_size 16/32 and split 1/48 (factorized)")
+    ap.add_argument("--json", help="write every ratio to this file")
+    args = ap.parse_args(argv)
+
+    import kernels
+    names = [n.strip() for n in args.kernels.split(",") if n.strip()]
+    fns = {n: kernels.get(n) for n in names}
+    variants = {}
+    if args.variants:
+        variants = {"pairwise[C=16]": kernels.get("pairwise", chunk_size=16),
+                    "factorized[C=32]": kernels.get("factorized", chunk_size=32),
+                    "factorized[split=1]": kernels.get("factorized", split=1),
+                    "factorized[split=48]": kernels.get("factorized", split=48)}
+    configs = [c for c in CORE if args.configs == "all" or (c.dtype == "float32") == (args.configs == "f32")]
+
+    ratios = defaultdict(list)  # (kernel, dtype, result) -> [ratio]
+    clean = defaultdict(list)  # (kernel, dtype) -> [ratio] outside strategies.KNOWN_DEFECTS
+    agree = defaultdict(list)  # (pair, dtype, result) -> [ratio]
+    alarms = []
+    counts = defaultdict(int)
+    t0 = time.time()
+    for spec in examples(configs, args.seeds):
+        p = spec.problem()
+        do, dfs = spec.cotangents(p)
+        ref = harness.reference_results(p, do, dfs)
+        got = {n: harness.kernel_results(fn, p, do, dfs, dtype=spec.dtype) for n, fn in {**fns, **variants}.items()}
+        base = tolerance.baseline(p, do, dfs, {r: tolerance.dtype_name(got[names[0]][r]) for r in RESULTS})
+        for n in names:
+            rep = tolerance.compare(p, do, dfs, got[n], ref, dtype=spec.dtype, base=base)
+            counts[(n, spec.dtype)] += 1
+            excused = strategies.exempt(n.split("[")[0], spec)
+            for v in rep.verdicts:
+                ratios[(n, spec.dtype, v.name)].append(ratio(v))
+                if v.name not in excused:
+                    clean[(n, spec.dtype)].append(ratio(v))
+                if not v.passed:
+                    alarms.append((n, spec, v))
+        if "pairwise" in got and "factorized" in got:
+            for r, x in agreement_ratios(p, got["pairwise"], got["factorized"], ref, base, spec.dtype).items():
+                agree[("pairwise~factorized", spec.dtype, r)].append(x)
+        for vn in variants:
+            base_name = vn.split("[")[0]
+            for r, x in agreement_ratios(p, got[vn], got[base_name], ref, base, spec.dtype).items():
+                agree[(f"{vn}~{base_name}", spec.dtype, r)].append(x)
+            rep = tolerance.compare(p, do, dfs, got[vn], ref, dtype=spec.dtype, base=base)
+            counts[(vn, spec.dtype)] += 1
+            for v in rep.verdicts:
+                ratios[(vn, spec.dtype, v.name)].append(ratio(v))
+                if not v.passed:
+                    alarms.append((vn, spec, v))
+    elapsed = time.time() - t0
+
+    print(f"# tolerance calibration: {len(configs)} configs x {len(oracle.DECAYS)} decays x "
+          f"{len(oracle.GATES)} gate regimes x {args.seeds} seed(s); {elapsed:.0f} s\n")
+    print("## false alarms (failed results / results judged; failed calls / calls)")
+    by_call = defaultdict(set)
+    for n, spec, v in alarms:
+        by_call[(n, spec.dtype)].add(spec)
+    for (n, dt), c in sorted(counts.items()):
+        nf = sum(1 for a in alarms if a[0] == n and a[1].dtype == dt)
+        print(f"{n:<22} {dt:<9} results {nf:>4}/{c * len(RESULTS):<5} ({nf / (c * len(RESULTS)):.2%})   "
+              f"calls {len(by_call[(n, dt)]):>3}/{c} ({len(by_call[(n, dt)]) / c:.1%})")
+    print("\n## outside the known defects (strategies.KNOWN_DEFECTS): false alarms and ratio quantiles "
+          + ", ".join(f"q{q:g}" for q in QUANTILES))
+    for (n, dt), xs in sorted(clean.items()):
+        x = np.array(xs)
+        nf = sum(1 for a in alarms if a[0] == n and a[1].dtype == dt and a[2].name not in strategies.exempt(n.split("[")[0], a[1]))
+        print(f"{n:<22} {dt:<9} false alarms {nf:>4}/{x.size:<5} " + " ".join(f"{np.quantile(x, q):9.2e}" for q in QUANTILES))
+    print("\n## ratio = max(err_ratio/tol_ratio, max_err/tol_max): quantiles " + ", ".join(f"q{q:g}" for q in QUANTILES))
+    for key in sorted(ratios):
+        x = np.array(ratios[key])
+        print(f"{key[0]:<22} {key[1]:<9} {key[2]:<12} " + " ".join(f"{np.quantile(x, q):9.2e}" for q in QUANTILES))
+    if agree:
+        print("\n## agreement: max(metric(a - b)/bound) per result (bound = strategies.agreement_bound): quantiles " + ", ".join(f"q{q:g}" for q in QUANTILES))
+        for key in sorted(agree):
+            x = np.array(agree[key])
+            print(f"{key[0]:<38} {key[1]:<9} {key[2]:<12} " + " ".join(f"{np.quantile(x, q):9.2e}" for q in QUANTILES))
+    print(f"\n## false alarms in detail ({len(alarms)})")
+    by_regime = defaultdict(int)
+    for n, spec, v in alarms:
+        by_regime[(n, spec.dtype, spec.decay, spec.gates, v.name)] += 1
+    for (n, dt, d, gt, r), c in sorted(by_regime.items()):
+        print(f"{n:<22} {dt:<9} decay={d:<9} gates={gt:<11} {r:<12} x{c}")
+    for n, spec, v in alarms[:40]:
+        print(f"- {n} {v.name}: err_ratio {v.err_ratio:.2e} (tol {v.tol_ratio:.1e}) max_err {v.max_err:.2e} "
+              f"(tol {v.tol_max:.1e}) rule={v.rule} {v.note}\n    {spec.call()}  cot_seed={spec.cot_seed}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ratios": {"|".join(k): v for k, v in ratios.items()},
+                       "agreement": {"|".join(k): v for k, v in agree.items()},
+                       "alarms": [dict(kernel=n, spec=spec.make_kwargs(), cot_seed=spec.cot_seed, verdict=v.as_dict())
+                                  for n, spec, v in alarms]}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""pytest-benchmark latency of forward + backward (all seven gradients) of each kernel at a CPU-sized shape.
+
+Skipped by the default run (``--benchmark-skip`` in addopts); ``make bench`` runs them. Every
+benchmark first validates its kernel on the same problem against the float64 oracle and refuses
+to run (``pytest.fail`` with the verdict table) when the kernel fails: a number is only recorded
+for a kernel that is right. ``extra_info`` carries the provenance (device, JAX, kernel source hash,
+validation verdicts), so the saved JSON (``--benchmark-json`` / ``--benchmark-autosave``) is
+self-describing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import kernels
+import oracle
+from ci import bench
+from ci.report import environment, source_sha256
+
+# CPU-sized: B, T, H, K, V (two chunks of 64 for the default chunk size, plus a tail).
+SHAPE = (1, 320, 2, 64, 64)
+KERNELS = {
+    "pairwise": {},
+    "factorized": {},
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_forward_backward_latency(benchmark, name, dtype):
+    p = oracle.make_problem(*SHAPE, decay="moderate", gates="uniform", initial_state=True, seed=11,
+                            precision=dtype)
+    do, dfs = oracle.random_cotangents(p, seed=11, precision=dtype)
+    fn = kernels.get(name, **KERNELS[name])
+    reason = bench.gate(fn, p, do, dfs, dtype=dtype)
+    if reason is not None:
+        pytest.fail(f"{name} ({dtype}) is not benchmarked: it {reason}", pytrace=False)
+    compiled = bench.Compiled(fn, p, do, dfs, dtype)
+    env = environment()
+    benchmark.extra_info.update(
+        kernel=name, options=KERNELS[name], dtype=dtype, shape=dict(zip("BTHKV", SHAPE)),
+        compile_s=compiled.compile_s, device_kind=env["device_kind"], jax_version=env["jax_version"],
+        git=env["git"], source_sha256=source_sha256(fn)["sha256"], validated=True)
+    compiled.call()  # warm-up
+    benchmark.pedantic(compiled.call, rounds=5, iterations=1, warmup_rounds=1)

@@ -1,0 +1,230 @@
+"""The ``gdn2-oracle`` CLI (issue 6): exit codes, JSON report schema, validation-gated benchmarks.
+
+Everything runs in-process (``ci.cli.main([...])``) at tiny shapes; the deliberately wrong kernels
+live in ``property_tests/wrong_kernel.py`` and are named as ``wrong_kernel:attr``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import oracle
+from ci import bench, cli
+from ci.report import KernelSpec, UsageError, jsonable, source_sha256
+from ci.tolerance import RESULTS
+
+HERE = Path(__file__).resolve().parent
+TINY_BENCH = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--repeats", "2", "--no-progress"]
+ONE_CASE = ["--cases", "golden", "--case", "decay_moderate", "--dtype", "float32", "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def _wrong_kernels_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- exit codes -----------------------------------------------------------------------------
+
+def test_validate_passing_kernel_exits_0(capsys, tmp_path):
+    path = tmp_path / "v.json"
+    code, out, _ = run(capsys, "validate", "--kernel", "wrong_kernel:correct", *ONE_CASE, "--json", str(path))
+    assert code == 0, out
+    assert "overall: PASS" in out
+    assert path.exists()
+
+
+def test_validate_perturbed_kernel_exits_1(capsys, tmp_path):
+    path = tmp_path / "v.json"
+    code, out, _ = run(capsys, "validate", "--kernel", "wrong_kernel:perturbed", *ONE_CASE, "--json", str(path))
+    assert code == 1, out
+    assert "FAIL" in out and "decay_moderate" in out
+    report = json.loads(path.read_text())
+    assert report["passed"] is False
+    [k] = report["kernels"]
+    verdicts = {v["name"]: v for v in k["cases"][0]["verdicts"]}
+    assert not verdicts["o"]["passed"]
+    assert verdicts["o"]["err_ratio"] > 5e-4  # the 1e-3 perturbation is seen, not hidden
+
+
+def test_validate_raising_kernel_exits_1_with_the_error(capsys):
+    code, out, _ = run(capsys, "validate", "--kernel", "wrong_kernel:broken", *ONE_CASE)
+    assert code == 1
+    assert "this kernel always fails" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["validate", "--kernel", "no-such-kernel"], "unknown kernel 'no-such-kernel'"),
+    (["validate", "--kernel", "no_such_module_xyz:fn"], "cannot import module 'no_such_module_xyz'"),
+    (["validate", "--kernel", "wrong_kernel:missing"], "has no attribute 'missing'"),
+    (["validate", "--kernel", "pairwise[bogus=1]"], "does not accept"),
+    (["validate", "--dtype", "float16"], "unknown dtype"),
+    (["validate", "--cases", "huge"], "invalid choice"),
+    (["validate", "--case", "no_such_case", "--cases", "golden"], "unknown case"),
+    (["bench", "--kernel", "no-such-kernel"], "unknown kernel"),
+    (["bench", "--batch", "0"], "positive"),
+    (["bench", "--tiles", "chunk_size"], "key=v1,v2"),
+    (["frobnicate"], "invalid choice"),
+    ([], "required"),
+])
+def test_usage_errors_exit_2_with_a_clear_message(capsys, argv, needle):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert needle in err
+    assert "error:" in err
+    assert "Traceback" not in err
+
+
+def test_help_exits_0(capsys):
+    code, out, _ = run(capsys, "validate", "--help")
+    assert code == 0 and "--kernel" in out
+
+
+# --- the JSON report ------------------------------------------------------------------------
+
+def test_validate_json_schema(capsys, tmp_path):
+    path = tmp_path / "v.json"
+    code, _, _ = run(capsys, "validate", "--kernel", "pairwise", "--kernel", "wrong_kernel:perturbed",
+                     "--cases", "golden", "--case", "decay_moderate", "--case", "bf16_moderate",
+                     "--dtype", "float32,bfloat16", "--no-progress", "--json", str(path))
+    assert code == 1
+    report = json.loads(path.read_text())  # plain JSON: no NaN/Infinity literals
+    assert report["schema"] == "gdn2-oracle/validate/1"
+    for key in ("device_kind", "platform", "jax_version", "git", "created"):
+        assert key in report["environment"]
+    assert report["cases"] == "golden" and report["dtypes"] == ["float32", "bfloat16"]
+    assert report["n_cases"] == 2
+    assert [k["name"] for k in report["kernels"]] == ["pairwise", "wrong_kernel:perturbed"]
+    good, bad = report["kernels"]
+    assert good["passed"] is True and bad["passed"] is False
+    assert good["source"]["sha256"] and "kernels.chunked" in good["source"]["modules"]
+    for k in report["kernels"]:
+        assert {c["case"] for c in k["cases"]} == {"decay_moderate", "bf16_moderate"}
+        for c in k["cases"]:
+            assert c["source"] == "golden" and c["dtype"] in ("float32", "bfloat16")
+            assert [v["name"] for v in c["verdicts"]] == list(RESULTS)
+            for v in c["verdicts"]:
+                assert set(v) >= {"name", "err_ratio", "max_err", "tol_ratio", "tol_max", "rule", "passed", "note"}
+        assert set(k["summary"]) == {"float32", "bfloat16"}
+        for per in k["summary"].values():
+            for name in RESULTS:
+                assert per[name]["worst"]["case"] in ("decay_moderate", "bf16_moderate")
+
+
+def test_jsonable_maps_non_finite_to_strings():
+    assert jsonable({"a": [math.inf, -math.inf, math.nan, 1.5]}) == {"a": ["inf", "-inf", "nan", 1.5]}
+
+
+def test_generated_quick_cases_are_oracle_checked():
+    from ci.validate import build_cases, run_case
+    import kernels
+
+    [case] = build_cases("quick", ("float32",), only=["gen_strong_negative_T100"])
+    assert case.source == "generated" and case.regime["decay"] == "strong"
+    res = run_case(kernels.get("factorized"), case)
+    assert res["passed"], res
+
+
+# --- bench ----------------------------------------------------------------------------------
+
+def test_bench_refuses_to_time_a_failing_kernel(capsys, tmp_path):
+    path = tmp_path / "b.json"
+    code, out, _ = run(capsys, "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", "wrong_kernel:perturbed",
+                       *TINY_BENCH, "--json", str(path))
+    assert code == 1
+    assert "REJECTED" in out and "Rejected (not timed)" in out
+    report = json.loads(path.read_text())
+    good, bad = report["results"]
+    assert good["status"] == "ok" and good["median_s"] > 0
+    assert bad["status"] == "rejected"
+    assert "failed validation" in bad["reason"] and "o: err_ratio" in bad["reason"]
+    assert "median_s" not in bad and all("median_s" not in e for e in bad["sweep"])
+
+
+def test_bench_records_metadata_and_speedup(capsys, tmp_path):
+    path, png = tmp_path / "b.json", tmp_path / "b.png"
+    code, out, _ = run(capsys, "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", "factorized[chunk_size=16,leaf=8]",
+                       *TINY_BENCH, "--json", str(path), "--plot", str(png))
+    assert code == 0, out
+    report = json.loads(path.read_text())
+    assert report["schema"] == "gdn2-oracle/bench/1"
+    env = report["environment"]
+    for key in ("device_kind", "platform", "jax_version", "jaxlib_version", "git", "created"):
+        assert key in env
+    assert set(env["git"]) == {"commit", "dirty"}
+    first, second = report["results"]
+    for r in report["results"]:
+        assert r["status"] == "ok"
+        assert r["shape"] == dict(B=1, T=32, H=1, K=16, V=16) and r["dtype"] == "float32"
+        assert r["compile_s"] > 0 and r["median_s"] > 0 and len(r["times_s"]) == 2
+        assert len(r["source"]["sha256"]) == 64 and r["source"]["modules"]
+        assert r["validation"]["passed"] and r["validation"]["shape"] == [1, 32, 1, 16, 16]
+        assert r["baseline_kernel"] == "pairwise[chunk_size=16]"
+    assert first["speedup_vs_baseline"] == 1.0
+    assert math.isclose(second["speedup_vs_baseline"], first["median_s"] / second["median_s"])
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "speedup" in out and "validated" in out
+
+
+def test_bench_tile_sweep_validates_each_config_and_keeps_a_valid_one(capsys, tmp_path):
+    path = tmp_path / "b.json"
+    code, out, _ = run(capsys, "bench", "--kernel", "factorized", "--tiles", "chunk_size=16,32;leaf=8,16;bogus=1",
+                       *TINY_BENCH, "--json", str(path))
+    assert code == 0, out
+    [r] = json.loads(path.read_text())["results"]
+    labels = [e["label"] for e in r["sweep"]]
+    assert len(labels) == 4 and all("bogus" not in x for x in labels)  # keys a kernel rejects are dropped
+    rejected = [e for e in r["sweep"] if e["status"] == "rejected"]
+    assert all("invalid configuration" in e["reason"] for e in rejected)  # leaf=16 with chunk_size=16
+    timed = [e for e in r["sweep"] if e.get("median_s") is not None]
+    assert timed and all(e["small_validation"]["passed"] for e in timed)
+    [chosen] = [e for e in r["sweep"] if e["status"] == "chosen"]
+    assert chosen["full_validation"]["passed"]
+    assert chosen["median_s"] == min(e["median_s"] for e in timed)
+    assert r["options"] == chosen["options"]
+
+
+def test_tile_spec_parsing():
+    assert bench.parse_tiles("chunk_size=32,64;leaf=8") == {"chunk_size": [32, 64], "leaf": [8]}
+    assert bench.configurations(KernelSpec.parse("pairwise"), "chunk_size=32,64;leaf=8") == [
+        {"chunk_size": 32}, {"chunk_size": 64}]
+    assert bench.configurations(KernelSpec.parse("pairwise"), None) == [{}]
+    with pytest.raises(UsageError):
+        bench.parse_tiles("leaf")
+
+
+def test_gate_refuses_a_wrong_kernel():
+    import wrong_kernel
+
+    p = oracle.make_problem(1, 20, 1, 8, 8, seed=3)
+    do, dfs = oracle.random_cotangents(p, seed=3)
+    assert bench.gate(wrong_kernel.correct, p, do, dfs) is None
+    reason = bench.gate(wrong_kernel.perturbed, p, do, dfs)
+    assert reason and "FAIL" in reason
+    assert "always fails" in bench.gate(wrong_kernel.broken, p, do, dfs)
+
+
+def test_source_hash_covers_the_kernel_modules():
+    import kernels
+
+    src = source_sha256(kernels.get("factorized"))
+    assert {"kernels.chunked", "kernels.decay", "kernels.wy"} <= set(src["modules"])
+    assert source_sha256(kernels.get("factorized"))["sha256"] == src["sha256"]
+
+
+# --- golden wrapper -------------------------------------------------------------------------
+
+def test_golden_list_and_bad_case(capsys):
+    code, out, _ = run(capsys, "golden", "list")
+    assert code == 0 and "decay_moderate" in out
+    code, _, err = run(capsys, "golden", "check", "--case", "no_such_case")
+    assert code == 2

@@ -1,0 +1,414 @@
+"""Hypothesis properties of any GDN-2 kernel (issue 5), judged by the tolerance model (ci/tolerance.py).
+
+Every comparison is against the float64 oracle fed exactly the values the kernel saw (inputs and
+cotangents rounded to the kernel's dtype), forward output, final state and all seven gradients,
+with random cotangents on both the output and the final state.
+
+Tests taking ``kernel`` run once per selected kernel (``--kernel`` / ``GDN2_KERNEL``; see
+conftest.py). A failure prints the verdict table, a shell one-liner that reproduces it, the
+``make_problem`` call and the ``@example`` line that pins it.
+
+Tight agreement bound (properties 2-5; ``strategies.agreement_bound``). Two correct kernels, or one
+kernel with another chunk size / split point / a split sequence, are each allowed
+``tol = max(MULTIPLE x e_rec, FLOOR)`` against the exact result (``e_rec``: the plain float32
+recurrence's error on the same inputs; MULTIPLE = 32 in float32). Their *difference* comes only from
+where they differ (how the score tiles' decay is formed; where the chunk boundaries fall), so it
+must be smaller: we require ``max(AGREE_FRACTION x MULTIPLE x e_rec, FLOOR)`` with
+AGREE_FRACTION = 1/3, i.e. ~11 x e_rec where the recurrence rule applies -- 3x tighter than either's
+bound against the oracle. It cannot be much tighter: a correct kernel's own error reaches ~8 x e_rec
+(0.24 x tol, dh0, calibration), and two kernels' errors are largely independent, so their
+difference is of that size too (worst observed: pairwise~factorized 0.62 of this bound, dh0). The floor is not divided: it is already ~8 float32 ulps, the resolution at
+which two different float32 computations of one quantity can be asked to agree. Measured by
+``calibrate_tolerance.py`` over every regime (pairwise~factorized, chunk 16/32, split 1/48). A bfloat16 result is
+additionally allowed one bf16 ulp at its largest element (``2**-7`` relative), because two kernels
+whose float32 values differ by one float32 ulp can round to neighbouring bf16 values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given, note, settings
+from hypothesis import strategies as st
+
+import oracle
+from ci import harness, tolerance
+from ci.tolerance import RESULTS, Report, Verdict
+from oracle import reductions
+
+import strategies
+from strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, Spec, specs
+
+AGREE_FRACTION = strategies.AGREE_FRACTION
+
+KNOWN_DEFECT_KERNELS, KNOWN_DEFECTS, exempt = strategies.KNOWN_DEFECT_KERNELS, strategies.KNOWN_DEFECTS, strategies.exempt
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def _profile():
+    try:
+        return settings._current_profile  # the name hypothesis loaded (set by conftest / --hypothesis-profile)
+    except AttributeError:  # pragma: no cover
+        return "dev"
+
+
+def core_specs(**kw):
+    """A Spec on one of the CORE configs (thorough: or on any config of the small sets)."""
+    core = st.sampled_from(CORE).flatmap(lambda c: specs(c, **kw))
+    return st.one_of(core, strategies.any_spec(**kw)) if _profile() == "thorough" else core
+
+
+# Explicit examples (CORE index, decay, gates): every config, decay regime and gate regime is run in
+# every profile (deterministic coverage) besides the random draws; the regimes with a known float32
+# defect of our kernels (strategies.KNOWN_DEFECTS) go to the bfloat16 configs, where they are judged in full.
+EXPLICIT = [
+    (0, "none", "uniform"),
+    (1, "strong", "zero"),
+    (2, "weak", "one"),
+    (3, "moderate", "erase_zero"),
+    (4, "mixed", "erase_one"),
+    (5, "extreme", "write_one"),
+    (5, "resets", "negative"),
+    (6, "moderate", "uniform"),
+]
+
+
+def per_config_examples(**fixed):
+    """Decorator adding the EXPLICIT examples (``fixed`` overrides fields, e.g. gates)."""
+
+    def deco(f):
+        for i, (ci, decay, gates) in enumerate(EXPLICIT):
+            c = CORE[ci]
+            kw = dict(decay=decay, gates=gates, qk=("l2", "raw")[i % 2], initial_state=bool((i + 1) % 2),
+                      precision=c.dtype, seed=1000 + i, cot_seed=2000 + i)
+            kw.update(fixed)
+            f = example(spec=Spec(*c.shape, **kw))(f)
+        return f
+
+    return deco
+
+
+def explain(spec, kernel_name, report, what):
+    """Failure message: the verdict table, a reproduction and the lines to pin the example."""
+    return (f"{what}\n{report.format()}\n"
+            f"reproduce: {spec.repro(kernel_name)}\n"
+            f"pin it:    {spec.example()}\n"
+            f"golden:    {spec.call()}  (cotangents: oracle.random_cotangents(p, {spec.cot_seed}, {spec.precision!r}))")
+
+
+def check(report, spec, kernel_name, what, exempt_results=frozenset()):
+    """Fail (with the explanation) unless every verdict not in ``exempt_results`` passed."""
+    note(f"spec: {spec!r}")
+    failed = [v.name for v in report.failures() if v.name not in exempt_results]
+    excused = [v.name for v in report.failures() if v.name in exempt_results]
+    if excused:
+        note(f"known defect (KNOWN_DEFECTS), excused: {excused}")
+    if failed:
+        pytest.fail(explain(spec, kernel_name, report, what)
+                    + (f"\n(excused as a known defect: {excused})" if excused else ""), pytrace=False)
+
+
+def run(fn, problem, do, dfs, dtype):
+    """A kernel's nine results (numpy, in the dtypes it returned them in)."""
+    return harness.kernel_results(fn, problem, do, dfs, dtype=dtype)
+
+
+def setup(spec):
+    p = spec.problem()
+    do, dfs = spec.cotangents(p)
+    return p, do, dfs
+
+
+def judge(problem, do, dfs, got, ref, dtype):
+    """The tolerance model's report for results ``got``."""
+    base = tolerance.baseline(problem, do, dfs, {n: tolerance.dtype_name(got[n]) for n in RESULTS})
+    return tolerance.compare(problem, do, dfs, got, ref, dtype=dtype, base=base), base
+
+
+def agreement(problem, do, dfs, a, b, ref, base, dtype, what="agreement"):
+    """Judge ``a`` against ``b`` (two kernel results) with the tight bound ``strategies.agreement_bound``.
+
+    The errors are normalised exactly as in ``tolerance.compare`` (the reference's scale, or the
+    envelope for dg); the bound is AGREE_FRACTION x MULTIPLE x e_rec, never below FLOOR, plus one
+    bf16 ulp for results returned in bfloat16 (see the module docstring).
+    """
+    report = Report(dtype=dtype)
+    for name in RESULTS:
+        s_rms, s_max = tolerance.scales(name, problem, ref)
+        e_r, e_m = tolerance.metrics(a[name], b[name], s_rms, s_max)
+        b_r, b_m = tolerance.metrics(base[name], ref[name], s_rms, s_max)
+        bf16 = "bfloat16" in (tolerance.dtype_name(a[name]), tolerance.dtype_name(b[name]))
+        t_r, t_m = strategies.agreement_bound(b_r, b_m, dtype, bf16)
+        rule = f"{what} ({AGREE_FRACTION:.3g} x recurrence rule{', floor' if t_r <= tolerance.FLOOR[dtype] else ''})"
+        if bf16:
+            rule += " + 1 bf16 ulp"
+        passed = bool(e_r <= t_r and e_m <= t_m)
+        report.verdicts.append(Verdict(name, e_r, e_m, t_r, t_m, rule, passed))
+    return report
+
+
+def _fn(name, **options):
+    return strategies.kernel_fn(name, **options)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. each kernel matches the oracle
+
+
+@per_config_examples()
+@given(spec=core_specs())
+def test_matches_oracle(kernel, spec):
+    """Forward, final state and the seven gradients match the float64 oracle, every regime and dtype."""
+    p, do, dfs = setup(spec)
+    report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
+    check(report, spec, kernel.name, f"kernel {kernel.name!r} vs the float64 oracle", exempt(kernel.name, spec))
+
+
+# --------------------------------------------------------------------------------------------
+# 2. pairwise and factorized agree (tightly)
+
+
+@per_config_examples()
+@given(spec=core_specs())
+def test_pairwise_and_factorized_agree(spec):
+    """The two kernels differ only in how the score tiles' decay is formed: their results agree to
+    a third of the model's recurrence rule (3x tighter than either's bound against the oracle)."""
+    p, do, dfs = setup(spec)
+    a = run(_fn("pairwise"), p, do, dfs, spec.dtype)
+    b = run(_fn("factorized"), p, do, dfs, spec.dtype)
+    ref = harness.reference_results(p, do, dfs)
+    _, base = judge(p, do, dfs, a, ref, spec.dtype)
+    check(agreement(p, do, dfs, b, a, ref, base, spec.dtype, what="factorized~pairwise"),
+          spec, "factorized", "factorized vs pairwise (tight agreement)")
+
+
+# --------------------------------------------------------------------------------------------
+# 3. chunk-size and split-point invariance (kernels that accept those options)
+
+VARIANTS = [  # (kernel, options): chunk sizes below the default, split points off the middle, a small leaf
+    ("pairwise", dict(chunk_size=16)),
+    ("pairwise", dict(chunk_size=32)),
+    ("factorized", dict(chunk_size=16, leaf=8)),
+    ("factorized", dict(chunk_size=32)),
+    ("factorized", dict(split=1)),  # the earliest split: a 1-token earlier block
+    ("factorized", dict(split=48)),  # an off-centre split
+    ("factorized", dict(chunk_size=32, split=5, leaf=8)),
+]
+VARIANT_CONFIG = strategies.core_config(T=65, dtype="float32")
+
+
+def _variant_id(opts):
+    return ",".join(f"{k}={v}" for k, v in opts.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("owner,options", VARIANTS, ids=[f"{n}({_variant_id(o)})" for n, o in VARIANTS])
+@given(spec=specs(VARIANT_CONFIG))
+@settings(max_examples=max(2, settings().max_examples // 2))
+def test_chunk_and_split_invariance(kernel, owner, options, spec):
+    """The same kernel with another chunk_size / split / leaf: matches the oracle, and agrees tightly
+    with its default options (the chunking is an implementation detail, not a numerical choice)."""
+    if not kernel.configurable:
+        pytest.skip(f"{kernel.name!r} takes no chunk_size / split options")
+    if kernel.name != owner:
+        pytest.skip(f"options for {owner!r}")
+    variant = kernel.variant(**options)
+    p, do, dfs = setup(spec)
+    got = run(variant.fn, p, do, dfs, spec.dtype)
+    ref = harness.reference_results(p, do, dfs)
+    report, base = judge(p, do, dfs, got, ref, spec.dtype)
+    check(report, spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs the float64 oracle",
+          exempt(kernel.name, spec))
+    default = run(kernel.fn, p, do, dfs, spec.dtype)
+    check(agreement(p, do, dfs, got, default, ref, base, spec.dtype, what="options~default"),
+          spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs {kernel.name}() (tight agreement)",
+          exempt(kernel.name, spec))
+
+
+# --------------------------------------------------------------------------------------------
+# 4. state carry
+
+
+def _piece(p, lo, hi, h0):
+    return oracle.Problem(*(x[:, lo:hi] for x in p.inputs()), scale=p.scale, initial_state=h0)
+
+
+@pytest.mark.parametrize("t", CARRY_SPLITS, ids=[f"split{t}" for t in CARRY_SPLITS])
+@given(spec=specs(CARRY_CONFIG))
+def test_state_carry(kernel, t, spec):
+    """[0, t) then [t, T) with the carried final state equals one call: forward, and every gradient
+    by chaining the two calls' VJPs (the second call's dh0 is the first call's final-state cotangent)."""
+    p, do, dfs = setup(spec)
+    whole = run(kernel.fn, p, do, dfs, spec.dtype)
+    first_fwd = run(kernel.fn, _piece(p, 0, t, p.initial_state), do[:, :t], dfs, spec.dtype)  # dfs: placeholder
+    second = run(kernel.fn, _piece(p, t, None, first_fwd["final_state"].astype(np.float64)), do[:, t:], dfs, spec.dtype)
+    first = run(kernel.fn, _piece(p, 0, t, p.initial_state), do[:, :t], second["dh0"].astype(np.float64), spec.dtype)
+    carried = {"o": np.concatenate([first["o"], second["o"]], axis=1), "final_state": second["final_state"],
+               "dh0": first["dh0"]}
+    for name in ("dq", "dk", "dv", "dg", "db", "dw"):
+        carried[name] = np.concatenate([first[name], second[name]], axis=1)
+    ref = harness.reference_results(p, do, dfs)
+    report, base = judge(p, do, dfs, carried, ref, spec.dtype)
+    check(report, spec, kernel.name, f"{kernel.name}: [0,{t}) + [{t},{p.shape[1]}) with carried state vs the oracle",
+          exempt(kernel.name, spec))
+    check(agreement(p, do, dfs, carried, whole, ref, base, spec.dtype, what="carried~one call"),
+          spec, kernel.name, f"{kernel.name}: split at {t} with carried state vs one call (tight agreement)",
+          exempt(kernel.name, spec))
+
+
+# --------------------------------------------------------------------------------------------
+# 5. linearity in (v, h0) and equivariance under head / batch permutations
+
+SCALED = {"o", "final_state", "dq", "dk", "dg", "db", "dw"}  # linear in (v, h0); dv, dh0 do not change
+TINY = 2.0 ** -90  # below this, flush-to-zero of subnormals may differ between the two calls
+
+
+@given(spec=core_specs(), c=st.sampled_from([2.0 ** -3, 2.0, 2.0 ** 5]))
+def test_scaling_v_and_initial_state(kernel, spec, c):
+    """Scaling v and h0 by a power of two c scales o, the final state and dq, dk, dg, db, dw by c
+    exactly (every operation is linear in (v, h0) or independent of it) and leaves dv, dh0 unchanged."""
+    p, do, dfs = setup(spec)
+    scaled = p.replace(v=c * p.v, initial_state=None if p.initial_state is None else c * p.initial_state)
+    a = run(kernel.fn, p, do, dfs, spec.dtype)
+    b = run(kernel.fn, scaled, do, dfs, spec.dtype)
+    bad = []
+    for name in RESULTS:
+        want = c * a[name].astype(np.float64) if name in SCALED else a[name].astype(np.float64)
+        got = b[name].astype(np.float64)
+        diff = np.max(np.abs(got - want)) if np.all(np.isfinite(got)) else np.inf
+        if not diff <= TINY * max(c, 1.0):
+            bad.append(f"{name}: max|f(c v, c h0) - {'c ' if name in SCALED else ''}f(v, h0)| = {diff:.3e} "
+                       f"(max|f| = {np.max(np.abs(want)):.3e})")
+    note(f"spec: {spec!r}, c = {c}")
+    if bad:
+        pytest.fail(f"{kernel.name}: scaling v, h0 by c = {c} is not exact\n" + "\n".join(bad)
+                    + f"\nreproduce (base case): {spec.repro(kernel.name)}\npin it: {spec.example()}", pytrace=False)
+
+
+def _permute(p, do, dfs, axis_bt, perm):
+    """Permute batch (axis 0) or heads (axis 2 of [B,T,H,*], 1 of [B,H,K,V]) of a problem and its cotangents."""
+    take = (lambda x, ax: np.take(x, perm, axis=ax))
+    st_axis = 0 if axis_bt == 0 else 1
+    h0 = None if p.initial_state is None else take(p.initial_state, st_axis)
+    q = p.replace(**{n: take(getattr(p, n), axis_bt) for n in oracle.INPUTS}, initial_state=h0)
+    return q, take(do, axis_bt), take(dfs, st_axis)
+
+
+PERMUTABLE = tuple(c for c in CORE if c.B > 1 or c.H > 1)
+
+
+@given(spec=st.sampled_from(PERMUTABLE).flatmap(specs))
+def test_batch_and_head_permutation(kernel, spec):
+    """Permuting batch rows and heads of the inputs permutes every result the same way."""
+    p, do, dfs = setup(spec)
+    a = run(kernel.fn, p, do, dfs, spec.dtype)
+    ref = harness.reference_results(p, do, dfs)
+    _, base = judge(p, do, dfs, a, ref, spec.dtype)
+    for axis, n in ((0, spec.B), (2, spec.H)):
+        if n == 1:
+            continue
+        perm = np.arange(n)[::-1]
+        pp, pdo, pdfs = _permute(p, do, dfs, axis, perm)
+        b = run(kernel.fn, pp, pdo, pdfs, spec.dtype)
+        # undo the permutation of the results (perm is an involution)
+        back = {name: np.take(x, perm, axis=axis if x.ndim == 4 and name not in ("final_state", "dh0")
+                              else (0 if axis == 0 else 1)) for name, x in b.items()}
+        check(agreement(p, do, dfs, back, a, ref, base, spec.dtype, what="permuted~original"),
+              spec, kernel.name, f"{kernel.name}: {'batch' if axis == 0 else 'head'} permutation")
+
+
+# --------------------------------------------------------------------------------------------
+# 6. reductions: GLA (b = 0), KDA, Gated DeltaNet
+
+
+@given(spec=core_specs(gates=("zero", "erase_zero")))
+def test_gla_reduction(kernel, spec):
+    """b = 0: o and the final state match the independent O(T^2) closed form (oracle.reductions.gla_forward),
+    judged by the model (and the gradients against the recurrence)."""
+    p, do, dfs = setup(spec)
+    got = run(kernel.fn, p, do, dfs, spec.dtype)
+    ref = harness.reference_results(p, do, dfs)
+    o, S = reductions.gla_forward(p)
+    ref = {**ref, "o": o, "final_state": S}
+    report, _ = judge(p, do, dfs, got, ref, spec.dtype)
+    check(report, spec, kernel.name, f"{kernel.name} vs the gated-linear-attention closed form (b = 0)",
+          exempt(kernel.name, spec))
+
+
+def _kda(p, scalar_decay):
+    beta = p.b[..., 0]
+    q, k, v, g = p.q, p.k, p.v, p.g
+    if scalar_decay:
+        return reductions.gated_deltanet_problem(q, k, v, g[..., 0], beta, scale=p.scale, initial_state=p.initial_state)
+    return reductions.kda_problem(q, k, v, g, beta, scale=p.scale, initial_state=p.initial_state)
+
+
+@pytest.mark.parametrize("model", ["kda", "gated_deltanet"])
+@given(spec=core_specs(gates=("uniform", "one", "negative")))
+def test_kda_and_gated_deltanet(kernel, model, spec):
+    """KDA (b = w = beta) and Gated DeltaNet (also a scalar decay per head) problems match the oracle."""
+    p0, do, dfs = setup(spec)
+    p = _kda(p0, model == "gated_deltanet")
+    report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
+    check(report, spec, kernel.name, f"{kernel.name} on the {model} reduction of the spec's problem "
+                                     f"(b = w = beta = b[..., 0]{', g = g[..., 0]' if model != 'kda' else ''})",
+          exempt(kernel.name, spec))
+
+
+@given(spec=core_specs(gates=("uniform", "negative")), perm_seed=st.integers(0, 2**16))
+def test_gated_deltanet_key_channel_permutation(kernel, spec, perm_seed):
+    """Gated DeltaNet: the decay is shared by all key channels, so permuting the key channels of q, k, b
+    (and the rows of h0) permutes dq, dk, dg, db, the final state and dh0 the same way and leaves o,
+    dv, dw unchanged."""
+    p0, do, dfs = setup(spec)
+    p = _kda(p0, scalar_decay=True)
+    perm = np.random.default_rng(perm_seed).permutation(spec.K)
+    h0 = None if p.initial_state is None else p.initial_state[:, :, perm]
+    pp = p.replace(q=p.q[..., perm], k=p.k[..., perm], g=p.g[..., perm], b=p.b[..., perm], initial_state=h0)
+    a = run(kernel.fn, p, do, dfs, spec.dtype)
+    b = run(kernel.fn, pp, do, dfs[:, :, perm], spec.dtype)
+    inv = np.argsort(perm)
+    back = dict(b)
+    for name in ("dq", "dk", "dg", "db"):
+        back[name] = b[name][..., inv]
+    for name in ("final_state", "dh0"):
+        back[name] = b[name][:, :, inv]
+    ref = harness.reference_results(p, do, dfs)
+    _, base = judge(p, do, dfs, a, ref, spec.dtype)
+    check(agreement(p, do, dfs, back, a, ref, base, spec.dtype, what="permuted~original"),
+          spec, kernel.name, f"{kernel.name}: Gated DeltaNet key-channel permutation {perm.tolist()}")
+
+
+# --------------------------------------------------------------------------------------------
+# known defects, pinned: each is an example that fails today; strict xfail turns a fix into XPASS
+
+
+KNOWN_DEFECT_CASES = {
+    # (dtype, decay): a failing example found by calibrate_tolerance.py (ratio err/tol for pairwise, C=64)
+    ("float32", "extreme"): Spec(1, 63, 2, 32, 16, decay="extreme", gates="uniform", qk="l2", initial_state=True,
+                                 seed=3423213249, cot_seed=3423227035),  # db at 70x
+    ("float32", "strong"): Spec(1, 63, 2, 32, 16, decay="strong", gates="uniform", qk="l2", initial_state=True,
+                                seed=3286155441, cot_seed=3286145771),  # db at 2x
+    ("float32", "resets"): Spec(1, 63, 2, 32, 16, decay="resets", gates="uniform", qk="l2", initial_state=False,
+                                seed=1086665236, cot_seed=1086679118),  # o at 10x, every gradient but dh0
+}
+
+
+@pytest.mark.parametrize("case", sorted(KNOWN_DEFECT_CASES), ids=lambda c: f"{c[0]}-{c[1]}")
+def test_known_defect_decay_exponent_precision(kernel, case, request):
+    """Each KNOWN_DEFECTS entry: the pinned example fails today, only in the exempt results."""
+    if kernel.name not in KNOWN_DEFECT_KERNELS:
+        pytest.skip(f"no known defect recorded for {kernel.name!r}")
+    spec = KNOWN_DEFECT_CASES[case]
+    p, do, dfs = setup(spec)
+    report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
+    unexpected = [v.name for v in report.failures() if v.name not in KNOWN_DEFECTS[case]]
+    if unexpected:  # a real failure, not the known defect
+        pytest.fail(explain(spec, kernel.name, report, f"failures outside the exempt results: {unexpected}"))
+    request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+        "known defect: decay exponents G_r - G_s formed as differences of float32 within-chunk cumulative "
+        f"sums lose ~ulp(|G|) under {case[1]} decay (see KNOWN_DEFECTS)")))
+    assert report.passed, explain(spec, kernel.name, report, f"known defect {case}")

@@ -1,0 +1,24 @@
+"""Deliberately wrong GDN-2 kernels for the CLI tests (``wrong_kernel:perturbed``, ``wrong_kernel:broken``).
+
+``perturbed`` is the pairwise kernel with its output scaled by ``1 + 1e-3``: far outside the
+float32 tolerance, so ``gdn2-oracle validate`` must exit 1 and ``bench`` must refuse to time it.
+"""
+
+import jax.numpy as jnp
+
+import kernels
+
+_BASE = kernels.get("pairwise", chunk_size=16)
+
+
+def perturbed(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    o, s = _BASE(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+    return (o * (1 + 1e-3)).astype(o.dtype), s
+
+
+def broken(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    raise RuntimeError("this kernel always fails")
+
+
+def correct(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    return _BASE(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
