@@ -103,3 +103,18 @@ def pytest_generate_tests(metafunc):
 def hypothesis_profile(pytestconfig):
     """The name of the Hypothesis profile in force."""
     return pytestconfig._gdn2_profile
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect (not skip) kernel-option variants that belong to another kernel than the one under test."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        kernel, owner = params.get("kernel"), params.get("owner")
+        if kernel is not None and owner is not None and getattr(kernel, "name", None) != owner:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -1,6 +1,7 @@
 """pytest-benchmark latency of forward + backward (all seven gradients) of each kernel at a CPU-sized shape.
 
-Skipped by the default run (``--benchmark-skip`` in addopts); ``make bench`` runs them. Every
+The default run (``--benchmark-disable`` in addopts) executes each body once, untimed, so the
+gate and the harness are tested; ``make bench`` times them. Every
 benchmark first validates its kernel on the same problem against the float64 oracle and refuses
 to run (``pytest.fail`` with the verdict table) when the kernel fails: a number is only recorded
 for a kernel that is right. ``extra_info`` carries the provenance (device, JAX, kernel source hash,
