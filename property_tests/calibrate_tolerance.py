@@ -51,18 +51,9 @@ def ratio(v):
 
 
 def agreement_ratios(problem, a, b, ref, base, dtype):
-    """Per result: max(metric(a - b) / bound), bound = the property suite's tight agreement bound
-    (test_properties.agreement_bound: AGREE_FRACTION x MULTIPLE x e_rec, never below FLOOR, plus one bf16
-    ulp for bf16 results); <= 1 passes."""
-    out = {}
-    for name in RESULTS:
-        s_rms, s_max = tolerance.scales(name, problem, ref)
-        e_r, e_m = tolerance.metrics(a[name], b[name], s_rms, s_max)
-        b_r, b_m = tolerance.metrics(base[name], ref[name], s_rms, s_max)
-        bf16 = "bfloat16" in (tolerance.dtype_name(a[name]), tolerance.dtype_name(b[name]))
-        t_r, t_m = strategies.agreement_bound(b_r, b_m, dtype, bf16)
-        out[name] = max(e_r / t_r, e_m / t_m)
-    return out
+    """Per result: error / the property suite's tight agreement bound (``strategies.agreement``); <= 1 passes."""
+    report = strategies.agreement(problem, None, None, a, b, ref, base, dtype)
+    return {v.name: max(v.err_ratio / v.tol_ratio, v.max_err / v.tol_max) for v in report.verdicts}
 
 
 def examples(configs, seeds):

@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 
 import oracle
 from ci import harness, tolerance
-from ci.tolerance import RESULTS, Report, Verdict
+from ci.tolerance import RESULTS
 from oracle import reductions
 
 import strategies
-from strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, Spec, specs
+from strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, Spec, agreement, specs
 
 AGREE_FRACTION = strategies.AGREE_FRACTION
 
@@ -126,28 +126,6 @@ def judge(problem, do, dfs, got, ref, dtype):
     """The tolerance model's report for results ``got``."""
     base = tolerance.baseline(problem, do, dfs, {n: tolerance.dtype_name(got[n]) for n in RESULTS})
     return tolerance.compare(problem, do, dfs, got, ref, dtype=dtype, base=base), base
-
-
-def agreement(problem, do, dfs, a, b, ref, base, dtype, what="agreement"):
-    """Judge ``a`` against ``b`` (two kernel results) with the tight bound ``strategies.agreement_bound``.
-
-    The errors are normalised exactly as in ``tolerance.compare`` (the reference's scale, or the
-    envelope for dg); the bound is AGREE_FRACTION x MULTIPLE x e_rec, never below FLOOR, plus one
-    bf16 ulp for results returned in bfloat16 (see the module docstring).
-    """
-    report = Report(dtype=dtype)
-    for name in RESULTS:
-        s_rms, s_max = tolerance.scales(name, problem, ref)
-        e_r, e_m = tolerance.metrics(a[name], b[name], s_rms, s_max)
-        b_r, b_m = tolerance.metrics(base[name], ref[name], s_rms, s_max)
-        bf16 = "bfloat16" in (tolerance.dtype_name(a[name]), tolerance.dtype_name(b[name]))
-        t_r, t_m = strategies.agreement_bound(b_r, b_m, dtype, bf16)
-        rule = f"{what} ({AGREE_FRACTION:.3g} x recurrence rule{', floor' if t_r <= tolerance.FLOOR[dtype] else ''})"
-        if bf16:
-            rule += " + 1 bf16 ulp"
-        passed = bool(e_r <= t_r and e_m <= t_m)
-        report.verdicts.append(Verdict(name, e_r, e_m, t_r, t_m, rule, passed))
-    return report
 
 
 def _fn(name, **options):

@@ -4,7 +4,6 @@
 float32 tolerance, so ``gdn2-oracle validate`` must exit 1 and ``bench`` must refuse to time it.
 """
 
-import jax.numpy as jnp
 
 import kernels
 
