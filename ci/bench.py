@@ -36,7 +36,7 @@ from .report import UsageError, environment, fmt_err, kernel_notes, parse_option
 from .tolerance import RESULTS, baseline, compare, dtype_name
 
 SCHEMA = "gdn2-oracle/bench/1"
-DEFAULT_SWEEP = "chunk_size=32,64,128;leaf=8,16"
+DEFAULT_SWEEP = "chunk_size=32,64,128;leaf=4,8,16"
 SMALL_T = 512
 
 

@@ -83,7 +83,7 @@ def main(argv=None):
     p.add_argument("--dim", type=int, default=128, help="key width K (and value width V unless --vdim)")
     p.add_argument("--vdim", type=int, default=None)
     p.add_argument("--chunk", type=int, default=64)
-    p.add_argument("--leaf", type=int, default=16)
+    p.add_argument("--leaf", type=int, default=None, help="factorized leaf (default: the kernel's default)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--kernels", default="pairwise,factorized")
     a = p.parse_args(argv)
@@ -99,7 +99,9 @@ def main(argv=None):
     xs, cts = make_inputs(B, T, H, K, V)
     medians = {}
     for name in a.kernels.split(","):
-        opts = dict(chunk_size=C, leaf=a.leaf) if name == "factorized" else dict(chunk_size=C)
+        opts = dict(chunk_size=C)
+        if name == "factorized" and a.leaf is not None:
+            opts["leaf"] = a.leaf
         fn = fwd_bwd(kernels.get(name, **opts))
         t0 = time.perf_counter()
         jax.block_until_ready(fn(*xs, *cts))

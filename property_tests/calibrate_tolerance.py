@@ -85,7 +85,6 @@ def main(argv=None):
     configs = [c for c in CORE if args.configs == "all" or (c.dtype == "float32") == (args.configs == "f32")]
 
     ratios = defaultdict(list)  # (kernel, dtype, result) -> [ratio]
-    clean = defaultdict(list)  # (kernel, dtype) -> [ratio] outside strategies.KNOWN_DEFECTS
     agree = defaultdict(list)  # (pair, dtype, result) -> [ratio]
     alarms = []
     counts = defaultdict(int)
@@ -99,11 +98,8 @@ def main(argv=None):
         for n in names:
             rep = tolerance.compare(p, do, dfs, got[n], ref, dtype=spec.dtype, base=base)
             counts[(n, spec.dtype)] += 1
-            excused = strategies.exempt(n.split("[")[0], spec)
             for v in rep.verdicts:
                 ratios[(n, spec.dtype, v.name)].append(ratio(v))
-                if v.name not in excused:
-                    clean[(n, spec.dtype)].append(ratio(v))
                 if not v.passed:
                     alarms.append((n, spec, v))
         if "pairwise" in got and "factorized" in got:
@@ -131,12 +127,6 @@ def main(argv=None):
         nf = sum(1 for a in alarms if a[0] == n and a[1].dtype == dt)
         print(f"{n:<22} {dt:<9} results {nf:>4}/{c * len(RESULTS):<5} ({nf / (c * len(RESULTS)):.2%})   "
               f"calls {len(by_call[(n, dt)]):>3}/{c} ({len(by_call[(n, dt)]) / c:.1%})")
-    print("\n## outside the known defects (strategies.KNOWN_DEFECTS): false alarms and ratio quantiles "
-          + ", ".join(f"q{q:g}" for q in QUANTILES))
-    for (n, dt), xs in sorted(clean.items()):
-        x = np.array(xs)
-        nf = sum(1 for a in alarms if a[0] == n and a[1].dtype == dt and a[2].name not in strategies.exempt(n.split("[")[0], a[1]))
-        print(f"{n:<22} {dt:<9} false alarms {nf:>4}/{x.size:<5} " + " ".join(f"{np.quantile(x, q):9.2e}" for q in QUANTILES))
     print("\n## ratio = max(err_ratio/tol_ratio, max_err/tol_max): quantiles " + ", ".join(f"q{q:g}" for q in QUANTILES))
     for key in sorted(ratios):
         x = np.array(ratios[key])

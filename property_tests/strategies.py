@@ -221,32 +221,6 @@ class Kernel(NamedTuple):
         return Kernel(self.name, kernel_fn(self.name, **options))
 
 
-# --------------------------------------------------------------------------------------------
-# known kernel defects
-
-# Known kernel defect (reported to the lead, issue 5): our chunked kernels form every decay exponent
-# G_r - G_s as a difference of float32 *within-chunk cumulative sums*. When |G| grows large inside a
-# chunk (strong: |G| ~ 300, extreme: ~3800, resets: ~1000 after a reset) the difference loses
-# ~ulp(|G|) absolutely (3e-5 .. 2.4e-4), i.e. that much relative error in exp(G_r - G_s), where the
-# token-by-token recurrence multiplies exp(g_t) with 1-ulp error. The error shrinks with the chunk
-# size (calibrate_tolerance.py; C = 16/32/64 under extreme: db at 5x / 11x / 70x its tolerance).
-# Exempt results per (dtype, decay) for these kernels; test_properties.py::test_known_defect_* pins each
-# exemption with a strict xfail, so a fix shows up as XPASS and this table must then shrink.
-KNOWN_DEFECT_KERNELS = ("pairwise", "factorized")
-KNOWN_DEFECTS = {
-    ("float32", "extreme"): frozenset({"db"}),
-    ("float32", "strong"): frozenset(RESULTS),
-    ("float32", "resets"): frozenset(RESULTS),
-}
-
-
-def exempt(kernel_name, spec):
-    """Results of this example excused by KNOWN_DEFECTS (empty for kernels without a known defect)."""
-    if kernel_name not in KNOWN_DEFECT_KERNELS:
-        return frozenset()
-    return KNOWN_DEFECTS.get((spec.dtype, spec.decay), frozenset())
-
-
 def agreement(problem, do, dfs, a, b, ref, base, dtype, what="agreement"):
     """Judge ``a`` against ``b`` (two kernel results) with the tight bound ``strategies.agreement_bound``.
 

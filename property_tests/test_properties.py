@@ -41,7 +41,6 @@ from strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, Spec, agreement, specs
 
 AGREE_FRACTION = strategies.AGREE_FRACTION
 
-KNOWN_DEFECT_KERNELS, KNOWN_DEFECTS, exempt = strategies.KNOWN_DEFECT_KERNELS, strategies.KNOWN_DEFECTS, strategies.exempt
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,8 +61,7 @@ def core_specs(**kw):
 
 
 # Explicit examples (CORE index, decay, gates): every config, decay regime and gate regime is run in
-# every profile (deterministic coverage) besides the random draws; the regimes with a known float32
-# defect of our kernels (strategies.KNOWN_DEFECTS) go to the bfloat16 configs, where they are judged in full.
+# every profile (deterministic coverage) besides the random draws.
 EXPLICIT = [
     (0, "none", "uniform"),
     (1, "strong", "zero"),
@@ -99,16 +97,11 @@ def explain(spec, kernel_name, report, what):
             f"golden:    {spec.call()}  (cotangents: oracle.random_cotangents(p, {spec.cot_seed}, {spec.precision!r}))")
 
 
-def check(report, spec, kernel_name, what, exempt_results=frozenset()):
-    """Fail (with the explanation) unless every verdict not in ``exempt_results`` passed."""
+def check(report, spec, kernel_name, what):
+    """Fail (with the explanation and a reproducer) unless every verdict passed."""
     note(f"spec: {spec!r}")
-    failed = [v.name for v in report.failures() if v.name not in exempt_results]
-    excused = [v.name for v in report.failures() if v.name in exempt_results]
-    if excused:
-        note(f"known defect (KNOWN_DEFECTS), excused: {excused}")
-    if failed:
-        pytest.fail(explain(spec, kernel_name, report, what)
-                    + (f"\n(excused as a known defect: {excused})" if excused else ""), pytrace=False)
+    if not report.passed:
+        pytest.fail(explain(spec, kernel_name, report, what), pytrace=False)
 
 
 def run(fn, problem, do, dfs, dtype):
@@ -142,7 +135,7 @@ def test_matches_oracle(kernel, spec):
     """Forward, final state and the seven gradients match the float64 oracle, every regime and dtype."""
     p, do, dfs = setup(spec)
     report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
-    check(report, spec, kernel.name, f"kernel {kernel.name!r} vs the float64 oracle", exempt(kernel.name, spec))
+    check(report, spec, kernel.name, f"kernel {kernel.name!r} vs the float64 oracle")
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,12 +188,10 @@ def test_chunk_and_split_invariance(kernel, owner, options, spec):
     got = run(variant.fn, p, do, dfs, spec.dtype)
     ref = harness.reference_results(p, do, dfs)
     report, base = judge(p, do, dfs, got, ref, spec.dtype)
-    check(report, spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs the float64 oracle",
-          exempt(kernel.name, spec))
+    check(report, spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs the float64 oracle")
     default = run(kernel.fn, p, do, dfs, spec.dtype)
     check(agreement(p, do, dfs, got, default, ref, base, spec.dtype, what="options~default"),
-          spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs {kernel.name}() (tight agreement)",
-          exempt(kernel.name, spec))
+          spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs {kernel.name}() (tight agreement)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,11 +218,9 @@ def test_state_carry(kernel, t, spec):
         carried[name] = np.concatenate([first[name], second[name]], axis=1)
     ref = harness.reference_results(p, do, dfs)
     report, base = judge(p, do, dfs, carried, ref, spec.dtype)
-    check(report, spec, kernel.name, f"{kernel.name}: [0,{t}) + [{t},{p.shape[1]}) with carried state vs the oracle",
-          exempt(kernel.name, spec))
+    check(report, spec, kernel.name, f"{kernel.name}: [0,{t}) + [{t},{p.shape[1]}) with carried state vs the oracle")
     check(agreement(p, do, dfs, carried, whole, ref, base, spec.dtype, what="carried~one call"),
-          spec, kernel.name, f"{kernel.name}: split at {t} with carried state vs one call (tight agreement)",
-          exempt(kernel.name, spec))
+          spec, kernel.name, f"{kernel.name}: split at {t} with carried state vs one call (tight agreement)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,8 +298,7 @@ def test_gla_reduction(kernel, spec):
     o, S = reductions.gla_forward(p)
     ref = {**ref, "o": o, "final_state": S}
     report, _ = judge(p, do, dfs, got, ref, spec.dtype)
-    check(report, spec, kernel.name, f"{kernel.name} vs the gated-linear-attention closed form (b = 0)",
-          exempt(kernel.name, spec))
+    check(report, spec, kernel.name, f"{kernel.name} vs the gated-linear-attention closed form (b = 0)")
 
 
 def _kda(p, scalar_decay):
@@ -329,8 +317,7 @@ def test_kda_and_gated_deltanet(kernel, model, spec):
     p = _kda(p0, model == "gated_deltanet")
     report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
     check(report, spec, kernel.name, f"{kernel.name} on the {model} reduction of the spec's problem "
-                                     f"(b = w = beta = b[..., 0]{', g = g[..., 0]' if model != 'kda' else ''})",
-          exempt(kernel.name, spec))
+                                     f"(b = w = beta = b[..., 0]{', g = g[..., 0]' if model != 'kda' else ''})")
 
 
 @given(spec=core_specs(gates=("uniform", "negative")), perm_seed=st.integers(0, 2**16))
@@ -355,35 +342,3 @@ def test_gated_deltanet_key_channel_permutation(kernel, spec, perm_seed):
     _, base = judge(p, do, dfs, a, ref, spec.dtype)
     check(agreement(p, do, dfs, back, a, ref, base, spec.dtype, what="permuted~original"),
           spec, kernel.name, f"{kernel.name}: Gated DeltaNet key-channel permutation {perm.tolist()}")
-
-
-# --------------------------------------------------------------------------------------------
-# known defects, pinned: each is an example that fails today; strict xfail turns a fix into XPASS
-
-
-KNOWN_DEFECT_CASES = {
-    # (dtype, decay): a failing example found by calibrate_tolerance.py (ratio err/tol for pairwise, C=64)
-    ("float32", "extreme"): Spec(1, 63, 2, 32, 16, decay="extreme", gates="uniform", qk="l2", initial_state=True,
-                                 seed=3423213249, cot_seed=3423227035),  # db at 70x
-    ("float32", "strong"): Spec(1, 63, 2, 32, 16, decay="strong", gates="uniform", qk="l2", initial_state=True,
-                                seed=3286155441, cot_seed=3286145771),  # db at 2x
-    ("float32", "resets"): Spec(1, 63, 2, 32, 16, decay="resets", gates="uniform", qk="l2", initial_state=False,
-                                seed=1086665236, cot_seed=1086679118),  # o at 10x, every gradient but dh0
-}
-
-
-@pytest.mark.parametrize("case", sorted(KNOWN_DEFECT_CASES), ids=lambda c: f"{c[0]}-{c[1]}")
-def test_known_defect_decay_exponent_precision(kernel, case, request):
-    """Each KNOWN_DEFECTS entry: the pinned example fails today, only in the exempt results."""
-    if kernel.name not in KNOWN_DEFECT_KERNELS:
-        pytest.skip(f"no known defect recorded for {kernel.name!r}")
-    spec = KNOWN_DEFECT_CASES[case]
-    p, do, dfs = setup(spec)
-    report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
-    unexpected = [v.name for v in report.failures() if v.name not in KNOWN_DEFECTS[case]]
-    if unexpected:  # a real failure, not the known defect
-        pytest.fail(explain(spec, kernel.name, report, f"failures outside the exempt results: {unexpected}"))
-    request.applymarker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-        "known defect: decay exponents G_r - G_s formed as differences of float32 within-chunk cumulative "
-        f"sums lose ~ulp(|G|) under {case[1]} decay (see KNOWN_DEFECTS)")))
-    assert report.passed, explain(spec, kernel.name, report, f"known defect {case}")
