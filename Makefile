@@ -25,7 +25,7 @@ check: $(STAMP)
 	$(VENV)/bin/gdn2-oracle bench --kernel pairwise --kernel factorized --batch 1 --seq 1024 --heads 2 --dim 64 \
 		--dtype float32 --repeats 5 --json $(REPORTS)/bench.json --plot $(REPORTS)/bench.png
 
-# pytest-benchmark latency tests (skipped by `make test`), saved as JSON under .benchmarks/.
+# pytest-benchmark latency tests, timed (`make test` runs them once untimed), saved as JSON under .benchmarks/.
 bench: $(STAMP)
 	$(PY) -m pytest property_tests --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
 
