@@ -95,26 +95,18 @@ def main(argv=None):
         ref = harness.reference_results(p, do, dfs)
         got = {n: harness.kernel_results(fn, p, do, dfs, dtype=spec.dtype) for n, fn in {**fns, **variants}.items()}
         base = tolerance.baseline(p, do, dfs, {r: tolerance.dtype_name(got[names[0]][r]) for r in RESULTS})
-        for n in names:
+        for n in [*names, *variants]:  # every kernel and option variant against the oracle
             rep = tolerance.compare(p, do, dfs, got[n], ref, dtype=spec.dtype, base=base)
             counts[(n, spec.dtype)] += 1
             for v in rep.verdicts:
                 ratios[(n, spec.dtype, v.name)].append(ratio(v))
                 if not v.passed:
                     alarms.append((n, spec, v))
-        if "pairwise" in got and "factorized" in got:
-            for r, x in agreement_ratios(p, got["pairwise"], got["factorized"], ref, base, spec.dtype).items():
-                agree[("pairwise~factorized", spec.dtype, r)].append(x)
-        for vn in variants:
-            base_name = vn.split("[")[0]
-            for r, x in agreement_ratios(p, got[vn], got[base_name], ref, base, spec.dtype).items():
-                agree[(f"{vn}~{base_name}", spec.dtype, r)].append(x)
-            rep = tolerance.compare(p, do, dfs, got[vn], ref, dtype=spec.dtype, base=base)
-            counts[(vn, spec.dtype)] += 1
-            for v in rep.verdicts:
-                ratios[(vn, spec.dtype, v.name)].append(ratio(v))
-                if not v.passed:
-                    alarms.append((vn, spec, v))
+        pairs = [("pairwise", "factorized")] if "pairwise" in got and "factorized" in got else []
+        pairs += [(vn, vn.split("[")[0]) for vn in variants]
+        for a, b in pairs:  # tight agreement: kernel vs kernel, variant vs its default
+            for r, x in agreement_ratios(p, got[a], got[b], ref, base, spec.dtype).items():
+                agree[(f"{a}~{b}", spec.dtype, r)].append(x)
     elapsed = time.time() - t0
 
     print(f"# tolerance calibration: {len(configs)} configs x {len(oracle.DECAYS)} decays x "
