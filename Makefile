@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# The whole suite: the conformance suite (property_tests/) and every package's own tests (*/tests/).
+# The venv's pytest, not `python -m pytest`: the repository root must not be on sys.path, so a
+# bare `import kernels` (instead of gdn2_oracle.kernels) fails here as it would when installed.
 test: $(STAMP)
-	$(PY) -m pytest property_tests $(PYTEST_ARGS)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The main job: validate our kernels against the oracle and the goldens, then a validated benchmark.
 check: $(STAMP)
@@ -27,7 +30,7 @@ check: $(STAMP)
 
 # pytest-benchmark latency tests, timed (`make test` runs them once untimed), saved as JSON under .benchmarks/.
 bench: $(STAMP)
-	$(PY) -m pytest property_tests --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
+	$(VENV)/bin/pytest ci/benchmarks --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks $(REPORTS)

@@ -29,10 +29,11 @@ import time
 import jax
 import numpy as np
 
-import oracle
+from gdn2_oracle import oracle
+from gdn2_oracle.kernels import parse_value
 
 from . import harness
-from .report import UsageError, environment, fmt_err, kernel_notes, parse_options, progress, source_sha256, table
+from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
 from .tolerance import RESULTS, baseline, compare, dtype_name
 
 SCHEMA = "gdn2-oracle/bench/1"
@@ -54,7 +55,7 @@ def parse_tiles(spec):
         key = key.strip()
         if not eq or not key.isidentifier() or not values.strip():
             raise UsageError(f"--tiles: {part!r} is not of the form key=v1,v2,...")
-        grid[key] = [next(iter(parse_options(f"x={v.strip()}").values())) for v in values.split(",")]
+        grid[key] = [parse_value(v.strip()) for v in values.split(",")]
     return grid
 
 
@@ -72,7 +73,7 @@ def configurations(spec, tiles):
         return [{}]
     if tiles == "sweep":
         if spec.name.startswith("pallas-"):
-            from kernels.pallas.config import SWEEP  # noqa: PLC0415
+            from gdn2_oracle.kernels.pallas.config import SWEEP  # noqa: PLC0415
             method = spec.name.split("-", 1)[1]
             return [dict(chunk=c.chunk, split=c.split, leaf=c.leaf) for c in SWEEP if c.method == method] or [{}]
         grid = parse_tiles(DEFAULT_SWEEP)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .report import DEFAULT_KERNELS, KernelSpec, UsageError, write_json
+from gdn2_oracle.kernels import DEFAULTS, known
+
+from .report import KernelSpec, UsageError, write_json
 
 PROG = "gdn2-oracle"
 
@@ -60,9 +62,8 @@ def _positive(values):
 
 
 def _kernel_help():
-    return ("kernel to run (repeatable): a registered name (pairwise, factorized, pallas-pairwise, "
-            "pallas-factorized, atomic-ops, atomic-gdn2), or package.module:attr; options as "
-            "NAME[key=value,...]; default: " + ", ".join(DEFAULT_KERNELS))
+    return (f"kernel to run (repeatable): a registered name ({', '.join(known())}), or "
+            "package.module:attr; options as NAME[key=value,...]; default: " + ", ".join(DEFAULTS))
 
 
 def build_parser():
@@ -108,12 +109,12 @@ def build_parser():
     g = sub.add_parser("golden", help="regenerate or check the golden corpus (golden.regenerate)",
                        description="regenerate [--case NAME ...] [--jobs N] [--force]; check [--case NAME ...] [--jobs N]")
     g.add_argument("action", choices=("regenerate", "check", "list"))
-    g.add_argument("args", nargs=argparse.REMAINDER, help="passed to python -m golden.regenerate")
+    g.add_argument("args", nargs=argparse.REMAINDER, help="passed to gdn2-oracle golden regenerate")
     return ap
 
 
 def _specs(names):
-    return [KernelSpec.parse(n) for n in (names or DEFAULT_KERNELS)]
+    return [KernelSpec.parse(n) for n in (names or DEFAULTS)]
 
 
 def cmd_validate(args):
@@ -152,7 +153,7 @@ def cmd_bench(args):
 
 
 def cmd_golden(args):
-    from golden.regenerate import main as regenerate_main  # noqa: PLC0415
+    from gdn2_oracle.golden.regenerate import main as regenerate_main  # noqa: PLC0415
 
     extra = list(args.args)
     if extra[:1] == ["--"]:

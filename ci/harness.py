@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import oracle
+from gdn2_oracle import oracle
 
 from .tolerance import RESULTS, Report, baseline, compare, dtype_name
 

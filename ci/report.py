@@ -19,8 +19,6 @@ from pathlib import Path
 import jax
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_KERNELS = ("pairwise", "factorized")
-_SPEC = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<opts>.*)\])?$")
 
 
 class UsageError(ValueError):
@@ -28,27 +26,6 @@ class UsageError(ValueError):
 
 
 # --- kernel specs ---------------------------------------------------------------------------
-
-def parse_options(text):
-    """``"chunk_size=32,leaf=8"`` -> ``{"chunk_size": 32, "leaf": 8}`` (values as Python literals, else strings)."""
-    opts = {}
-    if not text or not text.strip():
-        return opts
-    for item in text.split(","):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or not key.isidentifier():
-            raise UsageError(f"option {item!r} is not of the form key=value")
-        opts[key] = _literal(value.strip())
-    return opts
-
-
-def _literal(value):
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return value
-
 
 @dataclass
 class KernelSpec:
@@ -60,10 +37,13 @@ class KernelSpec:
 
     @classmethod
     def parse(cls, text):
-        m = _SPEC.match(text.strip())
-        if not m:
-            raise UsageError(f"--kernel {text!r}: expected NAME, package.module:attr or NAME[key=value,...]")
-        return cls(text.strip(), m.group("name").strip(), parse_options(m.group("opts")))
+        from gdn2_oracle.kernels import parse_spec  # noqa: PLC0415
+
+        try:
+            name, options = parse_spec(text)
+        except ValueError as exc:
+            raise UsageError(f"--kernel {text!r}: {str(exc).removeprefix('name: ')}") from None
+        return cls(text.strip(), name, options)
 
     def label(self, extra=None):
         opts = {**self.options, **(extra or {})}
@@ -73,7 +53,7 @@ class KernelSpec:
 
     def build(self, **extra):
         """The kernel callable (``kernels.get``); UsageError with the registry's message on failure."""
-        import kernels  # noqa: PLC0415
+        from gdn2_oracle import kernels  # noqa: PLC0415
 
         _ensure_peers()
         try:
@@ -87,7 +67,7 @@ class KernelSpec:
 def _ensure_peers():
     """Make the optional peer adapters (kernels/peers.py) known to the registry (no-op if already)."""
     try:
-        import kernels.peers  # noqa: F401, PLC0415
+        from gdn2_oracle.kernels import peers  # noqa: F401, PLC0415
     except Exception:  # noqa: BLE001 - peers are optional
         pass
 
@@ -113,6 +93,13 @@ def _module_of(obj):
     return mod
 
 
+def _package_of(module_name):
+    """The package a module's kernel code belongs to: its top-level package, or for ours the
+    subpackage (``gdn2_oracle.kernels``), so a kernel's hash never covers the oracle or the CLI."""
+    parts = module_name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "gdn2_oracle" else parts[0]
+
+
 def kernel_modules(fn):
     """The modules whose source defines kernel ``fn``: its module and, recursively, the modules of
     the same top-level package it refers to (or ``fn.modules`` when the kernel lists them)."""
@@ -123,7 +110,7 @@ def kernel_modules(fn):
     start = _module_of(_root_object(fn))
     if start is None:
         return []
-    top = start.__name__.split(".")[0]
+    top = _package_of(start.__name__)
     seen, todo = {}, [start]
     while todo:
         mod = todo.pop()
@@ -140,7 +127,7 @@ def kernel_modules(fn):
                 if not isinstance(name, str):
                     continue
                 dep = sys.modules.get(name)
-            if dep is not None and dep.__name__.split(".")[0] == top and dep.__name__ not in seen:
+            if dep is not None and _package_of(dep.__name__) == top and dep.__name__ not in seen:
                 todo.append(dep)
     return [seen[n] for n in sorted(seen)]
 

@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-import oracle
-from oracle.generate import round_to
-from oracle.recurrence import forward_and_vjp
+from gdn2_oracle import oracle
+from gdn2_oracle.oracle.generate import round_to
+from gdn2_oracle.oracle.recurrence import forward_and_vjp
 
 RESULTS = ("o", "final_state", "dq", "dk", "dv", "dg", "db", "dw", "dh0")
 DTYPES = ("float32", "bfloat16")

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 
-import oracle
+from gdn2_oracle import oracle
 
 from . import harness
 from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
@@ -84,7 +84,7 @@ class Case:
 
 
 def _golden_case(name):
-    import golden  # noqa: PLC0415
+    from gdn2_oracle import golden  # noqa: PLC0415
 
     def build():
         g = golden.load(name)
@@ -111,7 +111,7 @@ def build_cases(kind="quick", dtypes=("float32", "bfloat16"), *, seed=0, only=No
     """The cases of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given)."""
     if kind not in CASE_SETS:
         raise ValueError(f"cases: {kind!r} not one of {CASE_SETS}")
-    import golden  # noqa: PLC0415
+    from gdn2_oracle import golden  # noqa: PLC0415
 
     cases = [c for c in (_golden_case(n) for n in golden.names()) if c.dtype in dtypes]
     gen = []

@@ -5,7 +5,7 @@
   ``.problem()``, ``.cotangents()``, ``.reference()``, ``.errors()``; ``golden.problem(name)``
   and ``golden.cotangents(name)`` are shortcuts. A missing, truncated or altered file raises
   :class:`GoldenError` (a ValueError) naming the case and the expected and actual sha256.
-* ``python -m golden.regenerate [--case NAME ...] [--jobs N] [--check] [--force]`` -- rebuild
+* ``gdn2-oracle golden regenerate [--case NAME ...] [--jobs N] [--check] [--force]`` -- rebuild
   (or, with ``--check``, recompute and verify bit for bit) the corpus.
 
 The file format is documented in :mod:`golden.load`. This package uses ``oracle`` only.

@@ -26,9 +26,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-import oracle
-from oracle import reductions
-from oracle.generate import INPUT_PRECISIONS, QK_MODES
+from gdn2_oracle import oracle
+from gdn2_oracle.oracle import reductions
+from gdn2_oracle.oracle.generate import INPUT_PRECISIONS, QK_MODES
 
 # Bump when anything that determines a golden's bytes changes outside the recipes (the oracle's
 # algorithm, the cotangent recipe, the file format, the mpmath precision).

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-import oracle
+from gdn2_oracle import oracle
 from . import catalogue
 
 ROOT = Path(__file__).resolve().parent
@@ -158,11 +158,11 @@ def load(name: str, *, data_dir=None, manifest=None) -> Golden:
         manifest = read_manifest(manifest)
     entry = manifest.get("cases", {}).get(name)
     if entry is None:
-        raise GoldenError(f"golden case {name!r}: not in the manifest (run `python -m golden.regenerate`)")
+        raise GoldenError(f"golden case {name!r}: not in the manifest (run `gdn2-oracle golden regenerate`)")
     if entry.get("recipe_sha256") != case.checksum():
         raise GoldenError(f"golden case {name!r}: stale; the catalogue recipe (sha256 {case.checksum()}) "
                           f"differs from the manifest's ({entry.get('recipe_sha256')}); "
-                          f"run `python -m golden.regenerate --case {name}`")
+                          f"run `gdn2-oracle golden regenerate --case {name}`")
     expected = entry["sha256"]
     path = Path(data_dir if data_dir is not None else DATA_DIR) / f"{name}.npz"
     try:

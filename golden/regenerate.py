@@ -1,6 +1,6 @@
 """Regenerate (or check) the golden corpus from the mpmath oracle.
 
-    python -m golden.regenerate [--case NAME ...] [--jobs N] [--check] [--force] [--root DIR]
+    gdn2-oracle golden regenerate [--case NAME ...] [--jobs N] [--check] [--force] [--root DIR]
 
 Without ``--check``: compute every selected case whose file is missing or out of date (its recipe
 checksum, the generator version or the precision changed, or the file no longer matches the
@@ -28,7 +28,7 @@ from pathlib import Path
 import mpmath
 import numpy as np
 
-from oracle import mp
+from gdn2_oracle.oracle import mp
 from . import catalogue
 from .catalogue import GENERATOR_VERSION, PRECISION_BITS
 from .load import RESULTS, decode, encode, read_manifest, sha256
@@ -266,7 +266,7 @@ def _compare(name, data, entry, stored_entry, path: Path) -> list[str]:
 
 
 def _parser():
-    ap = argparse.ArgumentParser(prog="python -m golden.regenerate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="gdn2-oracle golden regenerate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", metavar="NAME", help="only this case (repeatable)")
     ap.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--check", action="store_true", help="recompute and verify the stored goldens bit for bit")

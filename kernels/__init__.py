@@ -1,9 +1,10 @@
 """GDN-2 kernels under test (JAX / Pallas only; never imports ``oracle``).
 
-``kernels.get("pairwise" | "factorized", **options)`` returns a callable with the contract of
-DESIGN.md §2; ``kernels.get("package.module:attr")`` loads any external kernel with that contract.
+``kernels.get("pairwise" | "factorized" | "factorized[leaf=8]", **options)`` returns a callable with
+the contract of docs/DESIGN.md §2; ``kernels.get("package.module:attr")`` loads any external kernel
+with that contract.
 """
 
-from .registry import get, names, register
+from .registry import DEFAULTS, get, known, names, parse_spec, parse_value, register
 
-__all__ = ["get", "names", "register"]
+__all__ = ["DEFAULTS", "get", "known", "names", "parse_spec", "parse_value", "register"]

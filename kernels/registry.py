@@ -1,17 +1,52 @@
-"""Kernel registry: ``get(name, **options)``, ``names()``, ``register(name, factory)``, ``get("pkg.mod:attr")``."""
+"""Kernel registry: ``get(name, **options)``, ``names()``, ``register(name, factory)``, ``get("pkg.mod:attr")``.
+
+A kernel is named by a *spec*: ``NAME``, ``package.module:attr`` or either with options,
+``NAME[key=value,...]`` (values are Python literals, else strings), e.g. ``factorized[leaf=8]``.
+"""
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
+import re
 
 from . import chunked
 
 _FACTORIES = {"pairwise": chunked.pairwise, "factorized": chunked.factorized}
 # Names provided by modules imported only when first asked for (they may be absent on this machine).
-_LAZY = {"pallas-pairwise": "kernels.pallas", "pallas-factorized": "kernels.pallas"}
+_LAZY = {"pallas-pairwise": "gdn2_oracle.kernels.pallas", "pallas-factorized": "gdn2_oracle.kernels.pallas"}
 # Peer kernels (optional extra `peers`): resolved by get(), listed by names(optional=True) only.
-_OPTIONAL = {"atomic-ops": "kernels.peers", "atomic-gdn2": "kernels.peers"}
+_OPTIONAL = {"atomic-ops": "gdn2_oracle.kernels.peers", "atomic-gdn2": "gdn2_oracle.kernels.peers"}
+# The kernels validated, benchmarked and property-tested when none is named.
+DEFAULTS = ("pairwise", "factorized")
+_SPEC = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<opts>.*)\])?$")
+
+
+def parse_value(value):
+    """An option value: a Python literal (``8``, ``None``, ``'xla'``), else the string itself."""
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def parse_spec(spec):
+    """``"NAME[key=value,...]"`` -> ``(NAME, {key: value})``; ValueError naming ``name`` when malformed."""
+    if not isinstance(spec, str):
+        raise ValueError(f"name: expected a string, got {type(spec).__name__}")
+    m = _SPEC.match(spec.strip())
+    if not m:
+        raise ValueError(f"name: {spec!r} is not NAME, package.module:attr or NAME[key=value,...]")
+    options = {}
+    for item in (m.group("opts") or "").split(","):
+        if not item.strip():
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise ValueError(f"name: option {item.strip()!r} of {spec!r} is not of the form key=value")
+        options[key.strip()] = parse_value(value.strip())
+    return m.group("name").strip(), options
 
 
 def register(name, factory):
@@ -44,6 +79,11 @@ def names(optional=False):
     return sorted(n for n in _FACTORIES if optional or n not in _OPTIONAL)
 
 
+def known():
+    """Every name the registry can resolve, without importing the lazy or optional modules."""
+    return sorted({*_FACTORIES, *_LAZY, *_OPTIONAL})
+
+
 def _external(spec, options):
     """Resolve ``"package.module:attr"`` to a callable; options are bound as keyword arguments."""
     module_name, _, attr = spec.partition(":")
@@ -64,9 +104,10 @@ def _external(spec, options):
 
 
 def get(name, **options):
-    """The kernel registered as ``name`` built with ``options``, or an external ``"pkg.mod:attr"`` callable."""
-    if not isinstance(name, str):
-        raise ValueError(f"name: expected a string, got {type(name).__name__}")
+    """The kernel named by spec ``name`` built with its options and ``options`` (which win), or an
+    external ``"pkg.mod:attr"`` callable with the options bound as keyword arguments."""
+    name, parsed = parse_spec(name)
+    options = {**parsed, **options}
     if ":" in name:
         return _external(name, options)
     lazy = {**_LAZY, **_OPTIONAL}

@@ -1,70 +1,48 @@
-"""Hypothesis profiles and the pluggable-kernel option of the property suite.
+"""The conformance suite's hooks: which kernels run, which profile, which tests are expected to fail.
 
-Profiles (``--hypothesis-profile NAME`` or env ``HYPOTHESIS_PROFILE=NAME``; default ``dev``, or
-``ci`` when env ``CI`` is true):
-
-* ``dev``: a few random examples per test, fast local loop;
-* ``ci``: derandomized (the same examples every run), no deadline, no example database, sized so
-  that the property suite takes ~3-4 minutes on 2 CPU cores;
-* ``thorough``: many examples and drawn shapes from the full small-set cross product
-  (nightly / on-device).
-
-Kernels (like array-api-tests): ``--kernel NAME`` (repeatable) or env ``GDN2_KERNEL=a,b``; NAME is a
-registered kernel ("pairwise", "factorized", ...) or ``package.module:attr``. Default: pairwise and
-factorized. A test that takes the ``kernel`` argument runs once per selected kernel (ids = names);
-a test that does not runs once.
+Options come from the ``gdn2_oracle`` pytest plugin (``property_tests/plugin.py``). A test that
+takes the ``kernel`` argument runs once per selected kernel (ids = the names as given); a test
+that does not runs once. Kernel-option variants that belong to another kernel than the one under
+test are deselected, not skipped.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
 
-from strategies import Kernel, kernel_fn  # noqa: F401  (Kernel: the type of the `kernel` argument)
+from gdn2_oracle.property_tests import profiles
+from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
-DEFAULT_KERNELS = ("pairwise", "factorized")
-
-_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-               print_blob=True)
-settings.register_profile("dev", max_examples=3, **_common)
-settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_common)
-settings.register_profile("thorough", max_examples=60, **_common)
+HERE = Path(__file__).resolve().parent
 
 
-def _truthy(x):
-    return str(x).strip().lower() not in ("", "0", "false", "no", "off")
+def _selected_names(config):
+    names = config.getoption("gdn2_kernel") or [n for n in os.environ.get("GDN2_KERNEL", "").split(",") if n.strip()]
+    return list(dict.fromkeys(n.strip() for n in names)) or list(DEFAULT_KERNELS)
 
 
-def default_profile():
-    return os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _truthy(os.environ.get("CI", "")) else "dev")
-
-
-settings.load_profile(default_profile())
-
-
-def pytest_addoption(parser):
-    group = parser.getgroup("gdn2", "GDN-2 property suite")
-    group.addoption("--kernel", action="append", default=None, metavar="NAME",
-                    help="kernel under test: a registered name or package.module:attr (repeatable; "
-                         "default: env GDN2_KERNEL, else pairwise and factorized)")
-
-
-def profile_name(config):
-    """The Hypothesis profile in force (--hypothesis-profile wins over the environment)."""
+def _xfails(config):
+    path = config.getoption("gdn2_xfails")
+    if not path:
+        return []
     try:
-        opt = config.getoption("hypothesis_profile")
-    except ValueError:
-        opt = None
-    return opt or default_profile()
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise pytest.UsageError(f"--gdn2-xfails {path}: {exc.strerror or exc}") from None
+    return [ln.split("#", 1)[0].strip() for ln in lines if ln.split("#", 1)[0].strip()]
+
+
+def _ours(item):
+    return Path(str(item.fspath)).resolve().parent == HERE
 
 
 def pytest_configure(config):
-    config._gdn2_profile = profile_name(config)
-    names = config.getoption("kernel") or [n for n in os.environ.get("GDN2_KERNEL", "").split(",") if n.strip()]
-    names = [n.strip() for n in names] or list(DEFAULT_KERNELS)
-    config._gdn2_kernel_names = list(dict.fromkeys(names))
+    config._gdn2_profile = profiles.select(config)
+    config._gdn2_kernel_names = _selected_names(config)
+    config._gdn2_xfails = _xfails(config)
 
 
 def pytest_report_header(config):
@@ -78,7 +56,7 @@ def selected_kernels(config):
         try:
             out.append(Kernel(name, kernel_fn(name)))
         except ValueError as exc:
-            raise pytest.UsageError(f"kernel {name!r} (from --kernel or GDN2_KERNEL): {exc}") from None
+            raise pytest.UsageError(f"kernel {name!r} (from --gdn2-kernel or GDN2_KERNEL): {exc}") from None
     return out
 
 
@@ -105,16 +83,29 @@ def hypothesis_profile(pytestconfig):
     return pytestconfig._gdn2_profile
 
 
+def _listed(item, entries):
+    """The --gdn2-xfails entry naming this test: its node id (or a suffix), its name, or a case parameter."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    names = {item.nodeid, item.name, item.originalname, *(str(v) for v in params.values() if isinstance(v, str))}
+    return next((e for e in entries if e in names or item.nodeid.endswith(e)), None)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Deselect (not skip) kernel-option variants that belong to another kernel than the one under test."""
+    """Deselect option variants of other kernels; mark the tests listed in --gdn2-xfails as xfail."""
     keep, drop = [], []
     for item in items:
+        if not _ours(item):
+            keep.append(item)
+            continue
         params = getattr(getattr(item, "callspec", None), "params", {})
         kernel, owner = params.get("kernel"), params.get("owner")
         if kernel is not None and owner is not None and getattr(kernel, "name", None) != owner:
             drop.append(item)
-        else:
-            keep.append(item)
+            continue
+        entry = _listed(item, config._gdn2_xfails)
+        if entry is not None:
+            item.add_marker(pytest.mark.xfail(reason=f"listed in --gdn2-xfails ({entry})", strict=False))
+        keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -22,9 +22,9 @@ from typing import Callable, NamedTuple
 
 from hypothesis import strategies as st
 
-import oracle
-from ci import tolerance
-from ci.tolerance import RESULTS, Report, Verdict
+from gdn2_oracle import oracle
+from gdn2_oracle.ci import tolerance
+from gdn2_oracle.ci.tolerance import RESULTS, Report, Verdict
 
 CHUNK = 64  # the default chunk of our kernels; lengths are chosen around it
 LENGTHS = (1, 2, CHUNK - 1, CHUNK + 1, 300)
@@ -176,7 +176,7 @@ def agreement_bound(base_ratio, base_max, dtype, bf16_result=False):
     recurrence rule (MULTIPLE x the plain recurrence's error), never below the model's FLOOR (a few
     ulps: two different float32 computations cannot be asked to agree better), plus one bf16 ulp when
     a result was returned in bfloat16."""
-    from ci.tolerance import FLOOR, MULTIPLE
+    from gdn2_oracle.ci.tolerance import FLOOR, MULTIPLE
     out = []
     for e in (base_ratio, base_max):
         t = max(AGREE_FRACTION * MULTIPLE[dtype] * e, FLOOR[dtype])
@@ -187,12 +187,14 @@ def agreement_bound(base_ratio, base_max, dtype, bf16_result=False):
 # --------------------------------------------------------------------------------------------
 # kernels under test
 
-OURS = ("pairwise", "factorized")  # kernels that accept chunk_size / split / leaf options
+from gdn2_oracle.kernels import DEFAULTS as DEFAULT_KERNELS  # noqa: E402
+
+OURS = DEFAULT_KERNELS  # our pure-JAX kernels: they accept chunk_size / split / leaf options
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel_fn(name, options):
-    import kernels
+    from gdn2_oracle import kernels
     return kernels.get(name, **dict(options))
 
 

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
-import oracle
-from ci.harness import kernel_results, validate
-from oracle import make_problem
+from gdn2_oracle import kernels
+from gdn2_oracle import oracle
+from gdn2_oracle.ci.harness import kernel_results, validate
+from gdn2_oracle.oracle import make_problem
 
 AGREE_TOL = 2e-6
 OUTPUTS = ("o", "final_state", "dq", "dk", "dv", "dg", "db", "dw", "dh0")
@@ -288,7 +288,7 @@ def test_registry_names_and_external():
 
 
 def test_registry_register():
-    from kernels import registry
+    from gdn2_oracle.kernels import registry
 
     factory = functools.partial(kernels.get, "factorized")
     try:

@@ -1,6 +1,6 @@
 """Benchmark (not a test): forward+backward time of the chunked kernels vs the machine's matmul floor.
 
-    python property_tests/bench_kernels.py --batch 4 --seq 4096 --heads 6 --dim 128 --chunk 64 --repeats 5
+    python -m gdn2_oracle.ci.benchmarks.bench_kernels --batch 4 --seq 4096 --heads 6 --dim 128 --chunk 64 --repeats 5
 
 Times a jitted ``jax.vjp`` + pullback (all seven gradients), float32, median of synchronized calls
 after compilation; FLOPs of the chunked algorithm are counted analytically (``chunked_flops``).
@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import kernels  # noqa: E402
+from gdn2_oracle import kernels
 
 
 def chunked_flops(B, T, H, K, V, C):

@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import oracle
-from oracle import recurrence
+from gdn2_oracle import oracle
+from gdn2_oracle.oracle import recurrence
 
-import kernels
-from kernels.pallas import (REGISTRY, SWEEP, TileConfig, make_kernel, pallas_factorized, pallas_pairwise,
+from gdn2_oracle import kernels
+from gdn2_oracle.kernels.pallas import (REGISTRY, SWEEP, TileConfig, make_kernel, pallas_factorized, pallas_pairwise,
                             resolve_interpret, vmem_footprint)
-from kernels.pallas.config import DEFAULT_SCOPED_VMEM, VMEM_BUDGET
+from gdn2_oracle.kernels.pallas.config import DEFAULT_SCOPED_VMEM, VMEM_BUDGET
 
 MULT = 16.0
 FLOOR_F32 = 1e-6

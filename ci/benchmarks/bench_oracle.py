@@ -3,7 +3,7 @@
 NumPy float64 forward + VJP at the seed benchmark shape (B=8, T=4096, H=6, K=V=128) and
 mpmath forward + VJP at T=64, K=V=16, 256 bits: wall time and peak resident memory.
 
-    python property_tests/bench_oracle.py [--numpy-shape 8,4096,6,128,128] [--skip-mp]
+    python -m gdn2_oracle.ci.benchmarks.bench_oracle [--numpy-shape 8,4096,6,128,128] [--skip-mp]
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-import oracle
-from oracle import mp, recurrence
+from gdn2_oracle import oracle
+from gdn2_oracle.oracle import mp, recurrence
 
 
 def _peak_rss_gib():

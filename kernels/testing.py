@@ -1,13 +1,13 @@
-"""Deliberately wrong GDN-2 kernels for the CLI tests (``wrong_kernel:perturbed``, ``wrong_kernel:broken``).
+"""Test support: deliberately wrong GDN-2 kernels (``gdn2_oracle.kernels.testing:perturbed``, ``...:broken``).
 
 ``perturbed`` is the pairwise kernel with its output scaled by ``1 + 1e-3``: far outside the
 float32 tolerance, so ``gdn2-oracle validate`` must exit 1 and ``bench`` must refuse to time it.
 """
 
 
-import kernels
+from .registry import get
 
-_BASE = kernels.get("pairwise", chunk_size=16)
+_BASE = get("pairwise", chunk_size=16)
 
 
 def perturbed(q, k, v, g, b, w, *, scale=None, initial_state=None):

@@ -13,12 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import oracle
-from ci import harness, tolerance
-from ci.tolerance import FLOOR, MULTIPLE, RESULTS
+from gdn2_oracle import oracle
+from gdn2_oracle.ci import harness, tolerance
+from gdn2_oracle.ci.tolerance import FLOOR, MULTIPLE, RESULTS
 
-import strategies
-from strategies import Spec
+from gdn2_oracle.property_tests import strategies
+from gdn2_oracle.property_tests.strategies import Spec
 
 SHAPE = (1, 65, 2, 32, 16)  # a CORE shape: the correct kernel is already compiled for it
 
@@ -92,7 +92,7 @@ def input_mutant(fn, **replace):
 
 
 def _pairwise_decay_class():
-    from kernels.decay import Pairwise
+    from gdn2_oracle.kernels.decay import Pairwise
     return Pairwise
 
 
@@ -123,7 +123,7 @@ class AnchoredDecay(_pairwise_decay_class()):
 
 
 def anchored_kernel():
-    from kernels.chunked import ChunkedKernel
+    from gdn2_oracle.kernels.chunked import ChunkedKernel
     return ChunkedKernel("anchored", AnchoredDecay(), 64)
 
 

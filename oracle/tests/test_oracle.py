@@ -9,11 +9,11 @@ import mpmath
 import numpy as np
 import pytest
 
-import oracle
-from oracle import GRADS, mp, recurrence, reductions
-from oracle.generate import DECAYS, GATES
+from gdn2_oracle import oracle
+from gdn2_oracle.oracle import GRADS, mp, recurrence, reductions
+from gdn2_oracle.oracle.generate import DECAYS, GATES
 
-from ci.tolerance import normalised_error
+from gdn2_oracle.ci.tolerance import normalised_error
 
 
 def _problem(decay, gates, **kw):

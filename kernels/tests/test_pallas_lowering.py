@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kernels.pallas import SWEEP, make_kernel
+from gdn2_oracle.kernels.pallas import SWEEP, make_kernel
 
 BENCH = dict(T=4096, H=6, K=128, V=128)
 

@@ -1,7 +1,7 @@
 """The ``gdn2-oracle`` CLI (issue 6): exit codes, JSON report schema, validation-gated benchmarks.
 
 Everything runs in-process (``ci.cli.main([...])``) at tiny shapes; the deliberately wrong kernels
-live in ``property_tests/wrong_kernel.py`` and are named as ``wrong_kernel:attr``.
+live in the test-support module ``gdn2_oracle.kernels.testing`` and are named by their import path.
 """
 
 from __future__ import annotations
@@ -12,19 +12,14 @@ from pathlib import Path
 
 import pytest
 
-import oracle
-from ci import bench, cli
-from ci.report import KernelSpec, UsageError, jsonable, source_sha256
-from ci.tolerance import RESULTS
+from gdn2_oracle import oracle
+from gdn2_oracle.ci import bench, cli
+from gdn2_oracle.ci.report import KernelSpec, UsageError, jsonable, source_sha256
+from gdn2_oracle.ci.tolerance import RESULTS
 
-HERE = Path(__file__).resolve().parent
+WRONG = "gdn2_oracle.kernels.testing"
 TINY_BENCH = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--repeats", "2", "--no-progress"]
 ONE_CASE = ["--cases", "golden", "--case", "decay_moderate", "--dtype", "float32", "--no-progress"]
-
-
-@pytest.fixture(autouse=True)
-def _wrong_kernels_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(HERE))
 
 
 def run(capsys, *argv):
@@ -37,7 +32,7 @@ def run(capsys, *argv):
 
 def test_validate_passing_kernel_exits_0(capsys, tmp_path):
     path = tmp_path / "v.json"
-    code, out, _ = run(capsys, "validate", "--kernel", "wrong_kernel:correct", *ONE_CASE, "--json", str(path))
+    code, out, _ = run(capsys, "validate", "--kernel", f"{WRONG}:correct", *ONE_CASE, "--json", str(path))
     assert code == 0, out
     assert "overall: PASS" in out
     assert path.exists()
@@ -45,7 +40,7 @@ def test_validate_passing_kernel_exits_0(capsys, tmp_path):
 
 def test_validate_perturbed_kernel_exits_1(capsys, tmp_path):
     path = tmp_path / "v.json"
-    code, out, _ = run(capsys, "validate", "--kernel", "wrong_kernel:perturbed", *ONE_CASE, "--json", str(path))
+    code, out, _ = run(capsys, "validate", "--kernel", f"{WRONG}:perturbed", *ONE_CASE, "--json", str(path))
     assert code == 1, out
     assert "FAIL" in out and "decay_moderate" in out
     report = json.loads(path.read_text())
@@ -57,7 +52,7 @@ def test_validate_perturbed_kernel_exits_1(capsys, tmp_path):
 
 
 def test_validate_raising_kernel_exits_1_with_the_error(capsys):
-    code, out, _ = run(capsys, "validate", "--kernel", "wrong_kernel:broken", *ONE_CASE)
+    code, out, _ = run(capsys, "validate", "--kernel", f"{WRONG}:broken", *ONE_CASE)
     assert code == 1
     assert "this kernel always fails" in out
 
@@ -65,7 +60,7 @@ def test_validate_raising_kernel_exits_1_with_the_error(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["validate", "--kernel", "no-such-kernel"], "unknown kernel 'no-such-kernel'"),
     (["validate", "--kernel", "no_such_module_xyz:fn"], "cannot import module 'no_such_module_xyz'"),
-    (["validate", "--kernel", "wrong_kernel:missing"], "has no attribute 'missing'"),
+    (["validate", "--kernel", f"{WRONG}:missing"], "has no attribute 'missing'"),
     (["validate", "--kernel", "pairwise[bogus=1]"], "does not accept"),
     (["validate", "--dtype", "float16"], "unknown dtype"),
     (["validate", "--cases", "huge"], "invalid choice"),
@@ -93,7 +88,7 @@ def test_help_exits_0(capsys):
 
 def test_validate_json_schema(capsys, tmp_path):
     path = tmp_path / "v.json"
-    code, _, _ = run(capsys, "validate", "--kernel", "pairwise", "--kernel", "wrong_kernel:perturbed",
+    code, _, _ = run(capsys, "validate", "--kernel", "pairwise", "--kernel", f"{WRONG}:perturbed",
                      "--cases", "golden", "--case", "decay_moderate", "--case", "bf16_moderate",
                      "--dtype", "float32,bfloat16", "--no-progress", "--json", str(path))
     assert code == 1
@@ -103,10 +98,10 @@ def test_validate_json_schema(capsys, tmp_path):
         assert key in report["environment"]
     assert report["cases"] == "golden" and report["dtypes"] == ["float32", "bfloat16"]
     assert report["n_cases"] == 2
-    assert [k["name"] for k in report["kernels"]] == ["pairwise", "wrong_kernel:perturbed"]
+    assert [k["name"] for k in report["kernels"]] == ["pairwise", f"{WRONG}:perturbed"]
     good, bad = report["kernels"]
     assert good["passed"] is True and bad["passed"] is False
-    assert good["source"]["sha256"] and "kernels.chunked" in good["source"]["modules"]
+    assert good["source"]["sha256"] and "gdn2_oracle.kernels.chunked" in good["source"]["modules"]
     for k in report["kernels"]:
         assert {c["case"] for c in k["cases"]} == {"decay_moderate", "bf16_moderate"}
         for c in k["cases"]:
@@ -125,8 +120,8 @@ def test_jsonable_maps_non_finite_to_strings():
 
 
 def test_generated_quick_cases_are_oracle_checked():
-    from ci.validate import build_cases, run_case
-    import kernels
+    from gdn2_oracle.ci.validate import build_cases, run_case
+    from gdn2_oracle import kernels
 
     [case] = build_cases("quick", ("float32",), only=["gen_strong_negative_T100"])
     assert case.source == "generated" and case.regime["decay"] == "strong"
@@ -138,7 +133,7 @@ def test_generated_quick_cases_are_oracle_checked():
 
 def test_bench_refuses_to_time_a_failing_kernel(capsys, tmp_path):
     path = tmp_path / "b.json"
-    code, out, _ = run(capsys, "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", "wrong_kernel:perturbed",
+    code, out, _ = run(capsys, "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", f"{WRONG}:perturbed",
                        *TINY_BENCH, "--json", str(path))
     assert code == 1
     assert "REJECTED" in out and "Rejected (not timed)" in out
@@ -203,7 +198,7 @@ def test_tile_spec_parsing():
 
 
 def test_gate_refuses_a_wrong_kernel():
-    import wrong_kernel
+    from gdn2_oracle.kernels import testing as wrong_kernel
 
     p = oracle.make_problem(1, 20, 1, 8, 8, seed=3)
     do, dfs = oracle.random_cotangents(p, seed=3)
@@ -214,10 +209,10 @@ def test_gate_refuses_a_wrong_kernel():
 
 
 def test_source_hash_covers_the_kernel_modules():
-    import kernels
+    from gdn2_oracle import kernels
 
     src = source_sha256(kernels.get("factorized"))
-    assert {"kernels.chunked", "kernels.decay", "kernels.wy"} <= set(src["modules"])
+    assert {"gdn2_oracle.kernels.chunked", "gdn2_oracle.kernels.decay", "gdn2_oracle.kernels.wy"} <= set(src["modules"])
     assert source_sha256(kernels.get("factorized"))["sha256"] == src["sha256"]
 
 

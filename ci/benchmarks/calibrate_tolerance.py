@@ -13,9 +13,9 @@ reports
   ``bound`` the property suite's tight agreement bound (``strategies.agreement_bound``);
 * with ``--variants``, the same agreement for other chunk sizes / split points.
 
-Usage (from the repository root)::
+Usage (from a clone, after ``make test``'s editable install)::
 
-    python property_tests/calibrate_tolerance.py [--seeds N] [--kernels pairwise,factorized]
+    .venv/bin/python -m gdn2_oracle.ci.benchmarks.calibrate_tolerance [--seeds N] [--kernels pairwise,factorized]
         [--configs all|f32|bf16] [--variants] [--json out.json]
 """
 
@@ -32,15 +32,12 @@ from collections import defaultdict
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE), HERE]
+from gdn2_oracle import oracle
+from gdn2_oracle.ci import harness, tolerance
+from gdn2_oracle.ci.tolerance import RESULTS
 
-import oracle  # noqa: E402
-from ci import harness, tolerance  # noqa: E402
-from ci.tolerance import RESULTS  # noqa: E402
-
-import strategies  # noqa: E402
-from strategies import CORE, Spec  # noqa: E402
+from gdn2_oracle.property_tests import strategies
+from gdn2_oracle.property_tests.strategies import CORE, Spec
 
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
 
@@ -73,7 +70,7 @@ def main(argv=None):
     ap.add_argument("--json", help="write every ratio to this file")
     args = ap.parse_args(argv)
 
-    import kernels
+    from gdn2_oracle import kernels
     names = [n.strip() for n in args.kernels.split(",") if n.strip()]
     fns = {n: kernels.get(n) for n in names}
     variants = {}

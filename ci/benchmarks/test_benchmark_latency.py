@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-import kernels
-import oracle
-from ci import bench
-from ci.report import environment, source_sha256
+from gdn2_oracle import kernels
+from gdn2_oracle import oracle
+from gdn2_oracle.ci import bench
+from gdn2_oracle.ci.report import environment, source_sha256
 
 # CPU-sized: B, T, H, K, V (two chunks of 64 for the default chunk size, plus a tail).
 SHAPE = (1, 320, 2, 64, 64)
