@@ -29,12 +29,12 @@ import time
 import jax
 import numpy as np
 
-from gdn2_oracle import oracle
 from gdn2_oracle.kernels import parse_value
+from gdn2_oracle.oracle import RESULTS, Recipe
 
 from . import harness
 from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
-from .tolerance import RESULTS, baseline, compare, dtype_name
+from .tolerance import baseline, compare, dtype_name
 
 SCHEMA = "gdn2-oracle/bench/1"
 DEFAULT_SWEEP = "chunk_size=32,64,128;leaf=4,8,16"
@@ -75,7 +75,8 @@ def configurations(spec, tiles):
         if spec.name.startswith("pallas-"):
             from gdn2_oracle.kernels.pallas.config import SWEEP  # noqa: PLC0415
             method = spec.name.split("-", 1)[1]
-            return [dict(chunk=c.chunk, split=c.split, leaf=c.leaf) for c in SWEEP if c.method == method] or [{}]
+            return [dict(chunk_size=c.chunk_size, split=c.split, leaf=c.leaf)
+                    for c in SWEEP if c.method == method] or [{}]
         grid = parse_tiles(DEFAULT_SWEEP)
     else:
         grid = parse_tiles(tiles)
@@ -94,6 +95,11 @@ def small_shape(shape):
 
 # --- oracle cache ---------------------------------------------------------------------------
 
+def recipe(shape, dtype, seed) -> Recipe:
+    """The benchmark problem: moderate decay, uniform gates, an initial state; cotangents from ``seed``."""
+    return Recipe(*shape, decay="moderate", gates="uniform", initial_state=True, precision=dtype, seed=seed)
+
+
 class OracleCache:
     """Problems, float64 references and working-precision baselines per (shape, dtype, seed)."""
 
@@ -105,10 +111,7 @@ class OracleCache:
     def problem(self, shape, dtype, seed):
         key = (tuple(shape), dtype, seed)
         if key not in self._problems:
-            p = oracle.make_problem(*shape, decay="moderate", gates="uniform", initial_state=True,
-                                    precision=dtype, seed=seed)
-            do, dfs = oracle.random_cotangents(p, seed=seed, precision=dtype)
-            self._problems[key] = (p, do, dfs)
+            self._problems[key] = recipe(shape, dtype, seed).build()
         return self._problems[key]
 
     def reference(self, shape, dtype, seed):
@@ -180,80 +183,84 @@ def time_calls(compiled, repeats):
     return {"median_s": statistics.median(times), "min_s": min(times), "times_s": times}
 
 
-def gate(fn, problem, do, dfinal_state, *, dtype="float32"):
-    """``None`` when ``fn`` passes validation on the problem, else the reason (for benchmarks that must refuse)."""
-    try:
-        report = harness.validate(fn, problem, do, dfinal_state, dtype=dtype)
-    except Exception as exc:  # noqa: BLE001
-        return f"kernel raised {type(exc).__name__}: {exc}"
-    if report.passed:
-        return None
-    return "failed validation against the float64 oracle:\n" + report.format()
-
-
 # --- the benchmark --------------------------------------------------------------------------
 
-def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cache, log):
-    """Benchmark one (kernel, shape, dtype); returns its JSON record."""
-    B, T, H, K, V = shape
-    rec = {"kernel": spec.label(), "spec": spec.spec, "shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": dtype,
-           "status": "rejected", "reason": None, "sweep": []}
-    configs = configurations(spec, tiles)
-    sweeping = len(configs) > 1
-    candidates = []
-    for opts in configs:
-        label = spec.label(opts)
-        entry = {"options": opts, "label": label, "status": "rejected"}
-        rec["sweep"].append(entry)
-        try:
-            fn = spec.build(**opts)
-        except UsageError as exc:
-            entry["reason"] = f"invalid configuration: {exc}"
-            continue
-        if "source" not in rec:
-            rec["source"], rec["notes"] = source_sha256(fn), kernel_notes(fn)
-        if sweeping:
-            log(f"{label} {dtype}: validating at small shape {small_shape(shape)}")
-            small = validate_config(fn, small_shape(shape), dtype, seed, cache)
-            entry["small_validation"] = small
-            if not small["passed"]:
-                entry["reason"] = "failed validation at small shape: " + "; ".join(small["failures"])
-                continue
-        try:
-            log(f"{label} {dtype}: compiling at {tuple(shape)}")
-            compiled = Compiled(fn, *cache.problem(shape, dtype, seed), dtype)
-        except Exception as exc:  # noqa: BLE001
-            entry["reason"] = f"compile failed: {type(exc).__name__}: {str(exc).strip()[:400]}"
-            continue
-        entry["compile_s"] = compiled.compile_s
-        if not sweeping:
-            log(f"{label} {dtype}: validating at {tuple(shape)}")
-            full = validate_config(fn, shape, dtype, seed, cache, compiled)
-            entry["full_validation"] = full
-            if not full["passed"]:
-                entry["reason"] = "failed validation at the benchmark shape: " + "; ".join(full["failures"])
-                continue
-        log(f"{label} {dtype}: timing {repeats} calls")
-        try:
-            entry.update(time_calls(compiled, repeats))
-        except Exception as exc:  # noqa: BLE001
-            entry["reason"] = f"run failed: {type(exc).__name__}: {str(exc).strip()[:400]}"
-            continue
-        entry["status"] = "timed"
-        candidates.append((entry["median_s"], len(candidates), entry, fn, compiled))
-    chosen = None
-    for _, _, entry, fn, compiled in sorted(candidates, key=lambda c: c[:2]):
+def _reject(entry, reason):
+    entry["reason"] = reason
+    return None
+
+
+def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cache, log):
+    """Build, validate, compile and time one configuration, recording it in ``rec["sweep"]``.
+
+    Swept configurations are validated at :func:`small_shape` before compiling (the fastest is
+    validated at the full shape later, by :func:`choose`); a single one at the benchmark shape before
+    timing. Returns ``(entry, fn, compiled)`` when timed, else None (the entry holds the reason).
+    """
+    label = spec.label(opts)
+    entry = {"options": opts, "label": label, "status": "rejected"}
+    rec["sweep"].append(entry)
+    try:
+        fn = spec.build(**opts)
+    except UsageError as exc:
+        return _reject(entry, f"invalid configuration: {exc}")
+    if "source" not in rec:
+        rec["source"], rec["notes"] = source_sha256(fn), kernel_notes(fn)
+    if sweeping:
+        log(f"{label} {dtype}: validating at small shape {small_shape(shape)}")
+        entry["small_validation"] = small = validate_config(fn, small_shape(shape), dtype, seed, cache)
+        if not small["passed"]:
+            return _reject(entry, "failed validation at small shape: " + "; ".join(small["failures"]))
+    try:
+        log(f"{label} {dtype}: compiling at {tuple(shape)}")
+        compiled = Compiled(fn, *cache.problem(shape, dtype, seed), dtype)
+    except Exception as exc:  # noqa: BLE001
+        return _reject(entry, f"compile failed: {type(exc).__name__}: {str(exc).strip()[:400]}")
+    entry["compile_s"] = compiled.compile_s
+    if not sweeping:
+        log(f"{label} {dtype}: validating at {tuple(shape)}")
+        entry["full_validation"] = full = validate_config(fn, shape, dtype, seed, cache, compiled)
+        if not full["passed"]:
+            return _reject(entry, "failed validation at the benchmark shape: " + "; ".join(full["failures"]))
+    log(f"{label} {dtype}: timing {repeats} calls")
+    try:
+        entry.update(time_calls(compiled, repeats))
+    except Exception as exc:  # noqa: BLE001
+        return _reject(entry, f"run failed: {type(exc).__name__}: {str(exc).strip()[:400]}")
+    entry["status"] = "timed"
+    return entry, fn, compiled
+
+
+def choose(candidates, shape, dtype, seed, cache, log):
+    """The fastest timed configuration that passes validation at the benchmark shape, or None.
+
+    Candidates are tried fastest first; one that fails is marked rejected and loses its timings.
+    """
+    for entry, fn, compiled in sorted(candidates, key=lambda c: c[0]["median_s"]):
         if "full_validation" not in entry:
             log(f"{entry['label']} {dtype}: validating the fastest configuration at {tuple(shape)}")
             entry["full_validation"] = validate_config(fn, shape, dtype, seed, cache, compiled)
         if entry["full_validation"]["passed"]:
-            chosen = entry
-            break
+            return entry
         entry["status"] = "rejected"
         entry["reason"] = "failed validation at the benchmark shape: " + "; ".join(entry["full_validation"]["failures"])
         for k in ("median_s", "min_s", "times_s"):
             entry.pop(k, None)
-    for _, _, _, _, compiled in candidates:
+    return None
+
+
+def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cache, log):
+    """Benchmark one (kernel, shape, dtype): try every configuration, keep the fastest valid one;
+    returns its JSON record."""
+    B, T, H, K, V = shape
+    rec = {"kernel": spec.label(), "spec": spec.spec, "shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": dtype,
+           "status": "rejected", "reason": None, "sweep": []}
+    configs = configurations(spec, tiles)
+    tried = [try_config(spec, opts, rec, shape, dtype, sweeping=len(configs) > 1, repeats=repeats, seed=seed,
+                        cache=cache, log=log) for opts in configs]
+    candidates = [c for c in tried if c is not None]
+    chosen = choose(candidates, shape, dtype, seed, cache, log)
+    for _, _, compiled in candidates:
         compiled.exe = None  # free device executables
     if chosen is None:
         reasons = [f"{e['label']}: {e.get('reason')}" for e in rec["sweep"] if e["status"] == "rejected"]

@@ -11,8 +11,10 @@ import argparse
 import sys
 
 from gdn2_oracle.kernels import DEFAULTS, known
+from gdn2_oracle.oracle import KERNEL_DTYPES
 
 from .report import KernelSpec, UsageError, write_json
+from .validate import CASE_SETS
 
 PROG = "gdn2-oracle"
 
@@ -49,9 +51,9 @@ def _csv(kind):
 
 def _dtypes(text):
     out = _csv(str)(text)
-    bad = [d for d in out if d not in ("float32", "bfloat16")]
+    bad = [d for d in out if d not in KERNEL_DTYPES]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown dtype(s) {bad}; choose from float32, bfloat16")
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {bad}; choose from {', '.join(KERNEL_DTYPES)}")
     return list(dict.fromkeys(out))
 
 
@@ -75,9 +77,9 @@ def build_parser():
                        description="Run kernels on the golden corpus and on oracle-checked generated problems; "
                                    "judge the forward output, final state and all seven gradients.")
     v.add_argument("--kernel", action="append", metavar="NAME", help=_kernel_help())
-    v.add_argument("--dtype", type=_dtypes, default=["float32", "bfloat16"], metavar="LIST",
-                   help="input dtypes, comma-separated (default float32,bfloat16)")
-    v.add_argument("--cases", choices=("golden", "quick", "full"), default="quick",
+    v.add_argument("--dtype", type=_dtypes, default=list(KERNEL_DTYPES), metavar="LIST",
+                   help=f"input dtypes, comma-separated (default {','.join(KERNEL_DTYPES)})")
+    v.add_argument("--cases", choices=CASE_SETS, default="quick",
                    help="golden corpus only; plus a few generated regimes (quick, default); plus every "
                         "decay x gate regime at several lengths (full)")
     v.add_argument("--case", action="append", metavar="NAME", help="only this case of the set (repeatable)")

@@ -1,4 +1,4 @@
-"""Run a kernel with the contract of DESIGN.md §2 on an oracle Problem: forward and all seven gradients."""
+"""Run a kernel with the contract of docs/DESIGN.md §2 on an oracle Problem: forward and all seven gradients."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from gdn2_oracle import oracle
+from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 
-from .tolerance import RESULTS, Report, baseline, compare, dtype_name
-
-INPUT_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+from .tolerance import Report, baseline, compare, dtype_name
 
 
 def _check_dtype(dtype):
-    if dtype not in INPUT_DTYPES:
-        raise ValueError(f"dtype: {dtype!r} not one of {tuple(INPUT_DTYPES)}")
-    return INPUT_DTYPES[dtype]
+    """The JAX dtype of a kernel input dtype name (one of ``oracle.KERNEL_DTYPES``)."""
+    if dtype not in KERNEL_DTYPES:
+        raise ValueError(f"dtype: {dtype!r} not one of {KERNEL_DTYPES}")
+    return jnp.dtype(dtype)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""The tolerance model (DESIGN.md §4): how a kernel's result is judged against the exact reference.
+"""The tolerance model (docs/DESIGN.md §4): how a kernel's result is judged against the exact reference.
 
 Metrics, per output and gradient, against the float64 reference ``ref``:
 
@@ -36,11 +36,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle.generate import round_to
+from gdn2_oracle.oracle import RESULTS
+from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
 from gdn2_oracle.oracle.recurrence import forward_and_vjp
 
-RESULTS = ("o", "final_state", "dq", "dk", "dv", "dg", "db", "dw", "dh0")
-DTYPES = ("float32", "bfloat16")
 # Allowed error: this many times the plain working-precision recurrence's error ...
 MULTIPLE = {"float32": 32.0, "bfloat16": 8.0}
 # ... but never less than this (err_ratio and max_err alike). float32: 2^-20 (~8 ulps of 1);
@@ -181,4 +180,44 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
             rule, note = "non-finite", "NaN or inf in result"
         passed = bool(err_ratio <= tol_ratio and max_err <= tol_max)
         report.verdicts.append(Verdict(name, err_ratio, max_err, tol_ratio, tol_max, rule, passed, note))
+    return report
+
+
+# --- the tight agreement bound: two results that should agree (two correct kernels, one kernel
+# with other options, a sequence split with its state carried) -------------------------------
+
+# Two correct results differ only where their computations differ, so they must agree to a third
+# of the recurrence rule (~11 x e_rec in float32): 3x tighter than either's bound against the
+# exact result. Measured worst case (calibrate_tolerance.py): 0.62 of this bound (pairwise vs
+# factorized, dh0). The floor is not divided: ~8 float32 ulps is the resolution at which two
+# different float32 computations of one quantity can be asked to agree.
+AGREE_FRACTION = 1 / 3
+BF16_ULP = 2.0 ** -7  # one bf16 ulp relative to an element in [1, 2) (the largest one sets max_err)
+
+
+def agreement_bound(base_ratio, base_max, dtype, bf16_result=False):
+    """``(tol_ratio, tol_max)`` two correct results must agree within: ``max(AGREE_FRACTION x MULTIPLE
+    x e_rec, FLOOR)``, plus one bf16 ulp when a result was returned in bfloat16 (two kernels whose
+    float32 values differ by one float32 ulp can round to neighbouring bf16 values)."""
+    out = []
+    for e in (base_ratio, base_max):
+        t = max(AGREE_FRACTION * MULTIPLE[dtype] * e, FLOOR[dtype])
+        out.append(t + BF16_ULP if bf16_result else t)
+    return tuple(out)
+
+
+def agreement(problem: oracle.Problem, a, b, ref, base, dtype, what="agreement") -> Report:
+    """Judge result mapping ``a`` against ``b`` with :func:`agreement_bound`; errors are normalised as
+    in :func:`compare` (the reference's scale, or the envelope for dg); ``base`` is the :func:`baseline`."""
+    report = Report(dtype=dtype)
+    for name in RESULTS:
+        s_rms, s_max = scales(name, problem, ref)
+        e_r, e_m = metrics(a[name], b[name], s_rms, s_max)
+        b_r, b_m = metrics(base[name], ref[name], s_rms, s_max)
+        bf16 = "bfloat16" in (dtype_name(a[name]), dtype_name(b[name]))
+        t_r, t_m = agreement_bound(b_r, b_m, dtype, bf16)
+        rule = f"{what} ({AGREE_FRACTION:.3g} x recurrence rule{', floor' if t_r <= FLOOR[dtype] else ''})"
+        if bf16:
+            rule += " + 1 bf16 ulp"
+        report.verdicts.append(Verdict(name, e_r, e_m, t_r, t_m, rule, bool(e_r <= t_r and e_m <= t_m)))
     return report

@@ -1,7 +1,7 @@
 """``gdn2-oracle validate``: every kernel on the golden corpus and on generated, oracle-checked problems.
 
-A *case* is one problem (inputs, cotangents, exact reference) fed to a kernel in one input dtype.
-Sources:
+A *case* (a :class:`Trial`) is one problem -- a golden, or an :class:`oracle.Recipe` -- with its
+cotangents and exact reference, fed to the kernels in one input dtype. Sources:
 
 * ``golden`` -- every case of the golden corpus (256-bit mpmath references), in its own precision;
 * ``quick``  -- the golden corpus plus a handful of generated problems per dtype (float64 oracle);
@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 
 
 from gdn2_oracle import oracle
+from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS, Recipe
 
 from . import harness
 from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
-from .tolerance import RESULTS, baseline, compare, dtype_name
+from .tolerance import baseline, compare, dtype_name
 
 CASE_SETS = ("golden", "quick", "full")
 SCHEMA = "gdn2-oracle/validate/1"
@@ -41,8 +42,11 @@ FULL_SHAPE = (1, None, 2, 32, 32)
 
 
 @dataclass
-class Case:
-    """One problem for the kernels: built lazily, reference and baselines cached."""
+class Trial:
+    """One recipe or golden run in one dtype: its problem built lazily, reference and baselines cached.
+
+    ``_build()`` returns ``((problem, do, dfinal_state), reference or None)``.
+    """
 
     name: str
     source: str  # "golden" | "generated"
@@ -83,7 +87,8 @@ class Case:
                 **({"regime": self.regime} if self.regime else {})}
 
 
-def _golden_case(name):
+def golden_trial(name):
+    """The golden case ``name`` (loaded and hash-checked when first used), in its own precision."""
     from gdn2_oracle import golden  # noqa: PLC0415
 
     def build():
@@ -91,43 +96,50 @@ def _golden_case(name):
         return (g.problem(), *g.cotangents()), g.reference()
 
     c = golden.catalogue.get(name)
-    regime = {"decay": c.decay, "gates": c.gates, "qk": c.qk, "initial_state": c.initial_state,
-              "reduction": c.reduction, "purpose": c.purpose}
-    return Case(name, "golden", c.precision, c.shape, regime, build)
+    r = c.recipe
+    regime = {"decay": r.decay, "gates": r.gates, "qk": r.qk, "initial_state": r.initial_state,
+              "reduction": r.reduction, "purpose": c.purpose}
+    return Trial(name, "golden", r.precision, r.shape, regime, build)
 
 
-def _generated_case(name, shape, decay, gates, initial_state, dtype, seed):
+def recipe_trial(name, recipe: Recipe):
+    """A generated problem from ``recipe``, in the recipe's precision (reference: the float64 oracle)."""
+
     def build():
-        p = oracle.make_problem(*shape, decay=decay, gates=gates, initial_state=initial_state,
-                                precision=dtype, seed=seed)
-        do, dfs = oracle.random_cotangents(p, seed=seed, precision=dtype)
-        return (p, do, dfs), None
+        return recipe.build(), None
 
-    regime = {"decay": decay, "gates": gates, "initial_state": initial_state, "seed": seed}
-    return Case(name if dtype == "float32" else f"{name}_bf16", "generated", dtype, tuple(shape), regime, build)
+    regime = {"decay": recipe.decay, "gates": recipe.gates, "initial_state": recipe.initial_state,
+              "seed": recipe.seed}
+    return Trial(name if recipe.precision == "float32" else f"{name}_bf16", "generated", recipe.precision,
+                 recipe.shape, regime, build)
 
 
-def build_cases(kind="quick", dtypes=("float32", "bfloat16"), *, seed=0, only=None):
-    """The cases of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given)."""
+def generated(kind):
+    """``(name, shape, decay, gates, initial_state)`` of the generated problems of a case set."""
+    if kind == "quick":
+        return list(QUICK)
+    if kind != "full":
+        return []
+    gen = []
+    B, _, H, K, V = FULL_SHAPE
+    for T in FULL_LENGTHS:
+        for decay in oracle.DECAYS:
+            for gates in oracle.GATES:
+                gen.append((f"gen_{decay}_{gates}_T{T}", (B, T, H, K, V), decay, gates, len(gen) % 2 == 1))
+    return gen
+
+
+def build_trials(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None):
+    """The trials of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given)."""
     if kind not in CASE_SETS:
         raise ValueError(f"cases: {kind!r} not one of {CASE_SETS}")
     from gdn2_oracle import golden  # noqa: PLC0415
 
-    cases = [c for c in (_golden_case(n) for n in golden.names()) if c.dtype in dtypes]
-    gen = []
-    if kind == "quick":
-        gen = [(n, s, d, g, h) for n, s, d, g, h in QUICK]
-    elif kind == "full":
-        i = 0
-        for T in FULL_LENGTHS:
-            for decay in oracle.DECAYS:
-                for gates in oracle.GATES:
-                    B, _, H, K, V = FULL_SHAPE
-                    gen.append((f"gen_{decay}_{gates}_T{T}", (B, T, H, K, V), decay, gates, i % 2 == 1))
-                    i += 1
+    cases = [c for c in (golden_trial(n) for n in golden.names()) if c.dtype in dtypes]
     for dtype in dtypes:
-        for j, (n, s, d, g, h) in enumerate(gen):
-            cases.append(_generated_case(n, s, d, g, h, dtype, seed + 1000 + j))
+        for j, (n, s, d, g, h) in enumerate(generated(kind)):
+            recipe = Recipe(*s, decay=d, gates=g, initial_state=h, precision=dtype, seed=seed + 1000 + j)
+            cases.append(recipe_trial(n, recipe))
     if only:
         unknown = sorted(set(only) - {c.name for c in cases})
         if unknown:
@@ -136,8 +148,8 @@ def build_cases(kind="quick", dtypes=("float32", "bfloat16"), *, seed=0, only=No
     return cases
 
 
-def run_case(fn, case: Case):
-    """Judge kernel ``fn`` on one case: ``{"passed", "verdicts", "error", "seconds"}``."""
+def run_trial(fn, case: Trial):
+    """Judge kernel ``fn`` on one trial: ``{"passed", "verdicts", "error", "seconds"}``."""
     t0 = time.perf_counter()
     problem, do, dfs = case.data()
     try:
@@ -178,14 +190,14 @@ def summarize(case_results):
     return out
 
 
-def run_validation(specs, *, dtypes=("float32", "bfloat16"), cases="quick", seed=0, only=None,
+def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=None,
                    show_progress=True, env=None):
     """Validate every kernel spec (:class:`ci.report.KernelSpec`); returns the JSON-ready report.
 
     Kernels are built first, so an unknown name or import failure raises ``UsageError`` before any work.
     """
     built = [(spec, spec.build()) for spec in specs]
-    case_list = build_cases(cases, dtypes, seed=seed, only=only)
+    case_list = build_trials(cases, dtypes, seed=seed, only=only)
     # Group by shape and dtype so each kernel compiles once per group while the arrays are warm.
     case_list.sort(key=lambda c: (c.dtype, c.shape))
     kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
@@ -197,7 +209,7 @@ def run_validation(specs, *, dtypes=("float32", "bfloat16"), cases="quick", seed
         for (spec, fn), kout in zip(built, kernels_out):
             if bar is not None:
                 bar.set_postfix_str(f"{spec.label()} {case.name}")
-            res = run_case(fn, case)
+            res = run_trial(fn, case)
             kout["cases"].append({**case.describe(), **res})
             if bar is not None:
                 bar.update(1)

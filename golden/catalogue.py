@@ -1,13 +1,14 @@
 """The golden catalogue: named, deterministic recipes for GDN-2 problems.
 
-A :class:`Case` is a frozen recipe (shape, decay regime, gate regime, qk mode, seed, scale,
-initial state, input precision, optional reduction). :meth:`Case.build` turns it into the exact
-``oracle.Problem`` and cotangents the golden was computed from, so a recipe plus
-:data:`GENERATOR_VERSION` determines a golden file bit for bit. :meth:`Case.checksum` is the
-sha256 of the recipe's canonical JSON (sorted keys, no whitespace); the name and the free-text
-``purpose`` are not part of it, so renaming or re-describing a case does not invalidate it.
+A :class:`Case` is a name, a free-text ``purpose`` and an :class:`oracle.Recipe` (shape, decay
+regime, gate regime, qk mode, seed, scale, initial state, input precision, optional reduction).
+:meth:`Case.build` turns it into the exact ``oracle.Problem`` and cotangents the golden was computed
+from, so a recipe plus :data:`GENERATOR_VERSION` determines a golden file bit for bit.
+:meth:`Case.checksum` is the sha256 of the recipe's canonical JSON (the :data:`RECIPE_FIELDS`,
+sorted keys, no whitespace); the name and the purpose are not part of it, so renaming or
+re-describing a case does not invalidate it.
 
-Reductions (``reduction``):
+Reductions (``reduction``; ``oracle.reductions.reduce``):
 
 * ``None``  -- ``oracle.make_problem(...)`` as is.
 * ``"kda"`` -- KDA: ``beta = b[..., 0]`` of the generated problem (so ``gates`` chooses how beta
@@ -16,8 +17,9 @@ Reductions (``reduction``):
 * ``"gdn"`` -- Gated DeltaNet: as KDA, and a scalar log-decay per head and token,
   ``g_scalar = g[..., 0]`` (``oracle.reductions.gated_deltanet_problem``).
 
-Cotangents are ``oracle.random_cotangents(problem, seed=case.seed, precision=case.precision)``
-(``do`` rounded like the inputs, ``dfinal_state`` float32).
+Cotangents are ``oracle.random_cotangents(problem, seed=recipe.seed, precision=recipe.precision)``
+(``do`` rounded like the inputs, ``dfinal_state`` float32): a golden recipe's cotangent seed is its
+data seed (``cot_seed`` is None), which is why the checksum does not cover it.
 """
 
 from __future__ import annotations
@@ -26,91 +28,55 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from gdn2_oracle import oracle
-from gdn2_oracle.oracle import reductions
-from gdn2_oracle.oracle.generate import INPUT_PRECISIONS, QK_MODES
+from gdn2_oracle.oracle import Recipe
 
 # Bump when anything that determines a golden's bytes changes outside the recipes (the oracle's
 # algorithm, the cotangent recipe, the file format, the mpmath precision).
 GENERATOR_VERSION = "1"
 # Working precision of the mpmath oracle (the error estimate reruns at twice this).
 PRECISION_BITS = 256
-REDUCTIONS = (None, "kda", "gdn")
 
-# Fields that make up a recipe (everything but ``name`` and ``purpose``).
+# Fields of a recipe the checksum covers (all but ``cot_seed``, which a golden leaves at the data seed).
 RECIPE_FIELDS = ("B", "T", "H", "K", "V", "decay", "gates", "qk", "seed", "scale",
                  "initial_state", "precision", "reduction")
 
 
 @dataclass(frozen=True)
 class Case:
-    """One golden recipe. ``scale=None`` means the default ``K**-0.5``."""
+    """One golden: a name, what it is for, and its :class:`oracle.Recipe`."""
 
     name: str
-    B: int
-    T: int
-    H: int
-    K: int
-    V: int
-    decay: str = "moderate"
-    gates: str = "uniform"
-    qk: str = "l2"
-    seed: int = 0
-    scale: float | None = None
-    initial_state: bool = False
-    precision: str = "float32"
-    reduction: str | None = None
+    recipe: Recipe
     purpose: str = ""
 
     def __post_init__(self):
-        for dim in ("B", "T", "H", "K", "V"):
-            n = getattr(self, dim)
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"{self.name}: {dim} must be a positive integer, got {n!r}")
-        if self.decay not in oracle.DECAYS:
-            raise ValueError(f"{self.name}: decay {self.decay!r} not one of {oracle.DECAYS}")
-        if self.gates not in oracle.GATES:
-            raise ValueError(f"{self.name}: gates {self.gates!r} not one of {tuple(oracle.GATES)}")
-        if self.qk not in QK_MODES:
-            raise ValueError(f"{self.name}: qk {self.qk!r} not one of {QK_MODES}")
-        if self.precision not in INPUT_PRECISIONS:
-            raise ValueError(f"{self.name}: precision {self.precision!r} not one of {INPUT_PRECISIONS}")
-        if self.reduction not in REDUCTIONS:
-            raise ValueError(f"{self.name}: reduction {self.reduction!r} not one of {REDUCTIONS}")
-        if self.scale is not None and not isinstance(self.scale, float):
-            raise ValueError(f"{self.name}: scale must be None or a float, got {self.scale!r}")
+        if not isinstance(self.recipe, Recipe):
+            raise ValueError(f"{self.name}: recipe must be an oracle.Recipe, got {self.recipe!r}")
+        if self.recipe.cot_seed is not None:
+            raise ValueError(f"{self.name}: cot_seed must be None (a golden's cotangent seed is its data "
+                             f"seed), got {self.recipe.cot_seed!r}")
 
     @property
     def shape(self):
         """``(B, T, H, K, V)``."""
-        return (self.B, self.T, self.H, self.K, self.V)
+        return self.recipe.shape
 
-    def recipe(self) -> dict:
-        """The recipe as a JSON-ready dict (what the checksum covers)."""
-        return {f: getattr(self, f) for f in RECIPE_FIELDS}
+    def fields(self) -> dict:
+        """The recipe as a JSON-ready dict of :data:`RECIPE_FIELDS` (what the checksum covers)."""
+        return {f: getattr(self.recipe, f) for f in RECIPE_FIELDS}
 
     def checksum(self) -> str:
         """sha256 of the recipe's canonical JSON."""
-        return recipe_checksum(self.recipe())
+        return recipe_checksum(self.fields())
 
     def cost(self) -> int:
         """Rough relative cost of the mpmath run (token x state elements), for scheduling."""
-        return self.B * self.H * self.T * (self.K * self.V + self.K + self.V)
+        B, T, H, K, V = self.shape
+        return B * H * T * (K * V + K + V)
 
     def build(self):
         """``(problem, do, dfinal_state)``: the exact inputs and cotangents of this case."""
-        p = oracle.make_problem(*self.shape, decay=self.decay, gates=self.gates, qk=self.qk,
-                                initial_state=self.initial_state, scale=self.scale,
-                                precision=self.precision, seed=self.seed)
-        if self.reduction is not None:
-            beta = p.b[..., 0]
-            kw = dict(scale=self.scale, initial_state=p.initial_state)
-            if self.reduction == "kda":
-                p = reductions.kda_problem(p.q, p.k, p.v, p.g, beta, **kw)
-            else:
-                p = reductions.gated_deltanet_problem(p.q, p.k, p.v, p.g[..., 0], beta, **kw)
-        do, dfs = oracle.random_cotangents(p, seed=self.seed, precision=self.precision)
-        return p, do, dfs
+        return self.recipe.build()
 
 
 def recipe_checksum(recipe: dict) -> str:
@@ -120,8 +86,11 @@ def recipe_checksum(recipe: dict) -> str:
 
 
 def _c(name, shape, purpose, **kw):
-    B, T, H, K, V = shape
-    return Case(name, B, T, H, K, V, purpose=purpose, **kw)
+    try:
+        recipe = Recipe(*shape, **kw)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    return Case(name, recipe, purpose)
 
 
 # Shapes shared by many cases, so a kernel test compiles once per (shape, dtype).
@@ -231,9 +200,9 @@ def get(name: str) -> Case:
 
 def case_from_recipe(name: str, recipe: dict) -> Case:
     """Rebuild a Case from a manifest recipe dict."""
-    return Case(name=name, **{f: recipe[f] for f in RECIPE_FIELDS})
+    return Case(name, Recipe(**{f: recipe[f] for f in RECIPE_FIELDS}))
 
 
-__all__ = ["Case", "CASES", "GENERATOR_VERSION", "PRECISION_BITS", "names", "get",
+__all__ = ["Case", "CASES", "GENERATOR_VERSION", "PRECISION_BITS", "RECIPE_FIELDS", "names", "get",
            "recipe_checksum", "case_from_recipe"]
 

@@ -29,15 +29,15 @@ from pathlib import Path
 import numpy as np
 
 from gdn2_oracle import oracle
+from gdn2_oracle.oracle import RESULTS
 from . import catalogue
 
 ROOT = Path(__file__).resolve().parent
 DATA_DIR = ROOT / "data"
 MANIFEST = ROOT / "MANIFEST.json"
 
-INPUT_ARRAYS = ("q", "k", "v", "g", "b", "w", "scale", "initial_state")
+INPUT_ARRAYS = oracle.INPUTS + ("scale", "initial_state")
 COTANGENT_ARRAYS = ("do", "dfinal_state")
-RESULTS = ("o", "final_state", "dq", "dk", "dv", "dg", "db", "dw", "dh0")
 ERROR_ARRAYS = tuple(f"err_{r}" for r in RESULTS)
 ARRAY_ORDER = INPUT_ARRAYS + COTANGENT_ARRAYS + RESULTS + ERROR_ARRAYS
 OPTIONAL_ARRAYS = ("initial_state",)
@@ -115,7 +115,7 @@ class Golden(Mapping):
         return len(self._arrays)
 
     def __repr__(self):
-        return f"Golden({self.name!r}, shape={self.shape}, precision={self.case.precision!r})"
+        return f"Golden({self.name!r}, shape={self.shape}, precision={self.precision!r})"
 
     @property
     def shape(self):
@@ -126,7 +126,7 @@ class Golden(Mapping):
     @property
     def precision(self) -> str:
         """Input precision of the recipe (``float32`` or ``bfloat16``): what to feed a kernel."""
-        return self.case.precision
+        return self.case.recipe.precision
 
     def problem(self) -> oracle.Problem:
         """The exact ``oracle.Problem`` the golden was computed from."""

@@ -28,10 +28,10 @@ from pathlib import Path
 import mpmath
 import numpy as np
 
-from gdn2_oracle.oracle import mp
+from gdn2_oracle.oracle import GRADS, INPUTS, RESULTS, mp
 from . import catalogue
 from .catalogue import GENERATOR_VERSION, PRECISION_BITS
-from .load import RESULTS, decode, encode, read_manifest, sha256
+from .load import decode, encode, read_manifest, sha256
 
 FORMAT = ("zip (stored) of .npy v1.0 float64 members in fixed order, dated 1980-01-01; "
           "err_<result> = max per-element |x_prec - x_2prec| (absolute); see golden/load.py")
@@ -43,12 +43,12 @@ def compute(case: catalogue.Case) -> tuple[bytes, dict]:
     """``(file bytes, manifest entry)`` of one case, from the mpmath oracle at PRECISION_BITS."""
     p, do, dfs = case.build()
     fwd, grads = mp.forward_and_vjp(p, do, dfs, prec=PRECISION_BITS)
-    arrays = {n: getattr(p, n) for n in ("q", "k", "v", "g", "b", "w")}
+    arrays = {n: getattr(p, n) for n in INPUTS}
     arrays["scale"] = np.float64(p.scale)
     if p.initial_state is not None:
         arrays["initial_state"] = p.initial_state
     arrays.update(do=do, dfinal_state=dfs, o=fwd.o, final_state=fwd.final_state)
-    arrays.update({n: getattr(grads, n) for n in ("dq", "dk", "dv", "dg", "db", "dw", "dh0")})
+    arrays.update({n: getattr(grads, n) for n in GRADS})
     errors = {**fwd.errors, **grads.errors}
     max_abs, max_rel, worst = 0.0, 0.0, None
     for n in RESULTS:
@@ -63,7 +63,7 @@ def compute(case: catalogue.Case) -> tuple[bytes, dict]:
     entry = {
         "sha256": sha256(data),
         "bytes": len(data),
-        "recipe": case.recipe(),
+        "recipe": case.fields(),
         "recipe_sha256": case.checksum(),
         "description": case.purpose,
         "generator_version": GENERATOR_VERSION,
@@ -281,8 +281,9 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.list:
         for c in catalogue.CASES:
-            print(f"{c.name:28s} {str(c.shape):22s} {c.decay:9s} {c.gates:11s} {c.precision:9s} "
-                  f"{c.reduction or '':4s} {c.purpose}")
+            r = c.recipe
+            print(f"{c.name:28s} {str(r.shape):22s} {r.decay:9s} {r.gates:11s} {r.precision:9s} "
+                  f"{r.reduction or '':4s} {c.purpose}")
         return 0
     if args.jobs < 1:
         print(f"--jobs: expected a positive integer, got {args.jobs}", file=sys.stderr)

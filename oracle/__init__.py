@@ -1,11 +1,11 @@
 """Exact GDN-2 references: NumPy and mpmath token-by-token recurrences with hand-derived adjoints.
 
-This package never imports JAX or ``kernels`` (DESIGN.md §3).
+This package never imports JAX or ``kernels`` (docs/DESIGN.md §3).
 """
 
-from .problem import GRADS, INPUTS, Grads, Problem
-from .generate import DECAYS, GATES, make_problem, random_cotangents
+from .problem import GRADS, INPUTS, RESULTS, Grads, Problem
+from .generate import DECAYS, GATES, KERNEL_DTYPES, QK_MODES, Recipe, make_problem, random_cotangents
 from . import recurrence, reductions, mp
 
-__all__ = ["Problem", "Grads", "GRADS", "INPUTS", "make_problem", "random_cotangents",
-           "DECAYS", "GATES", "recurrence", "reductions", "mp"]
+__all__ = ["Problem", "Grads", "GRADS", "INPUTS", "RESULTS", "Recipe", "make_problem", "random_cotangents",
+           "DECAYS", "GATES", "QK_MODES", "KERNEL_DTYPES", "recurrence", "reductions", "mp"]

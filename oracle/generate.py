@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
+from dataclasses import dataclass
+
 import numpy as np
 
 from .problem import Problem
+from .reductions import REDUCTIONS, reduce
 
 DECAYS = ("none", "weak", "moderate", "strong", "extreme", "mixed", "resets")
 # Gate regimes: (erase b, write w). "uniform" draws both from [0, 1]; "negative" draws b from
@@ -19,7 +24,9 @@ GATES = {
     "negative": ("uniform2", "uniform"),
 }
 QK_MODES = ("l2", "raw")
-INPUT_PRECISIONS = ("float32", "bfloat16", "float64")
+# The input dtypes a kernel is run in; the oracle can also generate float64 inputs.
+KERNEL_DTYPES = ("float32", "bfloat16")
+INPUT_PRECISIONS = KERNEL_DTYPES + ("float64",)
 RESET_LOG_DECAY = -1e3
 RESET_PROBABILITY = 0.03
 
@@ -122,3 +129,111 @@ def random_cotangents(problem: Problem, seed=0, precision="float32"):
     do = round_to(rng.standard_normal((B, T, H, V)), precision)
     dfs = round_to(rng.standard_normal((B, H, K, V)), "float32")
     return do, dfs
+
+
+def _check_int(name, n, lo):
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {n!r}")
+    return int(n)
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name}: {value!r} not one of {tuple(choices)}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A reproducible GDN-2 example: the :func:`make_problem` arguments, an optional reduction, the
+    data seed and the cotangent seed.
+
+    ``reduction``: ``None`` (the generated problem as is), ``"kda"`` or ``"gdn"``
+    (:func:`oracle.reductions.reduce` of it). ``cot_seed=None`` means the data seed (what the golden
+    corpus uses). ``scale=None`` means the default ``K**-0.5``. Invalid fields raise ValueError
+    naming the field.
+    """
+
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+    decay: str = "moderate"
+    gates: str = "uniform"
+    qk: str = "l2"
+    seed: int = 0
+    scale: float | None = None
+    initial_state: bool = False
+    precision: str = "float32"
+    reduction: str | None = None
+    cot_seed: int | None = None
+
+    def __post_init__(self):
+        for dim in ("B", "T", "H", "K", "V"):
+            object.__setattr__(self, dim, _check_int(dim, getattr(self, dim), 1))
+        _check_choice("decay", self.decay, DECAYS)
+        _check_choice("gates", self.gates, GATES)
+        _check_choice("qk", self.qk, QK_MODES)
+        _check_choice("precision", self.precision, INPUT_PRECISIONS)
+        _check_choice("reduction", self.reduction, (None,) + REDUCTIONS)
+        if not isinstance(self.initial_state, (bool, np.bool_)):
+            raise ValueError(f"initial_state: expected a bool, got {self.initial_state!r}")
+        object.__setattr__(self, "initial_state", bool(self.initial_state))
+        object.__setattr__(self, "seed", _check_int("seed", self.seed, 0))
+        if self.cot_seed is not None:
+            object.__setattr__(self, "cot_seed", _check_int("cot_seed", self.cot_seed, 0))
+        if self.scale is not None:
+            if isinstance(self.scale, bool) or not isinstance(self.scale, numbers.Real) \
+                    or not np.isfinite(self.scale):
+                raise ValueError(f"scale: expected None or a finite real number, got {self.scale!r}")
+            object.__setattr__(self, "scale", float(self.scale))
+
+    @property
+    def shape(self):
+        """``(B, T, H, K, V)``."""
+        return (self.B, self.T, self.H, self.K, self.V)
+
+    @property
+    def dtype(self):
+        """The input dtype a kernel is run in (the precision the inputs are rounded to)."""
+        return self.precision
+
+    @property
+    def cotangent_seed(self):
+        """The seed of the cotangents: ``cot_seed``, or the data seed when that is None."""
+        return self.seed if self.cot_seed is None else self.cot_seed
+
+    def kwargs(self):
+        """The :func:`make_problem` keyword arguments (everything but the shape)."""
+        return dict(decay=self.decay, gates=self.gates, qk=self.qk, initial_state=self.initial_state,
+                    scale=self.scale, precision=self.precision, seed=self.seed)
+
+    def replace(self, **changes):
+        """A new validated Recipe with some fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+    def problem(self) -> Problem:
+        """The problem: ``make_problem(...)``, reduced when the recipe names a reduction."""
+        p = make_problem(*self.shape, **self.kwargs())
+        return p if self.reduction is None else reduce(p, self.reduction)
+
+    def cotangents(self, problem=None):
+        """``(do, dfinal_state)``: :func:`random_cotangents` from the cotangent seed, ``do`` rounded
+        like the inputs (``problem`` defaults to :meth:`problem`; only its shape matters)."""
+        return random_cotangents(problem if problem is not None else self.problem(),
+                                 seed=self.cotangent_seed, precision=self.precision)
+
+    def build(self):
+        """``(problem, do, dfinal_state)``."""
+        p = self.problem()
+        return (p, *self.cotangents(p))
+
+    def call(self):
+        """The problem as Python source (names from ``from gdn2_oracle import oracle``)."""
+        shape = ", ".join(str(n) for n in self.shape)
+        src = f"oracle.make_problem({shape}, " + ", ".join(f"{k}={v!r}" for k, v in self.kwargs().items()) + ")"
+        return src if self.reduction is None else f"oracle.reductions.reduce({src}, {self.reduction!r})"
+
+    def cotangents_call(self, problem="p"):
+        """The cotangents of ``problem`` (a Python name) as Python source."""
+        return f"oracle.random_cotangents({problem}, {self.cotangent_seed}, {self.precision!r})"

@@ -46,17 +46,8 @@ class MPForward(NamedTuple):
     errors: dict
 
 
-class MPGrads(NamedTuple):
-    """The seven gradients as float64 plus ``errors``: per-element error estimates by name."""
-
-    dq: np.ndarray
-    dk: np.ndarray
-    dv: np.ndarray
-    dg: np.ndarray
-    db: np.ndarray
-    dw: np.ndarray
-    dh0: np.ndarray
-    errors: dict
+MPGrads = NamedTuple("MPGrads", [(name, np.ndarray) for name in GRADS] + [("errors", dict)])
+MPGrads.__doc__ = "The seven gradients (fields of GRADS) as float64 plus ``errors``: per-element error estimates by name."
 
 
 def to_float64(x):

@@ -1,4 +1,4 @@
-"""The GDN-2 problem type: inputs in the layout of DESIGN.md §2, validated on construction."""
+"""The GDN-2 problem type: inputs in the layout of docs/DESIGN.md §2, validated on construction."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-# Layout (DESIGN.md §2): which inputs are [B, T, H, K] and which are [B, T, H, V].
+# Layout (docs/DESIGN.md §2): which inputs are [B, T, H, K] and which are [B, T, H, V].
 KEY_INPUTS = ("q", "k", "g", "b")
 VALUE_INPUTS = ("v", "w")
 INPUTS = ("q", "k", "v", "g", "b", "w")
 GRADS = ("dq", "dk", "dv", "dg", "db", "dw", "dh0")
+# Everything a kernel call is judged on: the forward output, the final state and the seven gradients.
+RESULTS = ("o", "final_state") + GRADS
 
 
 def _as_float_array(name, x):

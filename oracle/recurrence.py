@@ -1,4 +1,4 @@
-"""NumPy token-by-token GDN-2 recurrence (DESIGN.md §1) and its hand-derived adjoint.
+"""NumPy token-by-token GDN-2 recurrence (docs/DESIGN.md §1) and its hand-derived adjoint.
 
 The core works on any element type NumPy can do arithmetic on: float32, float64,
 ``np.longdouble`` here, and object arrays of ``mpmath.mpf`` in :mod:`oracle.mp`.
@@ -91,7 +91,7 @@ def _run(problem, ar, do=None, dfinal_state=None, checkpoint_every=CHECKPOINT_EV
 
 
 def _adjoint(checkpoints, T, q, k, v, g, b, w, do, dfinal_state, scale, ar, every, buf):
-    """Walk t = T..1 (DESIGN.md §1, token-by-token adjoint), recomputing each segment's states."""
+    """Walk t = T..1 (docs/DESIGN.md §1, token-by-token adjoint), recomputing each segment's states."""
     grads = {name: np.empty_like(x) for name, x in zip(GRADS, (q, k, v, g, b, w))}
     dS = np.array(dfinal_state)
     _add_outer(dS, scale * q[:, T - 1], do[:, T - 1], buf)  # dS = dL/dS_T, including o_T's term
@@ -146,7 +146,7 @@ def forward(problem: Problem, dtype=np.float64, *, checkpoint_every=CHECKPOINT_E
 
 
 def vjp(problem: Problem, do, dfinal_state, dtype=np.float64, *, checkpoint_every=CHECKPOINT_EVERY):
-    """Hand-derived adjoint (DESIGN.md §1): all seven gradients for cotangents ``(do, dfinal_state)``."""
+    """Hand-derived adjoint (docs/DESIGN.md §1): all seven gradients for cotangents ``(do, dfinal_state)``."""
     ar = _Arith(dtype)
     do, dfinal_state = problem.check_cotangents(do, dfinal_state)
     _, _, grads = _run(problem, ar, do, dfinal_state, checkpoint_every, outputs=False)

@@ -50,3 +50,22 @@ def gated_deltanet_problem(q, k, v, g, beta, *, scale=None, initial_state=None) 
         raise ValueError(f"g: shape {g.shape} does not match [B, T, H] = {np.shape(q)[:3]}")
     G = np.repeat(g[..., None], np.shape(q)[-1], axis=-1)
     return kda_problem(q, k, v, G, beta, scale=scale, initial_state=initial_state)
+
+
+REDUCTIONS = ("kda", "gdn")
+
+
+def reduce(problem: Problem, kind: str) -> Problem:
+    """The KDA (``"kda"``) or Gated DeltaNet (``"gdn"``) reduction of a general problem.
+
+    ``beta = b[..., 0]`` (so the erase-gate regime chooses how beta is drawn), ``b = w = beta * 1``;
+    Gated DeltaNet also takes a scalar log-decay per head and token, ``g[..., 0]``. The scale and the
+    initial state are kept.
+    """
+    if kind not in REDUCTIONS:
+        raise ValueError(f"reduction: {kind!r} not one of {REDUCTIONS}")
+    beta = problem.b[..., 0]
+    kw = dict(scale=problem.scale, initial_state=problem.initial_state)
+    if kind == "kda":
+        return kda_problem(problem.q, problem.k, problem.v, problem.g, beta, **kw)
+    return gated_deltanet_problem(problem.q, problem.k, problem.v, problem.g[..., 0], beta, **kw)

@@ -1,4 +1,4 @@
-"""Hypothesis properties of any GDN-2 kernel (issue 5), judged by the tolerance model (ci/tolerance.py).
+"""Hypothesis properties of any GDN-2 kernel, judged by the tolerance model (ci/tolerance.py).
 
 Every comparison is against the float64 oracle fed exactly the values the kernel saw (inputs and
 cotangents rounded to the kernel's dtype), forward output, final state and all seven gradients,
@@ -8,7 +8,7 @@ Tests taking ``kernel`` run once per selected kernel (``--kernel`` / ``GDN2_KERN
 conftest.py). A failure prints the verdict table, a shell one-liner that reproduces it, the
 ``make_problem`` call and the ``@example`` line that pins it.
 
-Tight agreement bound (properties 2-5; ``strategies.agreement_bound``). Two correct kernels, or one
+Tight agreement bound (properties 2-5; ``ci.tolerance.agreement_bound``). Two correct kernels, or one
 kernel with another chunk size / split point / a split sequence, are each allowed
 ``tol = max(MULTIPLE x e_rec, FLOOR)`` against the exact result (``e_rec``: the plain float32
 recurrence's error on the same inputs; MULTIPLE = 32 in float32). Their *difference* comes only from
@@ -33,14 +33,11 @@ from hypothesis import strategies as st
 
 from gdn2_oracle import oracle
 from gdn2_oracle.ci import harness, tolerance
-from gdn2_oracle.ci.tolerance import RESULTS
-from gdn2_oracle.oracle import reductions
+from gdn2_oracle.ci.tolerance import agreement
+from gdn2_oracle.oracle import RESULTS, Recipe, reductions
 
 from gdn2_oracle.property_tests import strategies
-from gdn2_oracle.property_tests.strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, Spec, agreement, specs
-
-AGREE_FRACTION = strategies.AGREE_FRACTION
-
+from gdn2_oracle.property_tests.strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, specs
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,7 +52,7 @@ def _profile():
 
 
 def core_specs(**kw):
-    """A Spec on one of the CORE configs (thorough: or on any config of the small sets)."""
+    """A Recipe on one of the CORE configs (thorough: or on any config of the small sets)."""
     core = st.sampled_from(CORE).flatmap(lambda c: specs(c, **kw))
     return st.one_of(core, strategies.any_spec(**kw)) if _profile() == "thorough" else core
 
@@ -80,10 +77,10 @@ def per_config_examples(**fixed):
     def deco(f):
         for i, (ci, decay, gates) in enumerate(EXPLICIT):
             c = CORE[ci]
-            kw = dict(decay=decay, gates=gates, qk=("l2", "raw")[i % 2], initial_state=bool((i + 1) % 2),
+            kw = dict(decay=decay, gates=gates, qk=oracle.QK_MODES[i % 2], initial_state=bool((i + 1) % 2),
                       precision=c.dtype, seed=1000 + i, cot_seed=2000 + i)
             kw.update(fixed)
-            f = example(spec=Spec(*c.shape, **kw))(f)
+            f = example(spec=Recipe(*c.shape, **kw))(f)
         return f
 
     return deco
@@ -92,9 +89,9 @@ def per_config_examples(**fixed):
 def explain(spec, kernel_name, report, what):
     """Failure message: the verdict table, a reproduction and the lines to pin the example."""
     return (f"{what}\n{report.format()}\n"
-            f"reproduce: {spec.repro(kernel_name)}\n"
-            f"pin it:    {spec.example()}\n"
-            f"golden:    {spec.call()}  (cotangents: oracle.random_cotangents(p, {spec.cot_seed}, {spec.precision!r}))")
+            f"reproduce: {strategies.repro(spec, kernel_name)}\n"
+            f"pin it:    {strategies.example(spec)}\n"
+            f"golden:    {spec.call()}  (cotangents: {spec.cotangents_call('p')})")
 
 
 def check(report, spec, kernel_name, what):
@@ -110,9 +107,8 @@ def run(fn, problem, do, dfs, dtype):
 
 
 def setup(spec):
-    p = spec.problem()
-    do, dfs = spec.cotangents(p)
-    return p, do, dfs
+    """``(problem, do, dfinal_state)`` of a recipe."""
+    return spec.build()
 
 
 def judge(problem, do, dfs, got, ref, dtype):
@@ -153,7 +149,7 @@ def test_pairwise_and_factorized_agree(kernel, owner, spec):
     b = run(kernel.fn, p, do, dfs, spec.dtype)
     ref = harness.reference_results(p, do, dfs)
     _, base = judge(p, do, dfs, a, ref, spec.dtype)
-    check(agreement(p, do, dfs, b, a, ref, base, spec.dtype, what="factorized~pairwise"),
+    check(agreement(p, b, a, ref, base, spec.dtype, what="factorized~pairwise"),
           spec, "factorized", "factorized vs pairwise (tight agreement)")
 
 
@@ -191,7 +187,7 @@ def test_chunk_and_split_invariance(kernel, owner, options, spec):
     report, base = judge(p, do, dfs, got, ref, spec.dtype)
     check(report, spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs the float64 oracle")
     default = run(kernel.fn, p, do, dfs, spec.dtype)
-    check(agreement(p, do, dfs, got, default, ref, base, spec.dtype, what="options~default"),
+    check(agreement(p, got, default, ref, base, spec.dtype, what="options~default"),
           spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs {kernel.name}() (tight agreement)")
 
 
@@ -220,7 +216,7 @@ def test_state_carry(kernel, t, spec):
     ref = harness.reference_results(p, do, dfs)
     report, base = judge(p, do, dfs, carried, ref, spec.dtype)
     check(report, spec, kernel.name, f"{kernel.name}: [0,{t}) + [{t},{p.shape[1]}) with carried state vs the oracle")
-    check(agreement(p, do, dfs, carried, whole, ref, base, spec.dtype, what="carried~one call"),
+    check(agreement(p, carried, whole, ref, base, spec.dtype, what="carried~one call"),
           spec, kernel.name, f"{kernel.name}: split at {t} with carried state vs one call (tight agreement)")
 
 
@@ -250,7 +246,8 @@ def test_scaling_v_and_initial_state(kernel, spec, c):
     note(f"spec: {spec!r}, c = {c}")
     if bad:
         pytest.fail(f"{kernel.name}: scaling v, h0 by c = {c} is not exact\n" + "\n".join(bad)
-                    + f"\nreproduce (base case): {spec.repro(kernel.name)}\npin it: {spec.example()}", pytrace=False)
+                    + f"\nreproduce (base case): {strategies.repro(spec, kernel.name)}\npin it: {strategies.example(spec)}",
+                    pytrace=False)
 
 
 def _permute(p, do, dfs, axis_bt, perm):
@@ -281,7 +278,7 @@ def test_batch_and_head_permutation(kernel, spec):
         # undo the permutation of the results (perm is an involution)
         back = {name: np.take(x, perm, axis=axis if x.ndim == 4 and name not in ("final_state", "dh0")
                               else (0 if axis == 0 else 1)) for name, x in b.items()}
-        check(agreement(p, do, dfs, back, a, ref, base, spec.dtype, what="permuted~original"),
+        check(agreement(p, back, a, ref, base, spec.dtype, what="permuted~original"),
               spec, kernel.name, f"{kernel.name}: {'batch' if axis == 0 else 'head'} permutation")
 
 
@@ -302,20 +299,15 @@ def test_gla_reduction(kernel, spec):
     check(report, spec, kernel.name, f"{kernel.name} vs the gated-linear-attention closed form (b = 0)")
 
 
-def _kda(p, scalar_decay):
-    beta = p.b[..., 0]
-    q, k, v, g = p.q, p.k, p.v, p.g
-    if scalar_decay:
-        return reductions.gated_deltanet_problem(q, k, v, g[..., 0], beta, scale=p.scale, initial_state=p.initial_state)
-    return reductions.kda_problem(q, k, v, g, beta, scale=p.scale, initial_state=p.initial_state)
+REDUCTION = {"kda": "kda", "gated_deltanet": "gdn"}  # test id -> Recipe.reduction
 
 
-@pytest.mark.parametrize("model", ["kda", "gated_deltanet"])
+@pytest.mark.parametrize("model", list(REDUCTION))
 @given(spec=core_specs(gates=("uniform", "one", "negative")))
 def test_kda_and_gated_deltanet(kernel, model, spec):
     """KDA (b = w = beta) and Gated DeltaNet (also a scalar decay per head) problems match the oracle."""
-    p0, do, dfs = setup(spec)
-    p = _kda(p0, model == "gated_deltanet")
+    spec = spec.replace(reduction=REDUCTION[model])  # oracle.reductions.reduce of the drawn problem
+    p, do, dfs = setup(spec)
     report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
     check(report, spec, kernel.name, f"{kernel.name} on the {model} reduction of the spec's problem "
                                      f"(b = w = beta = b[..., 0]{', g = g[..., 0]' if model != 'kda' else ''})")
@@ -326,8 +318,8 @@ def test_gated_deltanet_key_channel_permutation(kernel, spec, perm_seed):
     """Gated DeltaNet: the decay is shared by all key channels, so permuting the key channels of q, k, b
     (and the rows of h0) permutes dq, dk, dg, db, the final state and dh0 the same way and leaves o,
     dv, dw unchanged."""
-    p0, do, dfs = setup(spec)
-    p = _kda(p0, scalar_decay=True)
+    spec = spec.replace(reduction="gdn")
+    p, do, dfs = setup(spec)
     perm = np.random.default_rng(perm_seed).permutation(spec.K)
     h0 = None if p.initial_state is None else p.initial_state[:, :, perm]
     pp = p.replace(q=p.q[..., perm], k=p.k[..., perm], g=p.g[..., perm], b=p.b[..., perm], initial_state=h0)
@@ -341,5 +333,5 @@ def test_gated_deltanet_key_channel_permutation(kernel, spec, perm_seed):
         back[name] = b[name][:, :, inv]
     ref = harness.reference_results(p, do, dfs)
     _, base = judge(p, do, dfs, a, ref, spec.dtype)
-    check(agreement(p, do, dfs, back, a, ref, base, spec.dtype, what="permuted~original"),
+    check(agreement(p, back, a, ref, base, spec.dtype, what="permuted~original"),
           spec, kernel.name, f"{kernel.name}: Gated DeltaNet key-channel permutation {perm.tolist()}")

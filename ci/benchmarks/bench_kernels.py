@@ -2,8 +2,9 @@
 
     python -m gdn2_oracle.ci.benchmarks.bench_kernels --batch 4 --seq 4096 --heads 6 --dim 128 --chunk 64 --repeats 5
 
-Times a jitted ``jax.vjp`` + pullback (all seven gradients), float32, median of synchronized calls
-after compilation; FLOPs of the chunked algorithm are counted analytically (``chunked_flops``).
+Times the harness's jitted ``jax.vjp`` + pullback (all seven gradients; ``ci.harness.runner``), float32,
+median of synchronized calls after compilation; FLOPs of the chunked algorithm are counted analytically
+(``chunked_flops``). ``--chunk`` defaults to the kernels' default chunk size.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from gdn2_oracle import kernels
+from gdn2_oracle.ci import harness
+from gdn2_oracle.oracle import Recipe
 
 
 def chunked_flops(B, T, H, K, V, C):
@@ -51,25 +53,10 @@ def matmul_rate(shape, repeats):
     return 2 * b * m * n * p / median_time(f, (x, y), repeats)
 
 
-def make_inputs(B, T, H, K, V, seed=0):
-    """Moderate-decay float32 inputs, initial state and output cotangents."""
-    r = np.random.default_rng(seed)
-    k = r.standard_normal((B, T, H, K))
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    xs = [r.standard_normal((B, T, H, K)), k, r.standard_normal((B, T, H, V)), -0.05 * r.random((B, T, H, K)),
-          r.random((B, T, H, K)), r.random((B, T, H, V)), r.standard_normal((B, H, K, V))]
-    cts = [r.standard_normal((B, T, H, V)), r.standard_normal((B, H, K, V))]
-    return [jnp.asarray(x, jnp.float32) for x in xs], [jnp.asarray(x, jnp.float32) for x in cts]
-
-
-def fwd_bwd(fn):
-    """jit of jax.vjp + pullback: returns (o, final_state, seven gradients)."""
-
-    def run(q, k, v, g, b, w, h0, do, dhT):
-        out, pullback = jax.vjp(lambda *a: fn(*a[:6], initial_state=a[6]), q, k, v, g, b, w, h0)
-        return out, pullback((do, dhT))
-
-    return jax.jit(run)
+def make_args(B, T, H, K, V, seed=0):
+    """The runner's arguments for a moderate-decay float32 problem with an initial state and random cotangents."""
+    p, do, dfs = Recipe(B, T, H, K, V, decay="moderate", initial_state=True, seed=seed).build()
+    return (*harness.device_inputs(p, do, dfs, "float32"), p.scale)
 
 
 def main(argv=None):
@@ -79,7 +66,7 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--dim", type=int, default=128, help="key width K (and value width V unless --vdim)")
     p.add_argument("--vdim", type=int, default=None)
-    p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--chunk", type=int, default=kernels.get("pairwise").chunk_size)
     p.add_argument("--leaf", type=int, default=None, help="factorized leaf (default: the kernel's default)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--kernels", default="pairwise,factorized")
@@ -93,17 +80,17 @@ def main(argv=None):
     floor = flops / peak
     print(f"matmul rate: {peak / 1e9:.1f} GFLOP/s (2048^3), {tile / 1e9:.1f} GFLOP/s (batched {C}x{K}x{V})")
     print(f"chunked fwd+bwd matmul FLOPs: {flops / 1e9:.2f} G -> floor {floor * 1e3:.1f} ms at peak rate")
-    xs, cts = make_inputs(B, T, H, K, V)
+    args = make_args(B, T, H, K, V)
     medians = {}
     for name in a.kernels.split(","):
         opts = dict(chunk_size=C)
         if name == "factorized" and a.leaf is not None:
             opts["leaf"] = a.leaf
-        fn = fwd_bwd(kernels.get(name, **opts))
+        fn = harness.runner(kernels.get(name, **opts))
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(*xs, *cts))
+        jax.block_until_ready(fn(*args))
         compile_s = time.perf_counter() - t0
-        medians[name] = median_time(fn, (*xs, *cts), a.repeats)
+        medians[name] = median_time(fn, args, a.repeats)
         print(f"{name:>11}: median {medians[name] * 1e3:9.1f} ms  ({medians[name] / floor:5.1f}x floor, "
               f"{flops / medians[name] / 1e9:5.1f} GFLOP/s; first call incl. compile {compile_s:.1f} s)")
     if {"pairwise", "factorized"} <= set(medians):

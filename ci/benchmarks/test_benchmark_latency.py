@@ -1,9 +1,10 @@
 """pytest-benchmark latency of forward + backward (all seven gradients) of each kernel at a CPU-sized shape.
 
 The default run (``--benchmark-disable`` in addopts) executes each body once, untimed, so the
-gate and the harness are tested; ``make bench`` times them. Every
-benchmark first validates its kernel on the same problem against the float64 oracle and refuses
-to run (``pytest.fail`` with the verdict table) when the kernel fails: a number is only recorded
+gate and the harness are tested; ``make bench`` times them. Every benchmark first validates its
+kernel on the same problem against the float64 oracle with the gate of ``gdn2-oracle bench``
+(``bench.validate_config``) and refuses to run (``pytest.fail`` with the failing verdicts) when
+the kernel fails: a number is only recorded
 for a kernel that is right. ``extra_info`` carries the provenance (device, JAX, kernel source hash,
 validation verdicts), so the saved JSON (``--benchmark-json`` / ``--benchmark-autosave``) is
 self-describing.
@@ -14,12 +15,12 @@ from __future__ import annotations
 import pytest
 
 from gdn2_oracle import kernels
-from gdn2_oracle import oracle
 from gdn2_oracle.ci import bench
 from gdn2_oracle.ci.report import environment, source_sha256
 
-# CPU-sized: B, T, H, K, V (two chunks of 64 for the default chunk size, plus a tail).
+# CPU-sized: B, T, H, K, V (several chunks of the default chunk size, plus a tail).
 SHAPE = (1, 320, 2, 64, 64)
+SEED = 11
 KERNELS = {
     "pairwise": {},
     "factorized": {},
@@ -29,14 +30,13 @@ KERNELS = {
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_forward_backward_latency(benchmark, name, dtype):
-    p = oracle.make_problem(*SHAPE, decay="moderate", gates="uniform", initial_state=True, seed=11,
-                            precision=dtype)
-    do, dfs = oracle.random_cotangents(p, seed=11, precision=dtype)
+    cache = bench.OracleCache()  # the problem: bench.recipe(SHAPE, dtype, SEED)
     fn = kernels.get(name, **KERNELS[name])
-    reason = bench.gate(fn, p, do, dfs, dtype=dtype)
-    if reason is not None:
-        pytest.fail(f"{name} ({dtype}) is not benchmarked: it {reason}", pytrace=False)
-    compiled = bench.Compiled(fn, p, do, dfs, dtype)
+    compiled = bench.Compiled(fn, *cache.problem(SHAPE, dtype, SEED), dtype)
+    verdict = bench.validate_config(fn, SHAPE, dtype, SEED, cache, compiled)
+    if not verdict["passed"]:
+        pytest.fail(f"{name} ({dtype}) is not benchmarked: it failed validation against the float64 oracle:\n"
+                    + "\n".join(verdict["failures"]), pytrace=False)
     env = environment()
     benchmark.extra_info.update(
         kernel=name, options=KERNELS[name], dtype=dtype, shape=dict(zip("BTHKV", SHAPE)),

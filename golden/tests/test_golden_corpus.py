@@ -12,9 +12,9 @@ import pytest
 from gdn2_oracle import golden
 from gdn2_oracle import oracle
 from gdn2_oracle.golden import catalogue
-from gdn2_oracle.golden.load import ARRAY_ORDER, DATA_DIR, MANIFEST, RESULTS, decode, encode, read_manifest
+from gdn2_oracle.golden.load import ARRAY_ORDER, DATA_DIR, MANIFEST, decode, encode, read_manifest
 from gdn2_oracle.golden.regenerate import main as regenerate_main
-from gdn2_oracle.oracle import recurrence, reductions
+from gdn2_oracle.oracle import RESULTS, recurrence, reductions
 from gdn2_oracle.oracle.generate import DECAYS
 from gdn2_oracle.ci.tolerance import normalised_error
 
@@ -38,7 +38,7 @@ def test_manifest_lists_exactly_the_files_and_the_catalogue():
     assert sorted(NAMES) == files, "catalogue vs golden/data/*.npz"
     for name in NAMES:
         entry, case = MANIFEST_DATA["cases"][name], catalogue.get(name)
-        assert entry["recipe"] == case.recipe(), name
+        assert entry["recipe"] == case.fields(), name
         assert entry["recipe_sha256"] == case.checksum(), name
         assert entry["generator_version"] == catalogue.GENERATOR_VERSION, name
         assert entry["precision_bits"] == catalogue.PRECISION_BITS, name
@@ -56,7 +56,7 @@ def test_corpus_is_commit_sized():
 
 
 def test_catalogue_covers_the_required_regimes():
-    cases = catalogue.CASES
+    cases = [c.recipe for c in catalogue.CASES]
     assert len(cases) >= 40
     assert {c.decay for c in cases} >= set(DECAYS)
     assert {c.gates for c in cases} >= {"uniform", "zero", "one", "erase_zero", "erase_one", "write_one", "negative"}
@@ -72,8 +72,26 @@ def test_catalogue_covers_the_required_regimes():
     assert any(c.K == c.V == 128 for c in cases)
     assert any(c.gates in ("erase_zero", "zero") for c in cases)  # b = 0
     assert all(1 <= c.B <= 2 and 1 <= c.H <= 2 for c in cases)
-    checksums = [c.checksum() for c in cases]
+    checksums = [c.checksum() for c in catalogue.CASES]
     assert len(set(checksums)) == len(checksums), "two cases share a recipe"
+
+
+def test_a_bad_recipe_names_the_case_and_the_field():
+    with pytest.raises(ValueError, match=r"^bad_case: decay: 'nope'"):
+        catalogue._c("bad_case", (1, 4, 1, 8, 8), "", decay="nope")
+    with pytest.raises(ValueError, match=r"^bad_case: T: expected an integer"):
+        catalogue._c("bad_case", (1, 0, 1, 8, 8), "")
+    with pytest.raises(ValueError, match="cot_seed"):  # a golden's cotangents use its data seed
+        catalogue.Case("bad_case", oracle.Recipe(1, 4, 1, 8, 8, cot_seed=1))
+
+
+def test_case_is_a_name_a_purpose_and_a_recipe():
+    case = catalogue.get("kda_moderate")
+    assert isinstance(case.recipe, oracle.Recipe) and case.recipe.reduction == "kda"
+    assert catalogue.case_from_recipe(case.name, case.fields()).checksum() == case.checksum()
+    p, do, dfs = case.build()
+    q, _, _ = case.recipe.replace(reduction=None).build()
+    np.testing.assert_array_equal(p.b, oracle.reductions.reduce(q, "kda").b)
 
 
 def test_unknown_name_is_a_value_error():
@@ -84,7 +102,7 @@ def test_unknown_name_is_a_value_error():
 def test_loaded_golden_has_the_documented_arrays(goldens):
     required = set(ARRAY_ORDER) - {"initial_state"}
     for name, gd in goldens.items():
-        case = gd.case
+        case = gd.case.recipe
         assert required <= set(gd), name
         assert ("initial_state" in gd) == case.initial_state, name
         B, T, H, K, V = case.shape
@@ -212,13 +230,14 @@ def test_recipes_rebuild_the_stored_inputs(goldens):
             np.testing.assert_array_equal(getattr(p, n), gd[n], err_msg=f"{name}: {n}")
         np.testing.assert_array_equal(do, gd["do"], err_msg=name)
         np.testing.assert_array_equal(dfs, gd["dfinal_state"], err_msg=name)
-        if gd.case.precision == "bfloat16":
+        recipe = gd.case.recipe
+        if recipe.precision == "bfloat16":
             for n in oracle.INPUTS + ("do",):
                 x = gd[n].astype(np.float32)
                 assert np.all(x.view(np.uint32) & 0xFFFF == 0), f"{name}: {n} not bf16-representable"
-        if gd.case.reduction in ("kda", "gdn"):
+        if recipe.reduction in ("kda", "gdn"):
             assert np.all(gd["b"] == gd["b"][..., :1]) and np.all(gd["w"] == gd["b"][..., :1]), name
-        if gd.case.reduction == "gdn":
+        if recipe.reduction == "gdn":
             assert np.all(gd["g"] == gd["g"][..., :1]), name
-        if gd.case.decay == "resets":
+        if recipe.decay == "resets":
             assert np.any(gd["g"] <= -500), f"{name}: no reset token"

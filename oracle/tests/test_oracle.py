@@ -1,4 +1,4 @@
-"""Self-checks of the exact oracles (issue 2): mpmath vs NumPy, adjoint vs finite differences,
+"""Self-checks of the exact oracles: mpmath vs NumPy, adjoint vs finite differences,
 closed forms, working precisions, and input validation. Kernel-independent: runs once."""
 
 from __future__ import annotations
