@@ -1,4 +1,4 @@
-"""Chunked GDN-2 (DESIGN.md §1, chunkwise form) with a hand-written chunkwise backward (custom_vjp).
+"""Chunked GDN-2 (docs/DESIGN.md §1, chunkwise form) with a hand-written chunkwise backward (custom_vjp).
 
 Forward: state-independent chunk work (G, tiles T and Aqk, A = (I+T)^{-1}, Y = A Ebar, U = A Z) for all
 chunks in parallel groups (lax.map), the state recurrence R = U - Y S0, S_C = ... by lax.scan, then
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from . import wy
 from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs
-from .decay import Factorized, Pairwise, decay_arg, gap, log_decay
+from .decay import Factorized, Pairwise, gap, log_decay
 
 CHUNK_RANGE = (16, 256)
 # Chunks are processed in parallel groups holding at most this many decay-factor floats at once.
@@ -72,7 +72,7 @@ def _local(q, g, b, k):
 
 def _tiles(decay, L, q, k):
     """T = strict_lower(sum_c a k exp(G_r - G_s)), Aqk = lower(sum_c q k exp(G_r - G_s)), A = (I + T)^{-1}."""
-    scores = decay.scores(jnp.stack([L.a, q], axis=-3), k, decay_arg(decay.scores, L.G))
+    scores = decay.scores(jnp.stack([L.a, q], axis=-3), k, L.G)
     T = jnp.where(_strict(q.shape[-2]), scores[..., 0, :, :], 0.0)
     return T, scores[..., 1, :, :], wy.inverse(T)
 
@@ -117,8 +117,7 @@ def _bwd_chunk(cfg, x, S0, dO, dS1, A, Aqk, R, dRo):
     # score path (same decay-factor code as the forward tiles); Aqk's diagonal (no decay) is kept apart
     diag = jnp.diagonal(dAqk, axis1=-2, axis2=-1)[..., None]
     dAqk = jnp.where(_strict(C), dAqk, 0.0)
-    vjp = cfg.decay.scores_vjp
-    dXs, dk_s = vjp(jnp.stack([dT, dAqk], axis=-3), jnp.stack([L.a, q], axis=-3), k, decay_arg(vjp, L.G))
+    dXs, dk_s = cfg.decay.scores_vjp(jnp.stack([dT, dAqk], axis=-3), jnp.stack([L.a, q], axis=-3), k, L.G)
     da = L.gamma * dEbar + dXs[..., 0, :, :]
     dq = L.gamma * dQg + dXs[..., 1, :, :] + diag * k
     dk = L.fC * dKd + dk_s + diag * q + da * b
@@ -247,8 +246,8 @@ def factorized(chunk_size=64, split=None, leaf=16):
     """Chunked kernel with boundary-factorized score tiles: split at ``split`` (default middle), recurse to ``leaf``.
 
     Blocks of at most ``leaf`` tokens are done pairwise (so ``leaf == chunk_size`` is the pairwise kernel).
-    Default leaf 4: on CPU (B=4, T=4096, H=6, K=V=128, C=64, fwd+bwd) leaf 4 measured fastest
-    (leaf 1/2/4/8/16: 2.87/2.62/2.50/3.53/3.22 s); a leaf's pairwise exps (C leaf K) stop paying below it.
+    Default leaf 16. On CPU (B=4, T=4096, H=6, K=V=128, C=64, fwd+bwd) an earlier sweep measured leaf 4
+    fastest (leaf 1/2/4/8/16: 2.87/2.62/2.50/3.53/3.22 s; README "Performance"); pass ``leaf=4`` for that.
     """
     C = _check_int("chunk_size", chunk_size, *CHUNK_RANGE)
     if split is not None:

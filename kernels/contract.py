@@ -1,4 +1,4 @@
-"""The kernel contract of DESIGN.md §2: argument layout, dtype rules and input checks.
+"""The kernel contract of docs/DESIGN.md §2: argument layout, dtype rules and input checks.
 
 Every kernel in this package is called as
 ``fn(q, k, v, g, b, w, *, scale=None, initial_state=None) -> (o, final_state)`` with
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Input dtypes a kernel accepts; all work is accumulated in float32 (DESIGN.md §1, numerical rules).
+# Input dtypes a kernel accepts; all work is accumulated in float32 (docs/DESIGN.md §1, numerical rules).
 INPUT_DTYPES = (jnp.float32, jnp.bfloat16)
 ACC_DTYPE = jnp.float32
 STATE_DTYPE = jnp.float32

@@ -4,6 +4,9 @@ Shapes: X ``[..., P, n, K]`` (P stacked query-side operands, e.g. ``b*k`` for T 
 Y ``[..., n, K]`` (the key side, shared), G a :class:`LogDecay` of ``[..., n, K]`` arrays (the within-chunk
 cumulative log-decay), scores ``[..., P, n, n]`` lower-including-diagonal (callers mask T to strictly lower).
 
+A decay strategy has one interface: ``workspace(C, K)``, ``scores(X, Y, G)`` and ``scores_vjp(dS, X, Y, G)``
+with G always a :class:`LogDecay`.
+
 Every decay exponent is formed by :func:`gap` from the split cumulative sum of :func:`log_decay`, never as a
 difference of two rounded float32 cumulative sums (which loses |G| eps32 in the exponent: 2e-4 relative
 error in every factor at |G| ~ 4000, e.g. after a reset g ~ -1e3).
@@ -73,21 +76,6 @@ def gap(Ga, Gb):
     return jnp.minimum((Ga.hi - Gb.hi) + (Ga.lo - Gb.lo), 0.0)
 
 
-def accepts_log_decay(method):
-    """Mark a strategy's ``scores``/``scores_vjp`` as taking G as a :class:`LogDecay`.
-
-    Unmarked methods (strategies written elsewhere, e.g. a test's anchored variant overriding ``scores``)
-    keep the plain interface: G as one float32 array (see :func:`decay_arg`).
-    """
-    method.accepts_log_decay = True
-    return method
-
-
-def decay_arg(method, G):
-    """G in the form ``method`` takes: the LogDecay when marked, else G rounded to one float32 array."""
-    return G if getattr(method, "accepts_log_decay", False) else G.total()
-
-
 def pair_decay(G):
     """exp(G_r - G_s) for every pair r >= s and channel, zero above the diagonal: ``[..., n, n, K]``."""
     n = G.hi.shape[-2]
@@ -117,12 +105,10 @@ class Pairwise:
         """Floats of decay factors one chunk's tiles materialise at once (C x C x K)."""
         return C * C * K
 
-    @accepts_log_decay
     def scores(self, X, Y, G):
         """Lower-including-diagonal score tile (pairwise decay)."""
         return pairwise_scores(X, Y, G)
 
-    @accepts_log_decay
     def scores_vjp(self, dS, X, Y, G):
         """(dX, dY) of the score tile (pairwise decay)."""
         return pairwise_scores_vjp(dS, X, Y, G)
@@ -151,7 +137,6 @@ class Factorized:
         m = n // self.leaf if n % self.leaf == 0 else 0
         return m >= 1 and m & (m - 1) == 0 and (not top or self.split in (None, n // 2))
 
-    @accepts_log_decay
     def scores(self, X, Y, G, top=True):
         """Lower-including-diagonal score tile; cross blocks as one matmul of decay-scaled factors (each <= 1)."""
         n = X.shape[-2]
@@ -169,7 +154,6 @@ class Factorized:
         upper = jnp.concatenate([early, jnp.zeros(early.shape[:-1] + (n - s,), early.dtype)], axis=-1)
         return jnp.concatenate([upper, jnp.concatenate([cross, late], axis=-1)], axis=-2)
 
-    @accepts_log_decay
     def scores_vjp(self, dS, X, Y, G, top=True):
         """(dX, dY) of the score tile through the same boundary factors as the forward."""
         n = X.shape[-2]

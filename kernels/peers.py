@@ -15,7 +15,7 @@ Registered names (``kernels.get(name, **options)``):
   Options: any ``BLRConfig`` field via ``atomic_gdn2.make_cfg`` (their PROD preset: ``bt=128``,
   ``bs2=32``, ``wy_eps=1e-3``, ``g_max=5``), ``interpret`` as above.
 
-Mapping to the contract of DESIGN.md §2: argument order ``(q, k, v, g, b, w)`` -> theirs
+Mapping to the contract of docs/DESIGN.md §2: argument order ``(q, k, v, g, b, w)`` -> theirs
 ``(q, k, v, w, b, g)``; ``atomic_gdn2`` takes head-major ``[B, H, T, D]``; both need ``K == V ==
 128`` and ``T`` a multiple of their chunk ``bt``. The adapter pads ``T`` with identity tokens
 (``q = k = v = b = w = 0``, ``g = 0``: the state passes through unchanged) and ``K``, ``V`` to 128

@@ -1,4 +1,4 @@
-"""The tolerance model (ci/tolerance.py) rejects wrong kernels and accepts right ones (issue 5).
+"""The tolerance model (ci/tolerance.py) rejects wrong kernels and accepts right ones.
 
 Kernel-independent: these tests run once whatever ``--kernel`` selects. Mutants wrap our correct
 pairwise kernel (or its chunked machinery) and break one thing each; every mutant must be rejected
@@ -16,16 +16,17 @@ import pytest
 from gdn2_oracle import oracle
 from gdn2_oracle.ci import harness, tolerance
 from gdn2_oracle.ci.tolerance import FLOOR, MULTIPLE, RESULTS
+from gdn2_oracle.kernels.testing import anchored_kernel
 
 from gdn2_oracle.property_tests import strategies
-from gdn2_oracle.property_tests.strategies import Spec
+from gdn2_oracle.oracle import Recipe
 
 SHAPE = (1, 65, 2, 32, 16)  # a CORE shape: the correct kernel is already compiled for it
 
 
 def spec(decay="moderate", gates="uniform", precision="float32", **kw):
     kw = dict(dict(qk="l2", initial_state=True, seed=7, cot_seed=8), **kw)
-    return Spec(*SHAPE, decay=decay, gates=gates, precision=precision, **kw)
+    return Recipe(*SHAPE, decay=decay, gates=gates, precision=precision, **kw)
 
 
 def validate(fn, s):
@@ -89,42 +90,6 @@ def input_mutant(fn, **replace):
         return fn(**args, scale=scale, initial_state=initial_state)
 
     return kernel
-
-
-def _pairwise_decay_class():
-    from gdn2_oracle.kernels.decay import Pairwise
-    return Pairwise
-
-
-class AnchoredDecay(_pairwise_decay_class()):
-    """Score tiles with the decay anchored at the chunk start: (X exp(G_r)) @ (Y exp(-G_s))^T.
-
-    Algebraically the same tile; numerically exp(-G_s) overflows float32 once the within-chunk decay
-    span passes ~88 (DESIGN.md §1) and inf * 0 gives NaN.
-    """
-
-    @staticmethod
-    def _mask(n):  # noqa: D102
-        return jnp.tril(jnp.ones((n, n), bool))
-
-    def scores(self, X, Y, G):
-        n = G.shape[-2]
-        prec = jax.lax.Precision.HIGHEST
-        S = jnp.einsum("...prc,...sc->...prs", X * jnp.exp(G)[..., None, :, :], Y * jnp.exp(-G), precision=prec)
-        return jnp.where(self._mask(n), S, 0.0)
-
-    def scores_vjp(self, dS, X, Y, G):
-        n = G.shape[-2]
-        prec = jax.lax.Precision.HIGHEST
-        dS = jnp.where(self._mask(n), dS, 0.0)
-        dX = jnp.einsum("...prs,...sc->...prc", dS, Y * jnp.exp(-G), precision=prec) * jnp.exp(G)[..., None, :, :]
-        dY = jnp.einsum("...prs,...prc->...sc", dS, X * jnp.exp(G)[..., None, :, :], precision=prec) * jnp.exp(-G)
-        return dX, dY
-
-
-def anchored_kernel():
-    from gdn2_oracle.kernels.chunked import ChunkedKernel
-    return ChunkedKernel("anchored", AnchoredDecay(), 64)
 
 
 # One object per mutant for the session (one compile each).

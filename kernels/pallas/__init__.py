@@ -1,8 +1,9 @@
 """Pallas TPU (Mosaic) GDN-2 kernels: the pairwise-decay baseline and the boundary-factorized kernel.
 
 ``pallas_pairwise(**tile_options)`` and ``pallas_factorized(**tile_options)`` return callables with
-the kernel contract of DESIGN.md §2 (``fn(q, k, v, g, b, w, *, scale=None, initial_state=None)
--> (o, final_state)``, differentiable in all seven inputs). Tile options: ``chunk`` (64/128/256),
+the kernel contract of docs/DESIGN.md §2 (``fn(q, k, v, g, b, w, *, scale=None, initial_state=None,
+check_values=False) -> (o, final_state)``, differentiable in all seven inputs), as the pure-JAX kernels.
+Tile options, named as the pure-JAX kernels' options: ``chunk_size`` (64/128/256),
 ``split`` (top-level boundary, a multiple of ``leaf``), ``leaf`` (8/16/32), ``interpret``
 (``None``/"auto" = Mosaic on a TPU backend, else the TPU interpreter; ``True``/"tpu" = TPU
 interpreter; "xla" = the fast generic interpreter; ``False`` = Mosaic; or a
@@ -20,19 +21,16 @@ __all__ = ["gdn2", "check_interpret", "pallas_pairwise", "pallas_factorized", "m
            "TileConfig", "vmem_footprint", "vmem_limit_bytes", "resolve_interpret"]
 
 
-def make_kernel(method, *, chunk=None, split=None, leaf=16, interpret=None, check_values=False,
-                chunk_size=None):
-    """A contract callable for ``method`` with a validated :class:`TileConfig`.
+def make_kernel(method, *, chunk_size=64, split=None, leaf=16, interpret=None):
+    """A contract callable for ``method`` with a validated :class:`TileConfig` (ValueError naming the option).
 
-    ``chunk_size`` is accepted as an alias of ``chunk`` (the pure-JAX kernels' option name).
+    Value checks are a call argument, as for the pure-JAX kernels: ``kernel(..., check_values=True)``.
     """
-    if chunk is not None and chunk_size is not None and chunk != chunk_size:
-        raise ValueError(f"chunk: {chunk} conflicts with chunk_size={chunk_size}")
-    chunk = chunk if chunk is not None else (chunk_size if chunk_size is not None else 64)
-    cfg = TileConfig(method=method, chunk=chunk, split=split, leaf=leaf)
+    cfg = TileConfig(method=method, chunk_size=chunk_size, split=split, leaf=leaf)
     check_interpret(interpret)
 
-    def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False):
+        """Return (o [B,T,H,V] in v.dtype, final_state [B,H,K,V] float32)."""
         return gdn2(q, k, v, g, b, w, scale=scale, initial_state=initial_state, config=cfg,
                     interpret=interpret, check_values=check_values)
 

@@ -1,7 +1,8 @@
 """Public entry points of the Pallas GDN-2 kernels: layout, padding, custom_vjp.
 
-``gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None, config=TileConfig(), interpret=None)``
-follows the kernel contract of DESIGN.md §2. Around the two ``pallas_call``s the wrapper
+``gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None, config=TileConfig(), interpret=None,
+check_values=False)``
+follows the kernel contract of docs/DESIGN.md §2. Around the two ``pallas_call``s the wrapper
 
 * checks the inputs (``kernels.contract.check_inputs``);
 * moves heads next to batch (``[B, T, H, D] -> [B*H, T, D]``);
@@ -92,7 +93,7 @@ def _pad_state(s, Kp, Vp):
 def _dims(shape, cfg):
     B, T, H, K = shape[0]
     V = shape[1][-1]
-    C = cfg.chunk
+    C = cfg.chunk_size
     return B, T, H, K, V, pad_to(T, C) // C, pad_to(K, LANE), pad_to(V, LANE)
 
 
@@ -120,7 +121,7 @@ def two_float_cumsum(x, axis):
 
 def _prepare(q, k, v, g, b, w, h0, cfg):
     B, T, H, K, V, nc, Kp, Vp = _dims((q.shape, v.shape), cfg)
-    C = cfg.chunk
+    C = cfg.chunk_size
     Tp = nc * C
     ins = [_to_heads(q, Tp, Kp), _to_heads(k, Tp, Kp)]
     g_h = _to_heads(g.astype(ACC_DTYPE), Tp, Kp).reshape(B * H, nc, C, Kp)
@@ -159,7 +160,7 @@ def _gdn2_bwd(scale, cfg, interpret, res, cts):
     BH, Tp, Kp = ins[0].shape
     Vp = ins[5].shape[-1]
     K = dfin.shape[2]
-    nc = Tp // cfg.chunk
+    nc = Tp // cfg.chunk_size
     do_h = _to_heads(do, Tp, Vp)
     dfin_h = _pad_state(dfin.astype(ACC_DTYPE), Kp, Vp)
     call = backward_call(cfg, scale, BH, nc, Kp, Vp, ins[0].dtype, resolve_interpret(interpret))

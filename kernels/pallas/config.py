@@ -3,12 +3,12 @@
 A :class:`TileConfig` fixes everything static about one kernel build:
 
 * ``method``: ``"pairwise"`` (one ``exp`` per token pair per key channel for the whole
-  ``chunk x chunk`` score tile, the baseline) or ``"factorized"`` (boundary factorization:
+  ``chunk_size x chunk_size`` score tile, the baseline) or ``"factorized"`` (boundary factorization:
   cross-block tiles are one MXU product ``(X*exp(G_r-G_m)) @ (K*exp(G_m-G_s))^T``, recursively,
   and only the ``leaf x leaf`` diagonal tiles stay pairwise);
-* ``chunk``: tokens per chunk (64, 128 or 256);
+* ``chunk_size``: tokens per chunk (64, 128 or 256; the pure-JAX kernels' option name);
 * ``split``: the top-level boundary, i.e. the number of tokens in the earlier block
-  (``None``: ``chunk // 2``; lower levels split their block at the middle, rounded to ``leaf``);
+  (``None``: ``chunk_size // 2``; lower levels split their block at the middle, rounded to ``leaf``);
 * ``leaf``: the recursion stops at blocks of ``leaf`` tokens (8, 16 or 32). The same tree drives the
   blocked WY inverse in both methods (forward substitution inside leaves, block merges above).
 
@@ -39,36 +39,37 @@ class TileConfig:
     """Static tiling of one Pallas GDN-2 kernel build (validated on construction)."""
 
     method: str = "factorized"
-    chunk: int = 64
+    chunk_size: int = 64
     split: int | None = None
     leaf: int = 16
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"method: {self.method!r} not one of {METHODS}")
-        if not _is_int(self.chunk) or self.chunk not in CHUNKS:
-            raise ValueError(f"chunk: {self.chunk!r} not one of {CHUNKS}")
+        if not _is_int(self.chunk_size) or self.chunk_size not in CHUNKS:
+            raise ValueError(f"chunk_size: {self.chunk_size!r} not one of {CHUNKS}")
         if not _is_int(self.leaf) or self.leaf not in LEAVES:
             raise ValueError(f"leaf: {self.leaf!r} not one of {LEAVES}")
-        if self.leaf >= self.chunk:
-            raise ValueError(f"leaf: {self.leaf} must be smaller than chunk {self.chunk}")
+        if self.leaf >= self.chunk_size:
+            raise ValueError(f"leaf: {self.leaf} must be smaller than chunk_size {self.chunk_size}")
         if self.split is not None:
             if not _is_int(self.split):
                 raise ValueError(f"split: expected an int or None, got {self.split!r}")
-            if not 0 < self.split < self.chunk:
-                raise ValueError(f"split: {self.split} must lie strictly inside the chunk (0 < split < {self.chunk})")
+            if not 0 < self.split < self.chunk_size:
+                raise ValueError(f"split: {self.split} must lie strictly inside the chunk "
+                                 f"(0 < split < chunk_size = {self.chunk_size})")
             if self.split % self.leaf:
                 raise ValueError(f"split: {self.split} must be a multiple of leaf {self.leaf}")
 
     @property
     def boundary(self) -> int:
         """Tokens in the earlier block of the top-level split."""
-        return self.chunk // 2 if self.split is None else int(self.split)
+        return self.chunk_size // 2 if self.split is None else int(self.split)
 
     @property
     def name(self) -> str:
         s = "" if self.split is None else f"-s{self.split}"
-        return f"{self.method}-c{self.chunk}{s}-l{self.leaf}"
+        return f"{self.method}-c{self.chunk_size}{s}-l{self.leaf}"
 
     def replace(self, **changes) -> "TileConfig":
         return dataclasses.replace(self, **changes)
@@ -92,16 +93,12 @@ class TileConfig:
             walk(lo, m, depth + 1)
             walk(m, hi, depth + 1)
 
-        walk(0, self.chunk, 0, self.boundary)
+        walk(0, self.chunk_size, 0, self.boundary)
         return [by_depth[d] for d in sorted(by_depth, reverse=True)]
 
 
 def _is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def make_config(method="factorized", *, chunk=64, split=None, leaf=16) -> TileConfig:
-    return TileConfig(method=method, chunk=chunk, split=split, leaf=leaf)
 
 
 # The configurations the benchmark sweeps (and the lowering test exports for TPU).
@@ -134,7 +131,7 @@ def vmem_footprint(cfg: TileConfig, K=128, V=128, in_itemsize=4, *, backward=Fal
     ``temporaries`` is a conservative allowance for values the compiler keeps live in VMEM
     (score, WY and gate tiles). ``K``/``V`` are the (padded) key/value widths.
     """
-    C = cfg.chunk
+    C = cfg.chunk_size
     Kp, Vp = pad_to(K, LANE), pad_to(V, LANE)
     isz = in_itemsize
     ck_in = _tile_bytes(C, Kp, isz)

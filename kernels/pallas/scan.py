@@ -2,7 +2,7 @@
 
 Grid ``(B*H, n_chunks)``: the first axis is independent ("parallel", split across TensorCores on
 megacore chips); the chunk axis is sequential ("arbitrary") and carries the state ``S`` [K, V] in a
-float32 VMEM scratch. Per chunk (DESIGN.md §1, chunkwise form)::
+float32 VMEM scratch. Per chunk (docs/DESIGN.md §1, chunkwise form)::
 
     T, Aqk = strict_lower(Mbk), lower_incl(Mq)           (score.py)
     A      = (I + T)^{-1}                                 (wy.py)
@@ -43,7 +43,7 @@ def load_chunk(q_ref, k_ref, b_ref, q32, k32, bk32):
 def chunk_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk, t_scr, a_scr):
     """Score tiles and WY inverse of the chunk in the refs: returns ``(Aqk, A)`` as values."""
     scores_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk)
-    masks = tri_masks(cfg.chunk)
+    masks = tri_masks(cfg.chunk_size)
     aqk = jnp.where(masks["lower"], mq[...], 0.0)
     T = jnp.where(masks["strict_lower"], mbk[...], 0.0)
     A = wy_inverse(cfg, T, t_scr, a_scr)
@@ -55,7 +55,7 @@ def _forward_kernel(cfg: TileConfig, scale: float, n_chunks: int,
                     o_ref, st_ref, fin_ref,
                     s_scr, q32, k32, bk32, mq, mbk, t_scr, a_scr):
     c = pl.program_id(1)
-    C = cfg.chunk
+    C = cfg.chunk_size
 
     @pl.when(c == 0)
     def _():
@@ -83,7 +83,7 @@ def _forward_kernel(cfg: TileConfig, scale: float, n_chunks: int,
 
 
 def chunk_scratch(cfg, Kp, Vp):
-    C = cfg.chunk
+    C = cfg.chunk_size
     return [
         pltpu.VMEM((Kp, Vp), F32),  # state carry
         pltpu.VMEM((C, Kp), F32),  # q
@@ -103,7 +103,7 @@ def forward_call(cfg: TileConfig, scale: float, BH: int, n_chunks: int, Kp: int,
     Layout: ``q, k, G, Gl, b: [BH, n_chunks*C, Kp]``, ``v, w: [BH, n_chunks*C, Vp]``,
     ``h0: [BH, Kp, Vp]``; ``G + Gl`` is the in-chunk cumulative log-decay as a two-float sum.
     """
-    C = cfg.chunk
+    C = cfg.chunk_size
     Tp = n_chunks * C
     kspec = pl.BlockSpec((None, C, Kp), lambda i, c: (i, c, 0))
     vspec = pl.BlockSpec((None, C, Vp), lambda i, c: (i, c, 0))
@@ -125,5 +125,5 @@ def forward_call(cfg: TileConfig, scale: float, BH: int, n_chunks: int, Kp: int,
             dimension_semantics=("parallel", "arbitrary"),
             vmem_limit_bytes=vmem_limit_bytes(cfg, Kp, Vp, itemsize)),
         interpret=interpret,
-        name=f"gdn2_fwd_{cfg.method}_c{cfg.chunk}",
+        name=f"gdn2_fwd_{cfg.method}_c{cfg.chunk_size}",
     )

@@ -41,7 +41,7 @@ from .config import TileConfig
 
 def window(cfg: TileConfig) -> int:
     """Width of the pairwise window: the whole chunk (pairwise) or one leaf (factorized)."""
-    return cfg.chunk if cfg.method == "pairwise" else cfg.leaf
+    return cfg.chunk_size if cfg.method == "pairwise" else cfg.leaf
 
 
 def gdiff(hi_a, lo_a, hi_b, lo_b):
@@ -107,7 +107,7 @@ def decay_window(g_ref, gl_ref, r, lo, n):
 
 def scores_forward(cfg: TileConfig, g_ref, gl_ref, q_ref, k_ref, bk_ref, mq_ref, mbk_ref):
     """Fill ``mq_ref``/``mbk_ref`` [C, C] with the full (unmasked below the diagonal) score tiles."""
-    C = cfg.chunk
+    C = cfg.chunk_size
     n = window(cfg)
     if cfg.method == "factorized":
         G, Gl = g_ref[...], gl_ref[...]

@@ -29,7 +29,7 @@ def cross_mask(C, level):
 
 def wy_inverse(cfg: TileConfig, T, t_ref, a_ref):
     """``(I + T)^{-1}`` of a strictly lower ``[C, C]`` value ``T``; ``t_ref``/``a_ref`` are [C, C] scratch."""
-    C = cfg.chunk
+    C = cfg.chunk_size
     n = cfg.leaf
     t_ref[...] = T
     a_ref[...] = jnp.zeros((C, C), F32)

@@ -27,7 +27,7 @@ def _specs(B, dtype):
 
 
 def export_forward_backward(cfg, B, dtype):
-    fn = make_kernel(cfg.method, chunk=cfg.chunk, split=cfg.split, leaf=cfg.leaf, interpret=False)
+    fn = make_kernel(cfg.method, chunk_size=cfg.chunk_size, split=cfg.split, leaf=cfg.leaf, interpret=False)
 
     def fwd(q, k, v, g, b, w, h0):
         return fn(q, k, v, g, b, w, initial_state=h0)
@@ -55,8 +55,8 @@ def test_lowers_for_tpu(cfg, B, dtype):
     assert ef.platforms == ("tpu",) and eb.platforms == ("tpu",)
     fwd_txt, bwd_txt = ef.mlir_module(), eb.mlir_module()
     assert "tpu_custom_call" in fwd_txt and "tpu_custom_call" in bwd_txt
-    assert f"gdn2_fwd_{cfg.method}_c{cfg.chunk}" in fwd_txt
-    assert f"gdn2_bwd_{cfg.method}_c{cfg.chunk}" in bwd_txt
+    assert f"gdn2_fwd_{cfg.method}_c{cfg.chunk_size}" in fwd_txt
+    assert f"gdn2_bwd_{cfg.method}_c{cfg.chunk_size}" in bwd_txt
     o, s = ef.out_avals
     assert o.shape == (B, T, H, V) and o.dtype == dtype
     assert s.shape == (B, H, K, V) and s.dtype == jnp.float32
