@@ -8,31 +8,19 @@ test are deselected, not skipped.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from gdn2_oracle.property_tests import profiles
+from gdn2_oracle.property_tests.plugin import XFAILS, kernel_names
 from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
 HERE = Path(__file__).resolve().parent
 
 
 def _selected_names(config):
-    names = config.getoption("gdn2_kernel") or [n for n in os.environ.get("GDN2_KERNEL", "").split(",") if n.strip()]
-    return list(dict.fromkeys(n.strip() for n in names)) or list(DEFAULT_KERNELS)
-
-
-def _xfails(config):
-    path = config.getoption("gdn2_xfails")
-    if not path:
-        return []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise pytest.UsageError(f"--gdn2-xfails {path}: {exc.strerror or exc}") from None
-    return [ln.split("#", 1)[0].strip() for ln in lines if ln.split("#", 1)[0].strip()]
+    return kernel_names(config) or list(DEFAULT_KERNELS)
 
 
 def _ours(item):
@@ -42,12 +30,6 @@ def _ours(item):
 def pytest_configure(config):
     config._gdn2_profile = profiles.select(config)
     config._gdn2_kernel_names = _selected_names(config)
-    config._gdn2_xfails = _xfails(config)
-
-
-def pytest_report_header(config):
-    return (f"gdn2: hypothesis profile {config._gdn2_profile!r}; "
-            f"kernels {', '.join(config._gdn2_kernel_names)}")
 
 
 def selected_kernels(config):
@@ -102,7 +84,7 @@ def pytest_collection_modifyitems(config, items):
         if kernel is not None and owner is not None and getattr(kernel, "name", None) != owner:
             drop.append(item)
             continue
-        entry = _listed(item, config._gdn2_xfails)
+        entry = _listed(item, config.stash[XFAILS])
         if entry is not None:
             item.add_marker(pytest.mark.xfail(reason=f"listed in --gdn2-xfails ({entry})", strict=False))
         keep.append(item)

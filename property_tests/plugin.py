@@ -18,8 +18,35 @@ what acts on them::
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
+
 # The profile names (their settings live in property_tests/profiles.py, imported only when used).
 PROFILES = ("dev", "ci", "thorough")
+SLOW = "slow: long-running tests (deselect with -m 'not slow')"
+
+
+def _truthy(x):
+    return str(x).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def profile_name(config):
+    """The Hypothesis profile in force: --gdn2-profile, else env HYPOTHESIS_PROFILE, else ci when CI is true, else dev."""
+    return (config.getoption("gdn2_profile", default=None) or os.environ.get("HYPOTHESIS_PROFILE")
+            or ("ci" if _truthy(os.environ.get("CI", "")) else "dev"))
+
+
+def kernel_names(config):
+    """The kernels named by --gdn2-kernel or env GDN2_KERNEL (empty: the suite's default)."""
+    names = config.getoption("gdn2_kernel", default=None) or os.environ.get("GDN2_KERNEL", "").split(",")
+    return list(dict.fromkeys(n.strip() for n in names if n.strip()))
+
+
+def _asked(config):
+    return bool(kernel_names(config) or config.getoption("gdn2_profile", default=None)
+                or config.getoption("gdn2_xfails", default=None))
 
 
 def pytest_addoption(parser):
@@ -34,3 +61,31 @@ def pytest_addoption(parser):
     group.addoption("--gdn2-xfails", metavar="FILE", default=None,
                     help="file of test ids, test names or golden case names expected to fail for the "
                          "kernel under test (one per line; reported as xfail)")
+
+
+# The entries of --gdn2-xfails, read (and checked) when pytest starts.
+XFAILS = pytest.StashKey[list]()
+
+
+def _read_xfails(path):
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise pytest.UsageError(f"--gdn2-xfails {path}: {exc.strerror or exc}") from None
+    return [e for e in (ln.split("#", 1)[0].strip() for ln in lines) if e]
+
+
+def pytest_configure(config):
+    # The conformance suite marks its long tests; registered here because the installed suite has
+    # no ini file of its own (with --strict-markers an unregistered marker is an error).
+    config.addinivalue_line("markers", SLOW)
+    path = config.getoption("gdn2_xfails", default=None)
+    config.stash[XFAILS] = _read_xfails(path) if path else []
+
+
+def pytest_report_header(config):
+    """One header line, only in a run that uses the suite's options."""
+    if _asked(config):
+        names = kernel_names(config) or ["the default set"]
+        return f"gdn2: hypothesis profile {profile_name(config)!r}; kernels {', '.join(names)}"
+    return None

@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-import os
-
 from hypothesis import HealthCheck, settings
+
+from .plugin import profile_name
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
                print_blob=True)
@@ -20,17 +20,8 @@ settings.register_profile("ci", max_examples=10, derandomize=True, database=None
 settings.register_profile("thorough", max_examples=60, **_COMMON)
 
 
-def _truthy(x):
-    return str(x).strip().lower() not in ("", "0", "false", "no", "off")
-
-
-def default_profile():
-    """The profile chosen by the environment: HYPOTHESIS_PROFILE, else ``ci`` when CI is true, else ``dev``."""
-    return os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _truthy(os.environ.get("CI", "")) else "dev")
-
-
 def select(config):
-    """Load and return the profile in force: ``--gdn2-profile`` wins over the environment."""
-    name = config.getoption("gdn2_profile", default=None) or default_profile()
+    """Load and return the profile in force (``plugin.profile_name``: --gdn2-profile, then the environment)."""
+    name = profile_name(config)
     settings.load_profile(name)
     return name

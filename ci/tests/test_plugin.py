@@ -1,0 +1,69 @@
+"""The ``gdn2_oracle`` pytest plugin: present once installed, silent unless asked, and its options work.
+
+Each test runs pytest in a subprocess from a temporary directory outside the repository, as a
+kernel author would from their own repository.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+WRONG = "gdn2_oracle.kernels.testing:perturbed"
+ONE_GOLDEN = ["-k", "test_kernel_matches_golden and len_1"]
+
+
+def pytest_run(cwd, *args, timeout=600):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_options_are_registered(tmp_path):
+    code, out = pytest_run(tmp_path, "--help")
+    assert code == 0, out
+    for option in ("--gdn2-kernel", "--gdn2-profile", "--gdn2-xfails"):
+        assert option in out, f"{option} missing from pytest --help"
+
+
+def test_plugin_adds_nothing_to_an_unrelated_run(tmp_path):
+    (tmp_path / "test_other.py").write_text(
+        "import sys\n\n"
+        "def test_nothing_of_ours_loaded(request):\n"
+        "    assert 'jax' not in sys.modules\n"
+        "    assert not [m for m in sys.modules if m.startswith('gdn2_oracle.') and not m.endswith('plugin')\n"
+        "                and m != 'gdn2_oracle.property_tests']\n"
+        "    assert not [f for f in request.fixturenames if 'gdn2' in f or f == 'kernel']\n")
+    code, out = pytest_run(tmp_path, "-q")
+    assert code == 0 and "1 passed" in out, out
+    assert "gdn2:" not in out  # no report header either
+    code, out = pytest_run(tmp_path, "--fixtures", "-q")
+    assert code == 0 and "gdn2" not in out.lower(), out
+
+
+@pytest.mark.slow
+def test_gdn2_kernel_selects_the_kernel_and_a_wrong_one_fails(tmp_path):
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-kernel", WRONG, *ONE_GOLDEN)
+    assert code == 1 and "1 failed" in out and WRONG in out, out
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-kernel", "pairwise",
+                           "--gdn2-profile", "dev", *ONE_GOLDEN)
+    assert code == 0 and "1 passed" in out and "hypothesis profile 'dev'" in out, out
+
+
+@pytest.mark.slow
+def test_gdn2_xfails_reports_listed_tests_as_xfail(tmp_path):
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("# known failures of this kernel\ntest_kernel_matches_golden  # output scaled by 1e-3\n")
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-kernel", WRONG,
+                           "--gdn2-xfails", str(xfails), *ONE_GOLDEN, "-rx")
+    assert code == 0 and "1 xfailed" in out and "listed in --gdn2-xfails" in out, out
+
+
+def test_gdn2_xfails_missing_file_is_a_usage_error(tmp_path):
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-xfails",
+                           str(tmp_path / "nope.txt"), "--collect-only", "-q")
+    assert code == 4 and "--gdn2-xfails" in out and "nope.txt" in out, out

@@ -1,0 +1,1 @@
+"""The GDN-2 conformance suite: ``pytest --pyargs gdn2_oracle.property_tests --gdn2-kernel NAME``."""
