@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from . import wy
-from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs
+from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs, floor_log_decay
 from .decay import Factorized, Pairwise, gap, log_decay
 
 CHUNK_RANGE = (16, 256)
@@ -205,10 +205,11 @@ def from_chunks(o, T):
 
 @partial(jax.jit, static_argnums=0)
 def _run(cfg, q, k, v, g, b, w, h0):
-    """Pad, chunk, run the custom_vjp core, unchunk; output in v.dtype, final state float32."""
+    """Floor g, pad, chunk, run the custom_vjp core, unchunk; output in v.dtype, final state float32."""
     B, T, H, K = q.shape
     if h0 is None:
         h0 = jnp.zeros((B, H, K, v.shape[-1]), ACC_DTYPE)
+    g = floor_log_decay(g)  # outside the custom_vjp: its gradient zeroes dg below the floor
     xs = [to_chunks(x, cfg.chunk_size) for x in (q, k, v, g, b, w)]
     o, hT = chunked_core(cfg, *xs, h0)
     return from_chunks(o, T).astype(v.dtype), hT

@@ -18,6 +18,11 @@ INPUT_DTYPES = (jnp.float32, jnp.bfloat16)
 ACC_DTYPE = jnp.float32
 STATE_DTYPE = jnp.float32
 MATMUL_PRECISION = jax.lax.Precision.HIGHEST
+# Log-decays below this are raised to it before any cumulative sum (every kernel, :func:`floor_log_decay`).
+# exp underflows to exactly 0 in float32 from ~-104 on, so every factor spanning such a token is 0 either way;
+# without the floor, sums of huge finite g (-3e38) overflow to -inf and the decay exponents become inf - inf.
+# -2^11 is exact in bfloat16 and below the generator's resets (~-1e3), which stay untouched.
+LOG_DECAY_FLOOR = -2048.0
 
 
 class Shape(NamedTuple):
@@ -74,6 +79,11 @@ def check_inputs(q, k, v, g, b, w, *, scale=None, initial_state=None, check_valu
     if check_values:
         check_finite_values(named, initial_state)
     return Shape(B, T, H, K, V), scale
+
+
+def floor_log_decay(g):
+    """max(g, LOG_DECAY_FLOOR) in g's dtype, with gradient 0 below the floor (as d/dg of exp(g) S there)."""
+    return jnp.where(g < LOG_DECAY_FLOOR, jnp.asarray(LOG_DECAY_FLOOR, g.dtype), g)
 
 
 def check_finite_values(named, initial_state=None):
