@@ -10,7 +10,8 @@ follows the kernel contract of docs/DESIGN.md §2. Around the two ``pallas_call`
   the state passes through unchanged and their outputs are dropped), and ``K``/``V`` to multiples of
   128 with zero channels (exact: a zero key channel never writes its state row, a zero value column
   stays zero, and neither touches the real channels, forward or backward);
-* computes the in-chunk cumulative log-decay ``G`` as a compensated two-float sum ``hi + lo``.
+* raises ``g`` to ``contract.LOG_DECAY_FLOOR`` (exp is 0 there anyway; huge finite ``g`` would overflow ``G``)
+  and computes the in-chunk cumulative log-decay ``G`` as a compensated two-float sum ``hi + lo``.
 
 The forward saves only the per-chunk entering states; the backward kernel recomputes the rest.
 """
@@ -22,7 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ..contract import ACC_DTYPE, check_inputs
+from ..contract import ACC_DTYPE, check_inputs, floor_log_decay
 from .backward import backward_call
 from .config import LANE, TileConfig, pad_to
 from .scan import forward_call
@@ -189,4 +190,5 @@ def gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None, config: TileConfig
     if initial_state is None:
         initial_state = jnp.zeros((shape.B, shape.H, shape.K, shape.V), ACC_DTYPE)
     check_interpret(interpret)
+    g = floor_log_decay(g)  # outside the custom_vjp: its gradient zeroes dg below the floor
     return _gdn2(q, k, v, g, b, w, initial_state, scale, cfg, interpret)

@@ -55,11 +55,11 @@ class _Fwd(NamedTuple):
     R: Any  # A W0
 
 
-def _recompute(cfg, q_ref, k_ref, g_ref, gl_ref, b_ref, v_ref, w_ref, st_ref, q32, k32, bk32, mq, mbk, t_scr, a_scr):
+def _recompute(cfg, q_ref, k_ref, g_ref, gl_ref, b_ref, v_ref, w_ref, st_ref, q32, k32, bk32, mq, mbk):
     """Forward recompute from S0: Aqk, A = (I + T)^{-1}, W0 = Z - Ebar S0, R = A W0 (as in scan.py)."""
     C = q_ref.shape[0]
     q, k, bk = load_chunk(q_ref, k_ref, b_ref, q32, k32, bk32)
-    aqk, A = chunk_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk, t_scr, a_scr)
+    aqk, A = chunk_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk)
     G, Gl = g_ref[...], gl_ref[...]
     gamma = jnp.exp(G + Gl)
     gC, gCl = G[C - 1:C, :], Gl[C - 1:C, :]
@@ -120,7 +120,7 @@ def _gate_path(f, dqg, debar, dkd, dq_s, dbk_s, dk_s, dS):
 def _backward_kernel(cfg: TileConfig, scale: float, n_chunks: int,
                      q_ref, k_ref, g_ref, gl_ref, b_ref, v_ref, w_ref, st_ref, do_ref, dfin_ref,
                      dq_ref, dk_ref, dg_ref, db_ref, dv_ref, dw_ref, dh0_ref,
-                     ds_scr, q32, k32, bk32, mq, mbk, t_scr, a_scr,
+                     ds_scr, q32, k32, bk32, mq, mbk,
                      wq, wt, wqt, wtt, dq_side, dbk_side, dk_side):
     """One chunk of the reverse scan: recompute, then the state, WY, score and gate paths of the adjoint."""
     c = pl.program_id(1)
@@ -129,8 +129,7 @@ def _backward_kernel(cfg: TileConfig, scale: float, n_chunks: int,
     def _():
         ds_scr[...] = dfin_ref[...]
 
-    f = _recompute(cfg, q_ref, k_ref, g_ref, gl_ref, b_ref, v_ref, w_ref, st_ref, q32, k32, bk32, mq, mbk,
-                   t_scr, a_scr)
+    f = _recompute(cfg, q_ref, k_ref, g_ref, gl_ref, b_ref, v_ref, w_ref, st_ref, q32, k32, bk32, mq, mbk)
     dS = ds_scr[...]
     do = do_ref[...].astype(F32)
     dR, dkd, dqg = _state_path(scale, f, do, dS)

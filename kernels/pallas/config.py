@@ -9,8 +9,9 @@ A :class:`TileConfig` fixes everything static about one kernel build:
 * ``chunk_size``: tokens per chunk (64, 128 or 256; the pure-JAX kernels' option name);
 * ``split``: the top-level boundary, i.e. the number of tokens in the earlier block
   (``None``: ``chunk_size // 2``; lower levels split their block at the middle, rounded to ``leaf``);
-* ``leaf``: the recursion stops at blocks of ``leaf`` tokens (8, 16 or 32). The same tree drives the
-  blocked WY inverse in both methods (forward substitution inside leaves, block merges above).
+* ``leaf``: the recursion stops at blocks of ``leaf`` tokens (8, 16 or 32). The same tree, continued
+  dyadically inside the leaves down to single tokens, drives the WY inverse in both methods
+  (matmul-only block merges, wy.py).
 
 ``SWEEP`` lists the configurations the benchmark sweeps; ``vmem_footprint`` estimates the VMEM a
 configuration needs from its block shapes (double-buffered inputs/outputs, scratch, live temporaries).
@@ -32,6 +33,10 @@ MIB = 1 << 20
 # v5e/v6e TensorCore (v5p/v4: 95/32 MiB on some chips; 128 MiB is the upper budget here).
 DEFAULT_SCOPED_VMEM = 16 * MIB
 VMEM_BUDGET = 128 * MIB
+# Float32 bytes of one [rows, keys, K] pairwise decay slab of the score pass (score.pair_tiles).
+SLAB_BYTES = 512 * 1024
+# Slab-sized values live at once in the score pass (decay, decayed keys, products, reduction input).
+LIVE_SLABS = 4
 
 
 @dataclass(frozen=True)
@@ -124,12 +129,25 @@ def _tile_bytes(rows, cols, itemsize):
     return pad_to(max(rows, 1), sub) * pad_to(max(cols, 1), LANE) * itemsize
 
 
+def slab_rows(cfg: TileConfig, K: int) -> int:
+    """Rows per pairwise decay slab: a leaf (factorized) or as many as fit ``SLAB_BYTES`` (pairwise)."""
+    if cfg.method == "factorized":
+        return cfg.leaf
+    return max(1, min(cfg.chunk_size, SLAB_BYTES // (4 * cfg.chunk_size * K)))
+
+
+def pair_slab_bytes(cfg: TileConfig, K: int) -> int:
+    """VMEM bytes of one ``[rows, keys, K]`` float32 decay slab (keys: a leaf or the chunk), tile-padded."""
+    keys = cfg.leaf if cfg.method == "factorized" else cfg.chunk_size
+    return slab_rows(cfg, K) * _tile_bytes(keys, K, 4)
+
+
 def vmem_footprint(cfg: TileConfig, K=128, V=128, in_itemsize=4, *, backward=False):
     """Estimated VMEM bytes of one kernel instance: ``{"inputs", "outputs", "scratch", "temporaries", "total"}``.
 
     Blocks are padded to TPU tiles; pipelined inputs and outputs count twice (double buffering).
     ``temporaries`` is a conservative allowance for values the compiler keeps live in VMEM
-    (score, WY and gate tiles). ``K``/``V`` are the (padded) key/value widths.
+    (score, WY and gate tiles, ``LIVE_SLABS`` pairwise decay slabs). ``K``/``V`` are the (padded) key/value widths.
     """
     C = cfg.chunk_size
     Kp, Vp = pad_to(K, LANE), pad_to(V, LANE)
@@ -140,22 +158,23 @@ def vmem_footprint(cfg: TileConfig, K=128, V=128, in_itemsize=4, *, backward=Fal
     cv32 = _tile_bytes(C, Vp, 4)
     cc32 = _tile_bytes(C, C, 4)
     kv32 = _tile_bytes(Kp, Vp, 4)
+    slabs = LIVE_SLABS * pair_slab_bytes(cfg, Kp)
     if not backward:
         # q, k, b (input dtype), G (f32) ; v, w ; h0 state
         inputs = 3 * ck_in + ck32 + 2 * cv_in + kv32
         # o (input dtype), per-chunk state, final state
         outputs = cv_in + 2 * kv32
-        # S carry ; q32, k32, bk32 ; Mq, Mbk, A
-        scratch = kv32 + 3 * ck32 + 3 * cc32
-        temporaries = 8 * ck32 + 4 * cv32 + 4 * cc32
+        # S carry ; q32, k32, bk32 ; Mq, Mbk
+        scratch = kv32 + 3 * ck32 + 2 * cc32
+        temporaries = 8 * ck32 + 4 * cv32 + 4 * cc32 + slabs
     else:
         # q, k, b, G ; v, w, dO ; entering state, dfinal
         inputs = 3 * ck_in + ck32 + 3 * cv_in + 2 * kv32
         # dq, dk, db, dG (f32) ; dv, dw (f32) ; dh0
         outputs = 4 * ck32 + 2 * cv32 + kv32
-        # dS carry ; q32, k32, bk32 ; Mq, Mbk, A, 4 score cotangents ; 3 score-side accumulators
-        scratch = kv32 + 3 * ck32 + 7 * cc32 + 3 * ck32
-        temporaries = 16 * ck32 + 8 * cv32 + 8 * cc32 + 2 * kv32
+        # dS carry ; q32, k32, bk32 ; Mq, Mbk, 4 score cotangents ; 3 score-side accumulators
+        scratch = kv32 + 3 * ck32 + 6 * cc32 + 3 * ck32
+        temporaries = 16 * ck32 + 8 * cv32 + 8 * cc32 + 2 * kv32 + slabs
     inputs *= 2
     outputs *= 2
     total = inputs + outputs + scratch + temporaries

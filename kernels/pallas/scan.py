@@ -30,7 +30,7 @@ from .wy import wy_inverse
 
 
 def load_chunk(q_ref, k_ref, b_ref, q32, k32, bk32):
-    """Upcast the chunk's q, k and b*k into float32 scratch (row loops read f32 rows from there)."""
+    """Upcast the chunk's q, k and b*k into float32 scratch (the score pass reads them from there)."""
     q = q_ref[...].astype(F32)
     k = k_ref[...].astype(F32)
     bk = b_ref[...].astype(F32) * k
@@ -40,20 +40,20 @@ def load_chunk(q_ref, k_ref, b_ref, q32, k32, bk32):
     return q, k, bk
 
 
-def chunk_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk, t_scr, a_scr):
+def chunk_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk):
     """Score tiles and WY inverse of the chunk in the refs: returns ``(Aqk, A)`` as values."""
     scores_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk)
     masks = tri_masks(cfg.chunk_size)
     aqk = jnp.where(masks["lower"], mq[...], 0.0)
     T = jnp.where(masks["strict_lower"], mbk[...], 0.0)
-    A = wy_inverse(cfg, T, t_scr, a_scr)
+    A = wy_inverse(cfg, T)
     return aqk, A
 
 
 def _forward_kernel(cfg: TileConfig, scale: float, n_chunks: int,
                     q_ref, k_ref, g_ref, gl_ref, b_ref, v_ref, w_ref, h0_ref,
                     o_ref, st_ref, fin_ref,
-                    s_scr, q32, k32, bk32, mq, mbk, t_scr, a_scr):
+                    s_scr, q32, k32, bk32, mq, mbk):
     c = pl.program_id(1)
     C = cfg.chunk_size
 
@@ -62,7 +62,7 @@ def _forward_kernel(cfg: TileConfig, scale: float, n_chunks: int,
         s_scr[...] = h0_ref[...]
 
     q, k, bk = load_chunk(q_ref, k_ref, b_ref, q32, k32, bk32)
-    aqk, A = chunk_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk, t_scr, a_scr)
+    aqk, A = chunk_forward(cfg, g_ref, gl_ref, q32, k32, bk32, mq, mbk)
 
     G, Gl = g_ref[...], gl_ref[...]
     gamma = jnp.exp(G + Gl)
@@ -91,8 +91,6 @@ def chunk_scratch(cfg, Kp, Vp):
         pltpu.VMEM((C, Kp), F32),  # b * k
         pltpu.VMEM((C, C), F32),  # Mq
         pltpu.VMEM((C, C), F32),  # Mbk
-        pltpu.VMEM((C, C), F32),  # T (WY rows)
-        pltpu.VMEM((C, C), F32),  # A
     ]
 
 

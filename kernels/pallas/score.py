@@ -10,16 +10,17 @@ and, in the backward, the two contractions of a cotangent ``W [C, C]`` against t
     rowop(W, X)[r, c] = sum_s W[r, s] X[s, c] exp(G[r, c] - G[s, c])
     colop(W, X)[s, c] = sum_r W[r, s] X[r, c] exp(G[r, c] - G[s, c])
 
-**Pairwise** (``method="pairwise"``): a loop over query rows ``r``; each step materialises the
-``[C, K]`` slab ``exp(min(G_r - G_s, 0))`` for every key ``s`` -- one ``exp`` per pair per channel,
-``C*C*K`` per chunk -- and reduces it over channels on the MXU.
+**Pairwise** (``method="pairwise"``): whole-tile vector work, no row loop. Rows are taken in
+independent slabs of ``R`` rows (``R x C x K`` float32 within ``config.SLAB_BYTES``); each slab materialises
+``exp(min(G_r - G_s, 0))`` [R, C, K] for every key ``s`` -- one ``exp`` per pair per channel, ``C*C*K``
+per chunk -- and reduces it over channels (forward, ``rowop``) or over rows (``colop``).
 
 **Factorized**: each level of the split tree (``TileConfig.levels``) contributes its cross tiles
 ``rows [m, hi) x cols [lo, m)`` as one ``C x K x C`` MXU product of rows scaled by
 ``F = exp(-|G - G_anchor|)`` (``exp(G_r - G_m)`` for later rows, ``exp(G_m - G_s)`` for earlier ones,
 both ``<= 1``; one ``exp`` per token per channel per level). Only the ``leaf x leaf`` diagonal tiles
-use the pairwise row loop, restricted to the leaf window (``C*leaf*K`` exps), and are moved to their
-lanes by a one-hot placement product.
+are pairwise, one ``[leaf, leaf, K]`` slab each (``C*leaf*K`` exps), moved to their lanes by a
+one-hot placement product.
 
 ``G`` is carried as an unevaluated float32 sum ``hi + lo`` (a compensated in-chunk cumulative sum):
 every exponent is formed as ``(hi_r - hi_s) + (lo_r - lo_s)``. After a reset (``g ~ -1e3``) the
@@ -31,17 +32,10 @@ All functions run inside a Pallas kernel body and work on float32 VMEM refs of o
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
 from ._ops import F32, dot, dot_nt, iota, placement, placement_t
-from .config import TileConfig
-
-
-def window(cfg: TileConfig) -> int:
-    """Width of the pairwise window: the whole chunk (pairwise) or one leaf (factorized)."""
-    return cfg.chunk_size if cfg.method == "pairwise" else cfg.leaf
+from .config import TileConfig, slab_rows
 
 
 def gdiff(hi_a, lo_a, hi_b, lo_b):
@@ -72,43 +66,28 @@ def level_factors(G, Gl, level):
     return F, later, earlier, cross, cross_t
 
 
-PAIRWISE_UNROLL = 4
+def pair_tiles(cfg: TileConfig, K: int):
+    """The pairwise tiles as slabs ``(r0, R, s0, n)``: rows ``[r0, r0 + R)`` x keys ``[s0, s0 + n)``.
 
-
-def for_rows(C, n, fn):
-    """Call ``fn(r, lo)`` for every row ``r`` of the chunk, ``lo`` the start of its ``n``-window.
-
-    With ``n < C`` the loop runs over the position ``j`` inside a window and, unrolled, over the
-    ``C // n`` windows: the rows of one step are independent (different windows), so their small
-    MXU products can overlap, and ``lo`` is static. With ``n == C`` (pairwise) it is a plain loop
-    over rows, unrolled by ``PAIRWISE_UNROLL``.
+    Pairwise: the whole key range, rows in slabs of ``R`` with ``R * C * K`` float32 within
+    ``config.SLAB_BYTES``; factorized: one slab per ``leaf x leaf`` diagonal tile. Slabs are independent.
     """
-    if n == C:
-        def body(r, carry):
-            fn(r, 0)
-            return carry
-
-        jax.lax.fori_loop(0, C, body, 0, unroll=PAIRWISE_UNROLL)
-        return
-
-    def body(j, carry):
-        for blk in range(C // n):
-            fn(blk * n + j, blk * n)
-        return carry
-
-    jax.lax.fori_loop(0, n, body, 0)
+    C = cfg.chunk_size
+    if cfg.method == "factorized":
+        return [(lo, cfg.leaf, lo, cfg.leaf) for lo in range(0, C, cfg.leaf)]
+    R = slab_rows(cfg, K)
+    return [(r0, min(R, C - r0), 0, C) for r0 in range(0, C, R)]
 
 
-def decay_window(g_ref, gl_ref, r, lo, n):
-    """``exp(min(G_r - G_s, 0))`` for the ``n`` keys ``s`` of the window starting at ``lo``: [n, K]."""
-    d = gdiff(g_ref[pl.ds(r, 1), :], gl_ref[pl.ds(r, 1), :], g_ref[pl.ds(lo, n), :], gl_ref[pl.ds(lo, n), :])
+def decay_slab(G, Gl, r0, R, s0, n):
+    """``exp(min(G_r - G_s, 0))`` for rows ``[r0, r0 + R)`` x keys ``[s0, s0 + n)``: [R, n, K]."""
+    d = gdiff(G[r0:r0 + R, None, :], Gl[r0:r0 + R, None, :], G[None, s0:s0 + n, :], Gl[None, s0:s0 + n, :])
     return jnp.exp(jnp.minimum(d, 0.0))
 
 
 def scores_forward(cfg: TileConfig, g_ref, gl_ref, q_ref, k_ref, bk_ref, mq_ref, mbk_ref):
     """Fill ``mq_ref``/``mbk_ref`` [C, C] with the full (unmasked below the diagonal) score tiles."""
     C = cfg.chunk_size
-    n = window(cfg)
     if cfg.method == "factorized":
         G, Gl = g_ref[...], gl_ref[...]
         q, k, bk = q_ref[...], k_ref[...], bk_ref[...]
@@ -122,19 +101,19 @@ def scores_forward(cfg: TileConfig, g_ref, gl_ref, q_ref, k_ref, bk_ref, mq_ref,
         mq_ref[...] = mq
         mbk_ref[...] = mbk
 
-    def row(r, lo):
-        ke = k_ref[pl.ds(lo, n), :] * decay_window(g_ref, gl_ref, r, lo, n)
-        mq_r = dot_nt(q_ref[pl.ds(r, 1), :], ke)
-        mb_r = dot_nt(bk_ref[pl.ds(r, 1), :], ke)
+    G, Gl = g_ref[...], gl_ref[...]
+    q, k, bk = q_ref[...], k_ref[...], bk_ref[...]
+    for r0, R, s0, n in pair_tiles(cfg, k.shape[1]):
+        ke = k[None, s0:s0 + n, :] * decay_slab(G, Gl, r0, R, s0, n)  # [R, n, K]
+        mq_t = jnp.sum(q[r0:r0 + R, None, :] * ke, axis=2)  # [R, n]
+        mb_t = jnp.sum(bk[r0:r0 + R, None, :] * ke, axis=2)
         if n == C:
-            mq_ref[pl.ds(r, 1), :] = mq_r
-            mbk_ref[pl.ds(r, 1), :] = mb_r
+            mq_ref[r0:r0 + R, :] = mq_t
+            mbk_ref[r0:r0 + R, :] = mb_t
         else:
-            P = placement(lo, n, C)
-            mq_ref[pl.ds(r, 1), :] += dot(mq_r, P)
-            mbk_ref[pl.ds(r, 1), :] += dot(mb_r, P)
-
-    for_rows(C, n, row)
+            P = placement(s0, n, C)
+            mq_ref[r0:r0 + R, :] += dot(mq_t, P)
+            mbk_ref[r0:r0 + R, :] += dot(mb_t, P)
 
 
 def scores_backward(cfg: TileConfig, g_ref, gl_ref, q_ref, k_ref, bk_ref, wq_ref, wt_ref, wqt_ref, wtt_ref,
@@ -143,7 +122,6 @@ def scores_backward(cfg: TileConfig, g_ref, gl_ref, q_ref, k_ref, bk_ref, wq_ref
     ``dk_ref = colop(Wq, q) + colop(Wt, bk)`` where ``Wq = dMq``, ``Wt = dMbk`` (already masked)
     and ``wqt_ref``/``wtt_ref`` hold their transposes."""
     C, K = q_ref.shape
-    n = window(cfg)
     if cfg.method == "factorized":
         G, Gl = g_ref[...], gl_ref[...]
         q, k, bk = q_ref[...], k_ref[...], bk_ref[...]
@@ -168,22 +146,16 @@ def scores_backward(cfg: TileConfig, g_ref, gl_ref, q_ref, k_ref, bk_ref, wq_ref
         dbk_ref[...] = jnp.zeros((C, K), F32)
         dk_ref[...] = jnp.zeros((C, K), F32)
 
-    def row(r, lo):
-        e = decay_window(g_ref, gl_ref, r, lo, n)  # [n, K]: exp(G_r - G_s), s in window
-        ke = k_ref[pl.ds(lo, n), :] * e
-        wq_r = wq_ref[pl.ds(r, 1), :]
-        wt_r = wt_ref[pl.ds(r, 1), :]
+    G, Gl = g_ref[...], gl_ref[...]
+    q, k, bk = q_ref[...], k_ref[...], bk_ref[...]
+    for r0, R, s0, n in pair_tiles(cfg, K):
+        e = decay_slab(G, Gl, r0, R, s0, n)  # [R, n, K]: exp(G_r - G_s)
+        wq_w, wt_w = wq_ref[r0:r0 + R, :], wt_ref[r0:r0 + R, :]
         if n != C:
-            Pt = placement_t(lo, n, C)
-            wq_r = dot(wq_r, Pt)
-            wt_r = dot(wt_r, Pt)
-        dq_ref[pl.ds(r, 1), :] += dot(wq_r, ke)
-        dbk_ref[pl.ds(r, 1), :] += dot(wt_r, ke)
-        # Column r of W over the window rows s, read from the transposes with a lane mask.
-        lane_r = iota((n, C), 1) == r
-        cq = jnp.sum(jnp.where(lane_r, wqt_ref[pl.ds(lo, n), :], 0.0), axis=1, keepdims=True)
-        ct = jnp.sum(jnp.where(lane_r, wtt_ref[pl.ds(lo, n), :], 0.0), axis=1, keepdims=True)
-        contrib = (cq * q_ref[pl.ds(r, 1), :] + ct * bk_ref[pl.ds(r, 1), :]) * e
-        dk_ref[pl.ds(lo, n), :] += contrib
-
-    for_rows(C, n, row)
+            Pt = placement_t(s0, n, C)
+            wq_w, wt_w = dot(wq_w, Pt), dot(wt_w, Pt)  # [R, n]: lanes [s0, s0 + n)
+        wq3, wt3 = wq_w[:, :, None], wt_w[:, :, None]
+        ke = k[None, s0:s0 + n, :] * e
+        dq_ref[r0:r0 + R, :] += jnp.sum(wq3 * ke, axis=1)
+        dbk_ref[r0:r0 + R, :] += jnp.sum(wt3 * ke, axis=1)
+        dk_ref[s0:s0 + n, :] += jnp.sum((wq3 * q[r0:r0 + R, None, :] + wt3 * bk[r0:r0 + R, None, :]) * e, axis=0)
