@@ -10,16 +10,26 @@ REPORTS := reports
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# Besides the project: for the torch bridge's tests, the CPU build of torch 2.13.0 (a local wheel on these
+# machines; an unpinned torch pulls a CUDA build of several GB) and FLA's pure-PyTorch references (fla-core
+# needs only einops; no Triton). --no-deps keeps pip from resolving fla-core's and torch's own requirements
+# (Triton, a CUDA torch); their small pure-Python dependencies follow on the next line. sympy (autograd
+# imports it) caps mpmath < 1.4; sympy 1.14 runs with the mpmath 1.4 installed here (pip warns only).
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps torch==2.13.0 sympy==1.14.0 fla-core==0.6.0
+	$(PY) -m pip install -q filelock 'typing-extensions>=4.10' networkx jinja2 fsspec 'einops>=0.8'
 	touch $(STAMP)
 
 # The whole suite: the conformance suite (property_tests/) and every package's own tests (*/tests/).
 # The venv's pytest, not `python -m pytest`: the repository root must not be on sys.path, so a
 # bare `import kernels` (instead of gdn2_oracle.kernels) fails here as it would when installed.
+# JAX's persistent compilation cache in .jax-cache/ (gitignored): the suite's many subprocesses (plugin,
+# packaging, README commands, 8-device mesh runs) reuse programs compiled once; a second run reuses all.
 test: $(STAMP)
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
+		$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The main job: validate our kernels against the oracle and the goldens, then a validated benchmark.
 check: $(STAMP)
@@ -33,4 +43,4 @@ bench: $(STAMP)
 	$(VENV)/bin/pytest ci/benchmarks --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks $(REPORTS)
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache $(REPORTS)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +14,7 @@ import numpy as np
 from gdn2_oracle import oracle
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 
+from . import mesh as mesh_lib
 from .tolerance import Report, baseline, compare, dtype_name
 
 
@@ -21,13 +25,45 @@ def _check_dtype(dtype):
     return jnp.dtype(dtype)
 
 
+class ContractError(ValueError):
+    """A kernel's results break the contract of docs/DESIGN.md §2; the message says how, in plain words."""
+
+
+class KernelError(RuntimeError):
+    """A kernel raised inside a host callback (e.g. a torch kernel); the message is the callback's exception."""
+
+
+def check_results(out, q, v):
+    """ContractError unless ``out`` is ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype, the final state
+    ``[B, H, K, V]`` float32, for inputs ``q`` ``[B, T, H, K]`` and ``v`` (NaN/inf is judged by ci.tolerance)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    want = {"o": ((B, T, H, V), jnp.dtype(v.dtype), " (v's dtype)"),
+            "final_state": ((B, H, K, V), jnp.dtype(jnp.float32), "")}
+    if not isinstance(out, (tuple, list)):
+        what = f"one array of shape {tuple(out.shape)}" if hasattr(out, "shape") else f"a {type(out).__name__}"
+        raise ContractError(f"returned {what}, expected 2 results (o, final_state)")
+    if len(out) != len(want):
+        raise ContractError(f"returned {len(out)} results, expected 2 (o, final_state)")
+    for (name, (shape, dtype, why)), x in zip(want.items(), out):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise ContractError(f"returned {name} = {x!r:.60}, expected an array of shape {shape}")
+        if tuple(x.shape) != shape:
+            raise ContractError(f"returned {name} of shape {tuple(x.shape)}, expected {shape}")
+        if jnp.dtype(x.dtype) != dtype:
+            raise ContractError(f"returned {name} of dtype {jnp.dtype(x.dtype).name}, expected {dtype.name}{why}")
+
+
 @functools.lru_cache(maxsize=None)
 def runner(fn):
-    """A jitted ``(inputs, h0, do, dfs, scale) -> results`` for kernel ``fn`` (compiled once per shape)."""
+    """A jitted ``(inputs, h0, do, dfs, scale) -> results`` for kernel ``fn`` (compiled once per shape);
+    a result that breaks the contract raises ContractError while tracing."""
 
     def run(inputs, h0, do, dfs, scale):
         def call(q, k, v, g, b, w, h0):
-            return fn(q, k, v, g, b, w, scale=scale, initial_state=h0)
+            out = fn(q, k, v, g, b, w, scale=scale, initial_state=h0)
+            check_results(out, q, v)
+            return tuple(out)
 
         (o, S), pullback = jax.vjp(call, *inputs, h0)
         grads = pullback((do.astype(o.dtype), dfs))
@@ -44,16 +80,57 @@ def device_inputs(problem: oracle.Problem, do, dfinal_state, dtype="float32"):
     return inputs, h0, jnp.asarray(do, dtype=jdt), jnp.asarray(dfinal_state, dtype=jnp.float32)
 
 
-def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="float32"):
+def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="float32", mesh=None):
     """``{name: np.ndarray}`` for o, final_state and the seven gradients, in the dtypes the kernel returned.
 
     The kernel sees exactly the problem's values (they are representable in ``dtype`` when the
     problem was generated or rounded for it; otherwise the rounding is the caller's choice).
+    With a ``mesh`` (ci/mesh.py; default: the one set by ``jax.set_mesh``, if any) the inputs are placed
+    with NamedSharding and the kernel runs inside it.
     """
     inputs, h0, jdo, jdfs = device_inputs(problem, do, dfinal_state, dtype)
-    out = runner(fn)(inputs, h0, jdo, jdfs, problem.scale)
-    out = jax.block_until_ready(out)
-    return {name: np.asarray(x) for name, x in zip(RESULTS, out)}
+    mesh = mesh_lib.current() if mesh is None else mesh
+    if mesh is not None:
+        (*inputs, jdo), h0 = mesh_lib.place(mesh, (*inputs, jdo), h0)
+    try:
+        with _quiet_callback_failures(), mesh_lib.using(mesh):
+            out = runner(fn)(tuple(inputs), h0, jdo, jdfs, problem.scale)
+            out = jax.block_until_ready(out)
+    except Exception as exc:  # noqa: BLE001 - JAX raises a callback's failure as JaxRuntimeError or ValueError
+        line = host_callback_error(exc)
+        if line is None:
+            raise
+        raise KernelError(line) from None
+    return {name: mesh_lib.to_host(x) for name, x in zip(RESULTS, out)}
+
+
+_CALLBACK_LOGGER = "jax._src.callback"  # logs a failed callback's traceback; we report its last line instead
+
+
+class _DropCallbackTracebacks(logging.Filter):
+    def filter(self, record):
+        return not record.getMessage().startswith("jax.pure_callback failed")
+
+
+@contextlib.contextmanager
+def _quiet_callback_failures():
+    """While a kernel runs, drop JAX's log of a failed host callback (its error is reported by KernelError)."""
+    logger, quiet = logging.getLogger(_CALLBACK_LOGGER), _DropCallbackTracebacks()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def host_callback_error(exc):
+    """``"Type: message"`` of the exception a host callback raised, from the traceback JAX puts in the
+    runtime error's text (None if ``exc`` did not come from a callback)."""
+    text = str(exc).rstrip()
+    if "callback" not in text.lower() or "Traceback (most recent call last)" not in text:
+        return None
+    m = re.match(r"^([\w.]+): (.*)$", text.splitlines()[-1].strip())
+    return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}" if m else text.splitlines()[-1].strip()
 
 
 def reference_results(problem: oracle.Problem, do, dfinal_state):

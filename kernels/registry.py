@@ -1,7 +1,8 @@
 """Kernel registry: ``get(name, **options)``, ``names()``, ``register(name, factory)``, ``get("pkg.mod:attr")``.
 
 A kernel is named by a *spec*: ``NAME``, ``package.module:attr`` or either with options,
-``NAME[key=value,...]`` (values are Python literals, else strings), e.g. ``factorized[leaf=8]``.
+``NAME[key=value,...]`` (values are Python literals, else strings), e.g. ``factorized[leaf=8]``;
+``torch:package.module:attr[...]`` is a PyTorch callable run through ``kernels/torch_bridge.py``.
 """
 
 from __future__ import annotations
@@ -9,15 +10,23 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import inspect
 import re
 
 from . import chunked
 
 _FACTORIES = {"pairwise": chunked.pairwise, "factorized": chunked.factorized}
 # Names provided by modules imported only when first asked for (they may be absent on this machine).
-_LAZY = {"pallas-pairwise": "gdn2_oracle.kernels.pallas", "pallas-factorized": "gdn2_oracle.kernels.pallas"}
+_LAZY = {"pallas-pairwise": "gdn2_oracle.kernels.pallas", "pallas-factorized": "gdn2_oracle.kernels.pallas",
+         "cp-pairwise": "gdn2_oracle.kernels.context_parallel", "cp-factorized": "gdn2_oracle.kernels.context_parallel"}
 # Peer kernels (optional extra `peers`): resolved by get(), listed by names(optional=True) only.
-_OPTIONAL = {"atomic-ops": "gdn2_oracle.kernels.peers", "atomic-gdn2": "gdn2_oracle.kernels.peers"}
+_OPTIONAL = {"atomic-ops": "gdn2_oracle.kernels.peers", "atomic-gdn2": "gdn2_oracle.kernels.peers",
+             # FLA's GDN-2 / KDA kernels through the torch bridge (optional extra `fla`)
+             **dict.fromkeys(("fla-gdn2-naive-recurrent", "fla-gdn2-naive-chunk", "fla-gdn2-chunk",
+                              "fla-kda-naive-recurrent", "fla-kda-naive-chunk", "fla-kda-chunk"),
+                             "gdn2_oracle.kernels.fla_peers")}
+# ``torch:package.module:attr[options]``: a PyTorch kernel behind the contract (kernels/torch_bridge.py).
+TORCH_PREFIX = "torch:"
 # The kernels validated, benchmarked and property-tested when none is named.
 DEFAULTS = ("pairwise", "factorized")
 _SPEC = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<opts>.*)\])?$")
@@ -64,7 +73,7 @@ def _load_lazy(module):
     """Import a lazily registered module (which calls ``register``); return the error message or None."""
     try:
         importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - report any import failure by name
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - report any import failure by name
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -84,13 +93,15 @@ def known():
     return sorted({*_FACTORIES, *_LAZY, *_OPTIONAL})
 
 
-def _external(spec, options):
-    """Resolve ``"package.module:attr"`` to a callable; options are bound as keyword arguments."""
+def resolve(spec):
+    """The callable named by ``"package.module:attr"`` (ValueError naming ``name`` if it cannot be loaded)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"name: {spec!r} is not of the form 'package.module:attr'")
     try:
         obj = importlib.import_module(module_name)
+    except SystemExit as exc:  # a module that calls sys.exit() on import is an import failure, not an exit
+        raise ValueError(f"name: cannot import module {module_name!r} (it called sys.exit({exc.code!r}))") from None
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"name: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from exc
     for part in attr.split("."):
@@ -100,6 +111,12 @@ def _external(spec, options):
             raise ValueError(f"name: module {module_name!r} has no attribute {attr!r}") from None
     if not callable(obj):
         raise ValueError(f"name: {spec!r} is not callable ({type(obj).__name__})")
+    return obj
+
+
+def _external(spec, options):
+    """Resolve ``"package.module:attr"`` to a callable; options are bound as keyword arguments."""
+    obj = resolve(spec)
     return functools.partial(obj, **options) if options else obj
 
 
@@ -108,6 +125,10 @@ def get(name, **options):
     external ``"pkg.mod:attr"`` callable with the options bound as keyword arguments."""
     name, parsed = parse_spec(name)
     options = {**parsed, **options}
+    if name.startswith(TORCH_PREFIX):  # a PyTorch callable, run through the torch bridge
+        from .torch_bridge import torch_kernel  # noqa: PLC0415 - imports torch only when asked
+
+        return torch_kernel(name[len(TORCH_PREFIX):], **options)
     if ":" in name:
         return _external(name, options)
     lazy = {**_LAZY, **_OPTIONAL}
@@ -118,7 +139,11 @@ def get(name, **options):
             raise ValueError(f"name: kernel {name!r} is unavailable ({why})")
     if name not in _FACTORIES:
         raise ValueError(f"name: unknown kernel {name!r}; registered: {', '.join(names(optional=True))}")
-    try:
-        return _FACTORIES[name](**options)
+    factory = _FACTORIES[name]
+    try:  # options the factory's signature does not take are bad options; a TypeError it raises is its own
+        inspect.signature(factory).bind(**options)
     except TypeError as exc:
-        raise ValueError(f"options: {name!r} does not accept {sorted(options)} ({exc})") from exc
+        raise ValueError(f"options: {name!r} does not accept {sorted(options)} ({exc})") from None
+    except ValueError:  # no introspectable signature: let the call decide
+        pass
+    return factory(**options)

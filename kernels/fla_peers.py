@@ -1,0 +1,181 @@
+"""FLA's GDN-2 and KDA kernels as peers, through the torch bridge (optional extra: ``pip install '.[fla]'``).
+
+flash-linear-attention (PyPI ``fla-core``, import name ``fla``) ships, per model, a token-by-token
+reference and a chunked reference in pure PyTorch (``fla/ops/<model>/naive.py``) and the Triton
+chunk kernels it trains with. Registered names (``kernels.get(name, **options)``; options are the
+torch bridge's, ``kernels/torch_bridge.py``, e.g. ``device=cpu``, plus ``chunk_size`` for the chunked ones):
+
+* ``fla-gdn2-naive-recurrent`` -- ``fla.ops.gdn2.naive.naive_recurrent_gdn2``;
+* ``fla-gdn2-naive-chunk``     -- ``fla.ops.gdn2.naive.naive_chunk_gdn2`` (``chunk_size``, default 64);
+* ``fla-gdn2-chunk``           -- ``fla.ops.gdn2.chunk_gdn2`` (Triton: needs a CUDA device);
+* ``fla-kda-naive-recurrent``  -- ``fla.ops.kda.naive.naive_recurrent_kda``;
+* ``fla-kda-naive-chunk``      -- ``fla.ops.kda.naive.naive_chunk_kda`` (``chunk_size``, default 64);
+* ``fla-kda-chunk``            -- ``fla.ops.kda.chunk_kda`` (Triton: needs a CUDA device).
+
+FLA's GDN-2 signature is the suite's (``q, k, v, g, b, w, scale, initial_state, output_final_state``),
+so the GDN-2 peers are ``torch:`` kernels with ``output_final_state=True`` and nothing else. The KDA
+peers take one gate ``beta`` per head and token: they cover the suite's KDA problems, ``b = w = beta *
+1`` (:data:`KDA_NOTE`), and refuse other cases by name.
+
+Loading: importing ``fla.ops`` or ``fla.ops.<model>`` runs their ``__init__.py``, which import the
+Triton kernels (and so Triton, and a GPU). The naive references need only torch and einops, so we
+locate the package with ``importlib.util.find_spec`` (which does not execute it) and load
+``ops/<model>/naive.py`` by file path. The Triton kernels import ``fla.ops`` as usual, only where CUDA
+is present.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from .torch_bridge import TorchKernel, import_torch
+
+_EXTRA = "install the fla extra: pip install 'gdn2-oracle[fla]' (fla-core, torch)"
+
+KDA_NOTE = ("KDA peer: takes one gate beta per head and token, so it covers b = w = beta * 1 (the suite's KDA "
+            "problems) and refuses other cases; beta is read from b[..., 0], so its gradient d beta = "
+            "sum_c db_c + sum_c dw_c comes back in db[..., 0] with the rest of db and all of dw zero: db and dw "
+            "cannot match the per-channel oracle and fail by construction; o, final_state, dq, dk, dv, dg, dh0 "
+            "are comparable")
+CHUNK_NOTE = "naive_chunk_kda needs T % chunk_size == 0: the adapter pads T with identity tokens (q=k=v=0, g=0, beta=0), exact"
+
+
+def fla_root():
+    """The directory of the installed ``fla`` package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec("fla")
+    except (ImportError, ValueError) as exc:
+        raise ValueError(f"name: FLA is not importable ({type(exc).__name__}: {exc}); {_EXTRA}") from None
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"name: the FLA package 'fla' is not installed; {_EXTRA}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def load_naive(model):
+    """FLA's pure-PyTorch ``fla/ops/<model>/naive.py`` as a module, loaded by path (``fla/__init__`` not run)."""
+    name = f"gdn2_oracle_fla_{model}_naive"  # its own name: ``fla.*`` stays free for a real import of FLA
+    if name in sys.modules:
+        return sys.modules[name]
+    path = fla_root() / "ops" / model / "naive.py"
+    if not path.is_file():
+        raise ValueError(f"name: this FLA has no {model} reference ({path} is missing); {_EXTRA}")
+    import_torch()
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - e.g. einops missing
+        raise ValueError(f"name: cannot load {path} ({type(exc).__name__}: {exc}); {_EXTRA}") from None
+    sys.modules[name] = module
+    return module
+
+
+def _triton(model, attr, name):
+    """FLA's Triton kernel ``fla.ops.<model>.<attr>``; ValueError saying it needs CUDA when none is present."""
+    torch = import_torch()
+    if not torch.cuda.is_available():
+        raise ValueError(f"name: kernel {name!r} is FLA's Triton kernel {attr}, which needs a CUDA device; "
+                         f"torch.cuda.is_available() is False here (torch {torch.__version__})")
+    try:
+        module = importlib.import_module(f"fla.ops.{model}")
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"name: cannot import fla.ops.{model} ({type(exc).__name__}: {exc}); {_EXTRA}") from None
+    return getattr(module, attr)
+
+
+def kda_as_gdn2(kda, pad_to=None):
+    """A GDN-2-signature torch function running KDA kernel ``kda(q, k, v, g, beta, scale=, initial_state=,
+    output_final_state=)`` with ``beta = b[..., 0]``; refuses ``b, w`` other than ``beta * 1``. With
+    ``pad_to``, ``T`` is padded to a multiple of it with identity tokens (exact)."""
+
+    def kernel(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False, **kwargs):
+        torch = import_torch()
+        beta = b[..., 0]
+        if not (torch.equal(b, beta[..., None].expand_as(b)) and torch.equal(w, beta[..., None].expand_as(w))):
+            raise ValueError("b, w: outside the KDA peer's domain: it takes one gate beta per head and token, "
+                             "so b and w must both equal beta * 1 (the suite's KDA problems)")
+        T = q.shape[1]
+        pad = (-T) % pad_to if pad_to else 0
+        if pad:
+            nn = importlib.import_module("torch.nn.functional")
+            q, k, v, g = (nn.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v, g))
+            beta = nn.pad(beta, (0, 0, 0, pad))
+        o, state = kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, **kwargs)
+        return o[:, :T], state
+
+    kernel.__name__ = f"{kda.__name__}_as_gdn2"
+    return kernel
+
+
+def _naive_modules(model):
+    return (f"gdn2_oracle_fla_{model}_naive", __name__)
+
+
+def gdn2_naive_recurrent(**options):
+    """``fla-gdn2-naive-recurrent``: FLA's token-by-token GDN-2 reference."""
+    fn = load_naive("gdn2").naive_recurrent_gdn2
+    return TorchKernel(fn, name="fla-gdn2-naive-recurrent", options={"output_final_state": True, **options},
+                       modules=_naive_modules("gdn2")[:1])
+
+
+def gdn2_naive_chunk(**options):
+    """``fla-gdn2-naive-chunk``: FLA's chunked GDN-2 reference (WY form, ``chunk_size`` default 64)."""
+    fn = load_naive("gdn2").naive_chunk_gdn2
+    return TorchKernel(fn, name="fla-gdn2-naive-chunk", options={"output_final_state": True, **options},
+                       modules=_naive_modules("gdn2")[:1])
+
+
+def gdn2_chunk(**options):
+    """``fla-gdn2-chunk``: FLA's Triton chunk kernel for GDN-2 (CUDA only)."""
+    fn = _triton("gdn2", "chunk_gdn2", "fla-gdn2-chunk")
+    return TorchKernel(fn, name="fla-gdn2-chunk", options={"output_final_state": True, **options})
+
+
+def kda_naive_recurrent(**options):
+    """``fla-kda-naive-recurrent``: FLA's token-by-token KDA reference, on b = w = beta * 1."""
+    fn = kda_as_gdn2(load_naive("kda").naive_recurrent_kda)
+    return TorchKernel(fn, name="fla-kda-naive-recurrent", options={"output_final_state": True, **options},
+                       note=KDA_NOTE, modules=_naive_modules("kda"))
+
+
+def kda_naive_chunk(chunk_size=64, **options):
+    """``fla-kda-naive-chunk``: FLA's chunked KDA reference, on b = w = beta * 1 (T padded to the chunk)."""
+    fn = kda_as_gdn2(load_naive("kda").naive_chunk_kda, pad_to=chunk_size)
+    return TorchKernel(fn, name="fla-kda-naive-chunk",
+                       options={"output_final_state": True, "chunk_size": chunk_size, **options},
+                       note=f"{KDA_NOTE}; {CHUNK_NOTE}", modules=_naive_modules("kda"))
+
+
+def kda_chunk(**options):
+    """``fla-kda-chunk``: FLA's Triton chunk kernel for KDA (CUDA only), on b = w = beta * 1."""
+    fn = kda_as_gdn2(_triton("kda", "chunk_kda", "fla-kda-chunk"))
+    return TorchKernel(fn, name="fla-kda-chunk", options={"output_final_state": True, **options},
+                       note=KDA_NOTE, modules=(__name__,))
+
+
+REGISTRY = {
+    "fla-gdn2-naive-recurrent": gdn2_naive_recurrent,
+    "fla-gdn2-naive-chunk": gdn2_naive_chunk,
+    "fla-gdn2-chunk": gdn2_chunk,
+    "fla-kda-naive-recurrent": kda_naive_recurrent,
+    "fla-kda-naive-chunk": kda_naive_chunk,
+    "fla-kda-chunk": kda_chunk,
+}
+
+
+def _register():
+    """Register the FLA peers with ``kernels.registry`` (each factory loads FLA and torch when called)."""
+    from . import registry  # noqa: PLC0415
+
+    for name, factory in REGISTRY.items():
+        try:
+            registry.register(name, factory)
+        except ValueError:
+            pass
+
+
+_register()

@@ -1,0 +1,333 @@
+"""PyTorch (and Triton) GDN-2 kernels behind the JAX contract of docs/DESIGN.md §2: ``torch:pkg.mod:attr``.
+
+``kernels.get("torch:package.module:attr[key=value,...]")`` -- and so ``gdn2-oracle validate --kernel
+'torch:...'`` and the pytest plugin's ``--gdn2-kernel 'torch:...'`` -- wraps a PyTorch callable into a
+JAX function with the suite's contract: a ``jax.custom_vjp`` around two ``jax.pure_callback``s. The
+forward callback runs the torch function; the backward callback runs it again with autograd on and
+returns all seven gradients (``dq, dk, dv, dg, db, dw, dh0``) from ``torch.autograd.grad`` (an input
+the kernel does not use gets a zero gradient). Arrays cross exactly: float32 and float64 as copies of
+their bytes, bfloat16 through its 16-bit pattern, inputs and cotangents to torch's device and results
+back. The device is CUDA when ``torch.cuda.is_available()``, else the CPU (option ``device=``).
+
+The torch function is called as ``fn(*six tensors in its order, **keywords)`` and must return
+``(o, final_state)``: ``o`` in the input layout and ``v``'s dtype, ``final_state`` ``[B, H, K, V]``
+float32, both on the device and both differentiable through torch autograd.
+
+Options, in the spec's ``[key=value,...]`` (values are Python literals, else strings). Every option
+not listed here is passed to the torch function as a keyword argument (``output_final_state=True``,
+``chunk_size=64``, ...):
+
+=====================  ==========================================================================
+``order=qkvgbw``       the positional order of the six tensors, as their letters (commas separate
+                       options, so ``q,k,v,w,b,g`` is written ``qkvwbg``); default FLA's ``qkvgbw``
+``scale_arg=scale``    keyword the scale is passed as; ``None``: the kernel takes no scale, and only
+                       the default ``K**-0.5`` can be validated
+``state_arg=...``      keyword of the initial state ``[B, H, K, V]`` (default ``initial_state``);
+                       ``None``: the kernel takes none (then only a zero initial state is accepted)
+``layout=bthk``        ``bthk``: tensors ``[B, T, H, dim]`` (FLA's and ours); ``bhtk``: head-major
+                       ``[B, H, T, dim]``, ``o`` returned head-major too (the state is ``[B, H, K, V]``)
+``decay_base=e``       ``e``: ``g`` is a natural-log decay; ``2``: the kernel takes ``g / ln 2``
+                       (kernels that use ``exp2``)
+``device=cuda``        the torch device (default ``cuda`` when available, else ``cpu``)
+=====================  ==========================================================================
+
+Examples::
+
+    torch:fla.ops.gdn2:chunk_gdn2[output_final_state=True]       # FLA's signature: only the flag
+    torch:fla.ops.gdn2:naive_chunk_gdn2[output_final_state=True,chunk_size=16]   # passed through
+    torch:mypkg.gdn2:forward[order=qkvwbg,layout=bhtk,decay_base=2,scale_arg=sm_scale,state_arg=h0]
+    torch:mypkg.gdn2:forward[device=cpu]                         # run on the CPU even with a GPU
+
+Exactness of the mapping: ``order``, ``layout`` and the keywords only move data; ``decay_base=2``
+multiplies ``g`` by ``log2(e)`` in float64 and rounds once to float32 (so ``g`` reaches the kernel in
+float32 even for bfloat16 inputs: in bf16 that product would lose 8 bits), and the gradient flows
+back through the same product. Layout and base conversions run inside torch autograd, so the
+gradients come back in the suite's layout and base by the chain rule.
+
+What is checked where: the first call on a shape runs the kernel once on zeros (the *probe*) to learn
+its results' count, shapes and dtypes, which JAX must know before the callback runs; the harness
+(``ci/harness.py``) judges those against the contract. The bridge checks what only torch can see:
+each result is a tensor, on the device, with an autograd graph (:class:`TorchContractError`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .contract import check_inputs
+
+TENSORS = ("q", "k", "v", "g", "b", "w")
+RESULT_NAMES = ("o", "final_state")
+LAYOUTS = ("bthk", "bhtk")
+DECAY_BASES = ("e", 2)
+LOG2E = 1.0 / math.log(2.0)  # g / ln 2 = g * log2(e)
+MAPPING_OPTIONS = ("order", "scale_arg", "state_arg", "layout", "decay_base", "device")
+_BF16 = np.dtype(jnp.bfloat16)
+_INSTALL = "install PyTorch: pip install 'gdn2-oracle[torch]'"
+
+
+class TorchContractError(ValueError):
+    """A torch kernel's result breaks the contract where only torch can see it (type, device, autograd)."""
+
+
+def import_torch():
+    """The ``torch`` module, or a ValueError saying how to install it."""
+    try:
+        return importlib.import_module("torch")
+    except Exception as exc:  # noqa: BLE001 - any import failure: say what to install
+        raise ValueError(f"name: torch kernels need PyTorch ({type(exc).__name__}: {exc}); {_INSTALL}") from None
+
+
+def to_torch(x, device):
+    """An exact torch copy of array ``x`` on ``device`` (bfloat16 through its 16-bit pattern)."""
+    torch = import_torch()
+    a = np.asarray(x)
+    if a.dtype == _BF16:
+        return torch.from_numpy(np.array(a.view(np.uint16))).view(torch.bfloat16).to(device)
+    return torch.from_numpy(np.array(a)).to(device)
+
+
+def to_numpy(t):
+    """An exact NumPy copy of tensor ``t`` (bfloat16 as ``jnp.bfloat16``)."""
+    torch = import_torch()
+    t = t.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def numpy_dtype(dtype):
+    """The NumPy dtype of a floating torch dtype the bridge hands over, or None."""
+    torch = import_torch()
+    return {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+            torch.bfloat16: _BF16, torch.float16: np.dtype(np.float16)}.get(dtype)
+
+
+def resolve_device(device):
+    """The torch device: ``device`` if given, else CUDA when available, else the CPU (CUDA with its index)."""
+    torch = import_torch()
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} asked for CUDA, but torch.cuda.is_available() is False")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def parse_order(order):
+    """``"qkvwbg"`` -> ``("q", "k", "v", "w", "b", "g")``; ValueError naming ``order`` unless a permutation."""
+    letters = tuple(order) if isinstance(order, str) else tuple(order or ())
+    if sorted(letters) != sorted(TENSORS):
+        raise ValueError(f"order: {order!r} is not the six letters q k v g b w in the kernel's positional "
+                         f"order, e.g. order=qkvwbg")
+    return letters
+
+
+class TorchKernel:
+    """A torch callable ``fn`` behind the JAX contract of docs/DESIGN.md §2 (options: the module docstring)."""
+
+    def __init__(self, fn, *, name, options=None, note=None, modules=None):
+        if not callable(fn):
+            raise ValueError(f"name: {name!r} is not callable ({type(fn).__name__})")
+        options = dict(options or {})
+        self.fn = fn
+        self.order = parse_order(options.pop("order", "qkvgbw"))
+        self.scale_arg = options.pop("scale_arg", "scale")
+        self.state_arg = options.pop("state_arg", "initial_state")
+        for key in ("scale_arg", "state_arg"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, str) and value.isidentifier()):
+                raise ValueError(f"{key}: expected a keyword name or None, got {value!r}")
+        self.layout = str(options.pop("layout", "bthk")).lower()
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: {self.layout!r} not one of {LAYOUTS}")
+        base = options.pop("decay_base", "e")
+        self.decay_base = {"e": "e", "natural": "e", 2: 2, "2": 2}.get(base)
+        if self.decay_base is None:
+            raise ValueError(f"decay_base: {base!r} not one of 'e' (natural log-decay) or 2")
+        self.device = resolve_device(options.pop("device", None))
+        self.kwargs = options  # passed through to fn
+        self.__name__ = name
+        self.modules = tuple(modules) if modules else _module_names(fn)
+        torch = import_torch()
+        mapping = ", ".join(f"{k}={v}" for k, v in self.mapping().items())
+        self.note = (f"{note + '; ' if note else ''}torch {torch.__version__} on {self.device} "
+                     f"through the torch bridge ({mapping})")
+        self._calls = {}
+
+    def mapping(self):
+        """The argument mapping in force (for notes and reports)."""
+        return {"order": "".join(self.order), "scale_arg": self.scale_arg, "state_arg": self.state_arg,
+                "layout": self.layout, "decay_base": self.decay_base, **self.kwargs}
+
+    def __repr__(self):
+        return f"TorchKernel({self.__name__!r}, {self.mapping()})"
+
+    # --- the JAX side -----------------------------------------------------------------------
+
+    def __call__(self, q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False):
+        shape, scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
+                                    check_values=check_values)
+        if self.scale_arg is None and scale != float(shape.K) ** -0.5:
+            raise ValueError(f"scale: the kernel takes no scale (scale_arg=None), so only the default "
+                             f"K**-0.5 = {float(shape.K) ** -0.5} can be validated, got {scale}")
+        arrays = (q, k, v, g, b, w) + (() if initial_state is None else (initial_state,))
+        key = (tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in arrays), scale)
+        if key not in self._calls:
+            self._calls[key] = self._build(arrays, scale)
+        return self._calls[key](*arrays)
+
+    def _build(self, arrays, scale):
+        """The custom-VJP JAX function for one signature (shapes, dtypes, scale, with/without state)."""
+        has_state = len(arrays) == len(TENSORS) + 1
+        specs, single = self._probe(arrays, scale, has_state)
+        out_avals = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
+        in_avals = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in arrays)
+        n_in = len(arrays)
+
+        def host_forward(*xs):
+            return self.host_forward(xs, scale, has_state, specs)
+
+        def host_backward(*xs):
+            return self.host_backward(xs[:n_in], xs[n_in:], scale, has_state)
+
+        @jax.custom_vjp
+        def call(*xs):
+            return jax.pure_callback(host_forward, out_avals, *xs, vmap_method="sequential")
+
+        def call_fwd(*xs):
+            return call(*xs), xs
+
+        def call_bwd(xs, cts):
+            return tuple(jax.pure_callback(host_backward, in_avals, *xs, *cts, vmap_method="sequential"))
+
+        call.defvjp(call_fwd, call_bwd)
+        if single:
+            return lambda *xs: call(*xs)[0]
+        return call
+
+    # --- the torch side ---------------------------------------------------------------------
+
+    def invoke(self, ts, scale, has_state):
+        """Call the torch function on contract-layout tensors ``ts`` (q..w[, h0]) with the mapping applied."""
+        torch = import_torch()
+        named = dict(zip(TENSORS, ts))
+        if self.decay_base == 2:
+            named["g"] = (named["g"].double() * LOG2E).float()
+        if self.layout == "bhtk":
+            named = {n: x.transpose(1, 2).contiguous() for n, x in named.items()}
+        kwargs = dict(self.kwargs)
+        if self.scale_arg is not None:
+            kwargs[self.scale_arg] = scale
+        if has_state:
+            if self.state_arg is not None:
+                kwargs[self.state_arg] = ts[len(TENSORS)]
+            elif bool(torch.any(ts[len(TENSORS)] != 0)):
+                raise ValueError("initial_state: the kernel takes no initial state (state_arg=None), "
+                                 "but this case has a nonzero one")
+        return self.results(self.fn(*(named[n] for n in self.order), **kwargs))
+
+    def results(self, out):
+        """``(list of result tensors in the contract layout, single)``; TorchContractError for non-tensors
+        or tensors off the device."""
+        torch = import_torch()
+        single = torch.is_tensor(out)
+        if single:
+            out = [out]
+        elif not isinstance(out, (tuple, list)):
+            raise TorchContractError(f"returned a {type(out).__name__}, expected a tuple (o, final_state) of tensors")
+        out = list(out)
+        for i, r in enumerate(out):
+            name = RESULT_NAMES[i] if i < len(RESULT_NAMES) else f"result {i}"
+            if r is None:
+                hint = ("; FLA-style kernels return it only with output_final_state=True in the spec"
+                        if i == 1 and "output_final_state" not in self.kwargs else "")
+                raise TorchContractError(f"returned {name} = None, expected a tensor{hint}")
+            if not torch.is_tensor(r):
+                raise TorchContractError(f"returned {name} of type {type(r).__name__}, expected a torch.Tensor")
+            if r.device != self.device:
+                raise TorchContractError(f"returned {name} on device {r.device}, expected {self.device} "
+                                         f"(where its inputs are)")
+            if numpy_dtype(r.dtype) is None:
+                raise TorchContractError(f"returned {name} of dtype {r.dtype}, expected a floating dtype")
+        if self.layout == "bhtk" and out[0].ndim == 4:
+            out[0] = out[0].transpose(1, 2)
+        return out, single
+
+    def differentiable(self, results):
+        """TorchContractError unless every result carries an autograd graph."""
+        for i, r in enumerate(results):
+            if not r.requires_grad:
+                name = RESULT_NAMES[i] if i < len(RESULT_NAMES) else f"result {i}"
+                raise TorchContractError(
+                    f"returned {name} without an autograd graph: it is not differentiable through torch "
+                    f"autograd (computed under no_grad, detached, or by an op without a backward)")
+
+    def _probe(self, arrays, scale, has_state):
+        """Run the kernel once on zeros of the call's shapes and dtypes: ``([(shape, dtype)], single)``."""
+        torch = import_torch()
+        zeros = [to_torch(np.zeros(x.shape, jnp.dtype(x.dtype)), self.device).requires_grad_(True) for x in arrays]
+        with torch.enable_grad():
+            results, single = self.invoke(zeros, scale, has_state)
+        self.differentiable(results)
+        specs = []
+        for i, r in enumerate(results):
+            dt = numpy_dtype(r.dtype)
+            if jax.dtypes.canonicalize_dtype(dt) != dt:
+                name = RESULT_NAMES[i] if i < len(RESULT_NAMES) else f"result {i}"
+                raise TorchContractError(f"returned {name} of dtype {r.dtype}, which JAX holds only with "
+                                         f"jax_enable_x64; the contract wants float32 or v's dtype")
+            specs.append((tuple(r.shape), dt))
+        return specs, single
+
+    def _same_as_probe(self, results, specs):
+        """TorchContractError if this call's results differ in count, shape or dtype from the probe's."""
+        got = [(tuple(r.shape), numpy_dtype(r.dtype)) for r in results]
+        if got != list(specs):
+            raise TorchContractError(f"returned results {got} on this call but {list(specs)} on zeros of the "
+                                     f"same shapes (the results' shapes must not depend on the values)")
+
+    def host_forward(self, xs, scale, has_state, specs):
+        """The forward callback: NumPy inputs -> torch -> NumPy results."""
+        torch = import_torch()
+        ts = [to_torch(x, self.device) for x in xs]
+        with torch.no_grad():
+            results, _ = self.invoke(ts, scale, has_state)
+        self._same_as_probe(results, specs)
+        return tuple(to_numpy(r) for r in results)
+
+    def host_backward(self, xs, cts, scale, has_state):
+        """The backward callback: re-run the forward with autograd, pull the cotangents back to every input."""
+        torch = import_torch()
+        leaves = [to_torch(x, self.device).requires_grad_(True) for x in xs]
+        with torch.enable_grad():
+            results, _ = self.invoke(leaves, scale, has_state)
+        self.differentiable(results)
+        grads = torch.autograd.grad(results, leaves, grad_outputs=[to_torch(c, self.device) for c in cts],
+                                    allow_unused=True)
+        return tuple(to_numpy(torch.zeros_like(x) if d is None else d) for x, d in zip(leaves, grads))
+
+
+def _module_names(fn):
+    """The importable module defining ``fn`` (for the source hash of reports), if any."""
+    mod = getattr(fn, "__module__", None)
+    return (mod,) if isinstance(mod, str) and mod in sys.modules else ()
+
+
+def torch_kernel(target, **options):
+    """The ``torch:`` spec: ``target`` is ``package.module:attr``, a torch callable; options as documented."""
+    from .registry import resolve  # noqa: PLC0415 - the registry imports this module lazily
+
+    return TorchKernel(resolve(target), name=f"torch:{target}", options=options)
