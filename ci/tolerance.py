@@ -27,6 +27,14 @@ float64 reference gradients. In every regime without cancellation ``rms(E)`` is 
 factor of ``rms(dg)``, so a kernel whose ``dg`` is wrong by more than a few ulps of its terms
 still fails. Quantities that underflow entirely (``dh0`` after hundreds of extreme decays) are
 judged against ``ABS_FLOOR`` instead of an exact zero.
+
+Grades (docs/DESIGN.md §4, "Grades and the precision-loss bound"). ``PASS``: within the tolerance above.
+``PRECISION``: over it, but within ``MULTIPLE[dtype] x max(e_rec, e_cum)`` (floored like the
+tolerance), where ``e_cum`` is the same metric achieved by the standard float32 chunked algorithm
+with decay exponents formed as differences of float32 cumulative sums (:mod:`oracle.chunked32`,
+chunk 64) on the same inputs: the algorithm is right, precision is lost of a known kind (exponent
+cancellation). ``FAIL``: beyond that bound, or not finite. ``e_cum`` is computed only when some
+result exceeds the tolerance. Every non-PASS report carries a diagnosis (:mod:`ci.diagnose`).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle import RESULTS
+from gdn2_oracle.oracle import RESULTS, chunked32
 from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
 from gdn2_oracle.oracle.recurrence import forward_and_vjp
 
@@ -47,6 +55,17 @@ MULTIPLE = {"float32": 32.0, "bfloat16": 8.0}
 FLOOR = {"float32": 2.0 ** -20, "bfloat16": 2.0 ** -8}
 # Scale used when a reference is (numerically) zero: below float32's normal range.
 ABS_FLOOR = 1e-30
+
+# Grades, best first. PRECISION: over the tolerance but within the precision-loss bound
+# MULTIPLE x max(e_rec, e_cum) (e_cum: oracle.chunked32, float32 cumulative-sum exponents).
+PASS, PRECISION, FAIL = "PASS", "PRECISION", "FAIL"
+GRADES = (PASS, PRECISION, FAIL)
+# Results with one row per token (their per-token error profiles feed the diagnosis).
+PER_TOKEN = ("o", "dq", "dk", "dv", "dg", "db", "dw")
+
+
+class PrecisionLossWarning(UserWarning):
+    """A result graded PRECISION: over the working-precision tolerance, within the precision-loss bound."""
 
 
 def rms(x):
@@ -67,6 +86,15 @@ class Verdict:
     rule: str
     passed: bool
     note: str = ""
+    grade: str = ""  # PASS | PRECISION | FAIL; defaults to PASS / FAIL from ``passed``
+    bound_ratio: float | None = None  # the precision-loss bound, when it was computed
+    bound_max: float | None = None
+
+    def __post_init__(self):
+        if not self.grade:
+            object.__setattr__(self, "grade", PASS if self.passed else FAIL)
+        if self.grade not in GRADES:
+            raise ValueError(f"grade: {self.grade!r} not one of {GRADES}")
 
     def as_dict(self):
         return asdict(self)
@@ -74,14 +102,25 @@ class Verdict:
 
 @dataclass
 class Report:
-    """All verdicts for one kernel call; ``passed`` when every verdict passed."""
+    """All verdicts for one kernel call; ``passed`` when every verdict passed (grade PASS).
+
+    ``profiles``: per-token error profiles of the non-PASS per-token results (see :func:`token_profile`);
+    ``diagnosis``: :class:`ci.diagnose.Finding` s of a non-PASS report.
+    """
 
     verdicts: list = field(default_factory=list)
     dtype: str = "float32"
+    profiles: dict = field(default_factory=dict)
+    diagnosis: list = field(default_factory=list)
 
     @property
     def passed(self):
         return all(v.passed for v in self.verdicts)
+
+    @property
+    def grade(self):
+        """The worst grade of the verdicts (PASS for an empty report)."""
+        return worst_grade(v.grade for v in self.verdicts)
 
     def failures(self):
         return [v for v in self.verdicts if not v.passed]
@@ -93,10 +132,18 @@ class Report:
         """A fixed-width table: name, errors, tolerances, rule, verdict."""
         rows = [f"{'result':<12} {'err_ratio':>10} {'tol':>9} {'max_err':>10} {'tol':>9}  {'rule':<11} verdict"]
         for v in self.verdicts:
+            bound = f"bound {v.bound_ratio:.1e}/{v.bound_max:.1e}" if v.bound_ratio is not None else ""
+            note = "; ".join(x for x in (v.note, bound) if x)
             rows.append(f"{v.name:<12} {v.err_ratio:>10.2e} {v.tol_ratio:>9.1e} {v.max_err:>10.2e} "
-                        f"{v.tol_max:>9.1e}  {v.rule:<11} {'PASS' if v.passed else 'FAIL'}"
-                        + (f"  ({v.note})" if v.note else ""))
+                        f"{v.tol_max:>9.1e}  {v.rule:<11} {v.grade}" + (f"  ({note})" if note else ""))
+        if self.diagnosis:
+            rows += ["diagnosis:"] + [f"  - {f}" for f in self.diagnosis]
         return "\n".join(rows)
+
+
+def worst_grade(grades):
+    """The worst of some grades (PASS < PRECISION < FAIL); PASS when there are none."""
+    return max(grades, key=GRADES.index, default=PASS)
 
 
 def envelope(name, problem: oracle.Problem, ref):
@@ -150,15 +197,42 @@ def baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None):
     return {n: round_to(np.asarray(x, np.float64), result_dtypes.get(n, "float32")) for n, x in base.items()}
 
 
+def cumulative_baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None):
+    """The float32 chunked algorithm with cumulative-sum-difference exponents (:mod:`oracle.chunked32`,
+    chunk 64) on the same inputs, rounded to the result dtypes like :func:`baseline`: ``e_cum``'s source."""
+    (o, S), grads = chunked32.forward_and_vjp(problem, do, dfinal_state)
+    base = {"o": o, "final_state": S, **grads._asdict()}
+    result_dtypes = result_dtypes or {}
+    return {n: round_to(np.asarray(x, np.float64), result_dtypes.get(n, "float32")) for n, x in base.items()}
+
+
+def token_profile(got, ref, scale_rms):
+    """Per-token error ``rms over (B, H, dim) of (got - ref)[:, t] / scale_rms`` of a ``[B, T, H, dim]`` result
+    (its mean square is ``err_ratio**2``); ``inf`` at tokens with a non-finite value."""
+    diff = np.asarray(got, np.float64) - np.asarray(ref, np.float64)
+    bad = ~np.all(np.isfinite(diff), axis=(0, 2, 3))
+    diff = np.where(np.isfinite(diff), diff, 0.0)
+    prof = np.sqrt(np.mean(np.square(diff), axis=(0, 2, 3))) / scale_rms
+    return np.where(bad, np.inf, prof)
+
+
+def _bound(e_rec, e_cum, dtype):
+    """``max(MULTIPLE x max(e_rec, e_cum), FLOOR)``; a non-finite ``e_cum`` is ignored."""
+    e = max(e_rec, e_cum) if np.isfinite(e_cum) else e_rec
+    return max(MULTIPLE[dtype] * e, FLOOR[dtype])
+
+
 def dtype_name(x):
     """"bfloat16" for a bfloat16 array (jax/ml_dtypes), else "float32"."""
     return "bfloat16" if "bfloat16" in str(getattr(x, "dtype", "")) else "float32"
 
 
-def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float32", base=None) -> Report:
-    """Judge a kernel's results ``got`` against float64 ``ref`` (both mappings over RESULTS).
+def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float32", base=None, cum=None) -> Report:
+    """Judge and grade a kernel's results ``got`` against float64 ``ref`` (both mappings over RESULTS).
 
-    ``dtype`` is the kernel's input dtype; ``base`` may hold a precomputed :func:`baseline`.
+    ``dtype`` is the kernel's input dtype; ``base`` may hold a precomputed :func:`baseline`, ``cum`` a
+    precomputed :func:`cumulative_baseline` or a function returning it (called only when some finite
+    result exceeds its tolerance). A non-PASS report gets per-token profiles and a diagnosis.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype: {dtype!r} not one of {DTYPES}")
@@ -168,6 +242,7 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
     if base is None:
         base = baseline(problem, do, dfinal_state, {n: dtype_name(got[n]) for n in RESULTS})
     report = Report(dtype=dtype)
+    judged = []
     for name in RESULTS:
         s_rms, s_max = scales(name, problem, ref)
         err_ratio, max_err = metrics(got[name], ref[name], s_rms, s_max)
@@ -179,7 +254,26 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
         if not np.isfinite(err_ratio):
             rule, note = "non-finite", "NaN or inf in result"
         passed = bool(err_ratio <= tol_ratio and max_err <= tol_max)
-        report.verdicts.append(Verdict(name, err_ratio, max_err, tol_ratio, tol_max, rule, passed, note))
+        judged.append((Verdict(name, err_ratio, max_err, tol_ratio, tol_max, rule, passed, note),
+                       (s_rms, s_max), (base_ratio, base_max)))
+    over = [v.name for v, _, _ in judged if not v.passed and np.isfinite(v.err_ratio)]
+    if over and cum is None:
+        cum = cumulative_baseline(problem, do, dfinal_state, {n: dtype_name(got[n]) for n in RESULTS})
+    elif over and callable(cum):
+        cum = cum()
+    for v, (s_rms, s_max), (base_ratio, base_max) in judged:
+        if v.name in over:
+            cum_ratio, cum_max = metrics(cum[v.name], ref[v.name], s_rms, s_max)
+            b_ratio, b_max = _bound(base_ratio, cum_ratio, dtype), _bound(base_max, cum_max, dtype)
+            grade = PRECISION if v.err_ratio <= b_ratio and v.max_err <= b_max else FAIL
+            v = Verdict(**{**v.as_dict(), "grade": grade, "bound_ratio": b_ratio, "bound_max": b_max})
+        if not v.passed and v.name in PER_TOKEN:
+            report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
+        report.verdicts.append(v)
+    if not report.passed:
+        from . import diagnose  # noqa: PLC0415 - diagnose reads tolerance's names
+
+        report.diagnosis = diagnose.diagnose_case(report, problem)
     return report
 
 

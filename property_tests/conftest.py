@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gdn2_oracle.property_tests import profiles
-from gdn2_oracle.property_tests.plugin import XFAILS, kernel_names
+from gdn2_oracle.property_tests import grading, profiles
+from gdn2_oracle.property_tests.plugin import XFAILS, kernel_names, mesh_spec, strict
 from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
 HERE = Path(__file__).resolve().parent
@@ -30,6 +30,21 @@ def _ours(item):
 def pytest_configure(config):
     config._gdn2_profile = profiles.select(config)
     config._gdn2_kernel_names = _selected_names(config)
+    grading.STRICT = strict(config)
+    if mesh_spec(config):  # every kernel call (ci.harness) runs in this mesh, on NamedSharding inputs
+        from gdn2_oracle.ci.mesh import build_mesh  # noqa: PLC0415
+        import jax  # noqa: PLC0415
+
+        try:
+            config._gdn2_mesh = jax.set_mesh(build_mesh(mesh_spec(config)))
+        except ValueError as exc:
+            raise pytest.UsageError(f"--gdn2-mesh {mesh_spec(config)}: {exc}") from None
+        config._gdn2_mesh.__enter__()
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_gdn2_mesh", None) is not None:
+        config._gdn2_mesh.__exit__(None, None, None)
 
 
 def selected_kernels(config):

@@ -13,7 +13,12 @@ what acts on them::
 * ``--gdn2-profile {dev,ci,thorough}`` (or env ``HYPOTHESIS_PROFILE``; default ``dev``, ``ci``
   when env ``CI`` is true): the Hypothesis profile;
 * ``--gdn2-xfails FILE``: one test id, test name or golden case name per line (``#`` comments);
-  matching tests are reported as xfail, the convention of array-api-tests.
+  matching tests are reported as xfail, the convention of array-api-tests;
+* ``--gdn2-mesh AXIS=N,...``: every kernel runs inside that device mesh (``seq``/``data``/``heads``
+  shard T/B/H), on inputs placed with NamedSharding;
+* ``--gdn2-strict``: a result graded PRECISION (over the working-precision tolerance, within the
+  precision-loss bound: docs/DESIGN.md §4) fails the test; by default the test passes with a
+  ``PrecisionLossWarning``.
 """
 
 from __future__ import annotations
@@ -44,9 +49,19 @@ def kernel_names(config):
     return list(dict.fromkeys(n.strip() for n in names if n.strip()))
 
 
+def mesh_spec(config):
+    """The --gdn2-mesh value (e.g. ``"data=2,seq=4"``), or None: kernels run on one device."""
+    return config.getoption("gdn2_mesh", default=None)
+
+
+def strict(config):
+    """Whether --gdn2-strict was given: results graded PRECISION fail instead of warning."""
+    return bool(config.getoption("gdn2_strict", default=False))
+
+
 def _asked(config):
     return bool(kernel_names(config) or config.getoption("gdn2_profile", default=None)
-                or config.getoption("gdn2_xfails", default=None))
+                or config.getoption("gdn2_xfails", default=None) or strict(config) or mesh_spec(config))
 
 
 def pytest_addoption(parser):
@@ -61,6 +76,12 @@ def pytest_addoption(parser):
     group.addoption("--gdn2-xfails", metavar="FILE", default=None,
                     help="file of test ids, test names or golden case names expected to fail for the "
                          "kernel under test (one per line; reported as xfail)")
+    group.addoption("--gdn2-mesh", metavar="AXIS=N,...", default=None,
+                    help="run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, data, heads shard "
+                         "T, B, H; inputs placed with NamedSharding)")
+    group.addoption("--gdn2-strict", action="store_true", default=False,
+                    help="fail on results graded PRECISION (over the working-precision tolerance but within the "
+                         "precision-loss bound); default: pass with a PrecisionLossWarning")
 
 
 # The entries of --gdn2-xfails, read (and checked) when pytest starts.
@@ -87,5 +108,7 @@ def pytest_report_header(config):
     """One header line, only in a run that uses the suite's options."""
     if _asked(config):
         names = kernel_names(config) or ["the default set"]
-        return f"gdn2: hypothesis profile {profile_name(config)!r}; kernels {', '.join(names)}"
+        return (f"gdn2: hypothesis profile {profile_name(config)!r}; kernels {', '.join(names)}"
+                + ("; strict grades (PRECISION fails)" if strict(config) else "")
+                + (f"; mesh {mesh_spec(config)}" if mesh_spec(config) else ""))
     return None

@@ -9,9 +9,11 @@ Shapes come from small fixed sets, because every new ``(kernel, shape, dtype)`` 
 JIT compile (seconds on a CPU) while a new seed on a known shape costs milliseconds:
 
 * ``CORE``: the configurations every profile runs, chosen so that together they cover T = 1, 2,
-  C-1, C+1 and several hundred tokens (C = 64, the default chunk), K != V, B and H in {1, 2}, and
-  float32 and bfloat16; ``(B, H, K, V)`` families repeat so that the state-carry property can
-  split a sequence into two lengths that are themselves in ``CORE`` (no extra compiles);
+  C-1, C+1, several hundred tokens (C = 64, the default chunk) and long sequences (1024 tokens, and
+  1000, a multiple of no block size: past 128/256/512-token boundaries, with B = H = 1 and small
+  K, V so the float64 oracle stays cheap), K != V, B and H in {1, 2}, and float32 and bfloat16;
+  ``(B, H, K, V)`` families repeat so that the state-carry property can split a sequence into two
+  lengths that are themselves in ``CORE`` (no extra compiles);
 * ``any_shape()``: the full cross product of the small sets, drawn by Hypothesis (``thorough``).
 """
 
@@ -58,7 +60,9 @@ class Config(NamedTuple):
 
 
 # Family (B=1, H=2, K=32, V=16): T = 2, 63, 65 (65 = 63 + 2 = 2 + 63, for the state carry) and 65 in
-# bfloat16; B = 2 with T = 1 (float32) and T = 2 (bfloat16); 300 tokens (5 chunks with a tail).
+# bfloat16; B = 2 with T = 1 (float32) and T = 2 (bfloat16); 300 tokens (5 chunks with a tail); 1024 and
+# 1000 tokens (a block-boundary bug at 128/256/512 tokens shows there; test_conformance pins weak and no
+# decay on them so the state stays informative across the whole length).
 CORE = (
     Config(2, 1, 1, 16, 8, "float32"),
     Config(2, 2, 1, 16, 8, "bfloat16"),
@@ -67,6 +71,8 @@ CORE = (
     Config(1, 65, 2, 32, 16, "float32"),
     Config(1, 65, 2, 32, 16, "bfloat16"),
     Config(1, 300, 1, 16, 16, "float32"),
+    Config(1, 1024, 1, 16, 8, "float32"),
+    Config(1, 1000, 1, 16, 16, "float32"),
 )
 # State carry: a whole length and split points whose pieces are both in CORE (same B, H, K, V, dtype).
 CARRY_CONFIG = Config(1, 65, 2, 32, 16, "float32")

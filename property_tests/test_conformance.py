@@ -33,10 +33,11 @@ from hypothesis import strategies as st
 
 from gdn2_oracle import oracle
 from gdn2_oracle.ci import harness, tolerance
+from gdn2_oracle.ci.hunt import target_ratios
 from gdn2_oracle.ci.tolerance import agreement
 from gdn2_oracle.oracle import RESULTS, Recipe, reductions
 
-from gdn2_oracle.property_tests import strategies
+from gdn2_oracle.property_tests import grading, strategies
 from gdn2_oracle.property_tests.strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, specs
 
 
@@ -68,6 +69,8 @@ EXPLICIT = [
     (5, "extreme", "write_one"),
     (5, "resets", "negative"),
     (6, "moderate", "uniform"),
+    (7, "weak", "erase_zero"),  # long sequences with weak / no decay: the state spans every block boundary
+    (8, "none", "uniform"),
 ]
 
 
@@ -95,10 +98,10 @@ def explain(spec, kernel_name, report, what):
 
 
 def check(report, spec, kernel_name, what):
-    """Fail (with the explanation and a reproducer) unless every verdict passed."""
+    """Fail (with the explanation and a reproducer) on a FAIL grade; warn on PRECISION (fail under --gdn2-strict)."""
     note(f"spec: {spec!r}")
     if not report.passed:
-        pytest.fail(explain(spec, kernel_name, report, what), pytrace=False)
+        grading.enforce(report, explain(spec, kernel_name, report, what))
 
 
 def run(fn, problem, do, dfs, dtype):
@@ -131,6 +134,7 @@ def test_matches_oracle(kernel, spec):
     """Forward, final state and the seven gradients match the float64 oracle, every regime and dtype."""
     p, do, dfs = setup(spec)
     report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
+    target_ratios(report)  # hypothesis.target on error / tolerance per result: steers the search (ci/hunt.py)
     check(report, spec, kernel.name, f"kernel {kernel.name!r} vs the float64 oracle")
 
 

@@ -2,8 +2,9 @@
 
 Kernel-independent: these tests run once whatever ``--kernel`` selects. Mutants wrap our correct
 pairwise kernel (or its chunked machinery) and break one thing each; every mutant must be rejected
-with the verdict that names the broken result and the rule it broke, and the correct kernel must
-pass on the same example.
+with the verdict that names the broken result and the rule it broke, graded FAIL (not PRECISION:
+docs/DESIGN.md §4, "Grades and the precision-loss bound"), and the correct kernel must pass on the
+same example.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pytest
 
 from gdn2_oracle import oracle
 from gdn2_oracle.ci import harness, tolerance
-from gdn2_oracle.ci.tolerance import FLOOR, MULTIPLE, RESULTS
-from gdn2_oracle.kernels.testing import anchored_kernel
+from gdn2_oracle.ci.tolerance import FAIL, FLOOR, MULTIPLE, RESULTS
+from gdn2_oracle.kernels.testing import anchored_kernel, clipped_kernel, damped_kernel
 
 from gdn2_oracle.property_tests import strategies
 from gdn2_oracle.oracle import Recipe
@@ -40,6 +41,8 @@ def correct():
 
 
 def failed(report):
+    """The results over tolerance; a rejection must be graded FAIL, never PRECISION."""
+    assert all(v.grade == FAIL for v in report.failures()), report.format()
     return sorted(v.name for v in report.failures())
 
 
@@ -102,6 +105,8 @@ MUTANTS = {
     "swap-dq-dk": grad_mutant(correct(), lambda d: {**d, "dq": d["dk"], "dk": d["dq"]}),
     "db-sign": grad_mutant(correct(), lambda d: {**d, "db": -d["db"]}),
     "dh0-halved": grad_mutant(correct(), lambda d: {**d, "dh0": 0.5 * d["dh0"]}),
+    "wy-damped": damped_kernel(1e-3),  # solves I + 0.999 T (the peers' wy_eps)
+    "exponent-clipped": clipped_kernel(20.0),  # pairwise exponent clipped to [-20, 20] (the atomic-ops peer)
 }
 
 
@@ -125,6 +130,23 @@ def test_perturbed_output_is_rejected_float32():
     assert failed(report) == ["o"], report.format()
     v = report["o"]
     assert v.rule == "recurrence" and v.err_ratio > 10 * v.tol_ratio, report.format()
+    assert report.grade == FAIL and v.bound_ratio is not None and v.err_ratio > 10 * v.bound_ratio
+
+
+def test_wy_damping_is_rejected():
+    """Solving I + 0.999 T instead of I + T: every result the erase gate reaches is off by ~1e-4."""
+    report = validate(MUTANTS["wy-damped"], spec())
+    assert {"o", "final_state", "db", "dk"} <= set(failed(report)), report.format()
+    assert report.grade == FAIL and [f.kind for f in report.diagnosis] == ["systematic"], report.format()
+
+
+def test_clipped_decay_exponent_is_rejected_under_extreme_decay():
+    """exp(max(G_r - G_s, -20)) instead of exp(G_r - G_s): under extreme decay the true factors are ~e^-40
+    and below, db is O(1) wrong (forward right: o is read through the same tiles but the error is tiny there)."""
+    report = validate(MUTANTS["exponent-clipped"], spec("extreme"))
+    assert failed(report) == ["db"], report.format()
+    assert report["db"].err_ratio > 1 and report.grade == FAIL
+    assert {f.kind for f in report.diagnosis} == {"logic", "backward"}, report.format()
 
 
 def test_perturbed_output_in_bfloat16():

@@ -1,0 +1,487 @@
+"""``gdn2-oracle domain``: where a kernel stops being right -- error / tolerance over the regimes that decide it.
+
+One-at-a-time sweeps around a base :class:`Point`: per-token log-decay strength on a log grid (and the
+oracle's ``resets`` regime), reported with the within-chunk log-decay span it produces; erase- and
+write-gate magnitude; q/k norm (normalised, or raw at several norms); initial state; sequence length;
+each sweep in the dtypes its :class:`Axis` names. Problems are built here from seeds (never by a
+kernel) and every cell is judged by the tolerance model against the float64 oracle: its value is the
+worst error / tolerance (``validate.severity``: the larger of the rms and max metrics' ratios) over its
+seeds and its grade the worst grade. Output: heat maps (PNG), JSON and a one-paragraph summary stating
+where each result leaves PASS along each sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from gdn2_oracle import oracle
+from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
+from gdn2_oracle.oracle.generate import log_decay, round_to
+
+from . import harness, tolerance
+from .report import environment, progress, write_json
+from .validate import severity
+
+SCHEMA = "gdn2-oracle/domain/1"
+PASS, FAIL = tolerance.PASS, tolerance.FAIL
+MIDDLE = getattr(tolerance, "PRECISION", "between PASS and FAIL")  # the grade between them (docs/DESIGN.md §4)
+RESETS = "resets"  # the oracle's resets regime, as a value of the decay-strength sweep
+SHAPE = (1, 2, 16, 16)  # (B, H, K, V): small and fixed, so a kernel compiles once per (T, dtype)
+DEFAULT_CHUNK = 64  # the span is measured over chunks of the kernel's chunk_size, else of this many tokens
+
+
+def grade_of(verdict):
+    """A verdict's grade: the tolerance model's ``grade`` when it has one, else PASS / FAIL."""
+    return getattr(verdict, "grade", PASS if verdict.passed else FAIL)
+
+
+def grade_rank(grade):
+    """0 for PASS, 2 for FAIL, 1 for any grade between them."""
+    return 0 if grade == PASS else 2 if grade == FAIL else 1
+
+
+def tolerance_ratio(verdict):
+    """Error / tolerance of a verdict: the larger of the rms and max metrics' ratios (>1: over tolerance)."""
+    return severity(dataclasses.asdict(verdict))
+
+
+@dataclass(frozen=True)
+class Point:
+    """One regime: every input is drawn from a seed by :func:`build`.
+
+    ``strength``: g = -strength * U(0.5, 1.5) per token and channel, or ``"resets"`` (the oracle's
+    regime); ``erase``, ``write``: b = erase * U(0.9, 1), w = write * U(0.9, 1); ``qk``: ``"l2"``
+    (unit-norm q, k) or a number r (raw: standard normal * r / sqrt(K), norm ~ r).
+    """
+
+    strength: float | str = 0.1
+    erase: float = 1.0
+    write: float = 1.0
+    qk: str | float = "l2"
+    T: int = 256
+    initial_state: bool = True
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if not (self.strength == RESETS or _nonnegative(self.strength)):
+            raise ValueError(f"strength: expected a number >= 0 or {RESETS!r}, got {self.strength!r}")
+        for name in ("erase", "write"):
+            if not _nonnegative(getattr(self, name)):
+                raise ValueError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
+        if not (self.qk == "l2" or (_nonnegative(self.qk) and self.qk > 0)):
+            raise ValueError(f"qk: expected 'l2' or a positive norm, got {self.qk!r}")
+        if isinstance(self.T, bool) or not isinstance(self.T, (int, np.integer)) or self.T < 1:
+            raise ValueError(f"T: expected a positive integer, got {self.T!r}")
+        if self.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"dtype: {self.dtype!r} not one of {KERNEL_DTYPES}")
+
+    def replace(self, **changes):
+        """A new validated Point with some fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+
+def _nonnegative(x):
+    return not isinstance(x, (bool, str)) and isinstance(x, (int, float, np.number)) and math.isfinite(x) and x >= 0
+
+
+def build(point: Point, seed=0, shape=SHAPE):
+    """``(problem, do, dfinal_state)`` of a point: inputs rounded to its dtype, cotangents from the same seed."""
+    B, H, K, V = shape
+    ks, vs = (B, point.T, H, K), (B, point.T, H, V)
+    rng = np.random.default_rng(seed)
+
+    def query_key():
+        x = rng.standard_normal(ks)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True) if point.qk == "l2" else x * (point.qk / np.sqrt(K))
+
+    # Every draw happens whatever the point, so neighbouring points share their random numbers.
+    q, k, v = query_key(), query_key(), rng.standard_normal(vs)
+    jitter = rng.uniform(0.5, 1.5, ks)
+    if point.strength == RESETS:
+        g = log_decay(np.random.default_rng([seed, 1]), ks, RESETS)
+    else:
+        g = -point.strength * jitter
+    b = point.erase * rng.uniform(0.9, 1.0, ks)
+    w = point.write * rng.uniform(0.9, 1.0, vs)
+    h0 = rng.standard_normal((B, H, K, V))
+    dt = point.dtype
+    problem = oracle.Problem(round_to(q, dt), round_to(k, dt), round_to(v, dt), np.minimum(round_to(g, dt), 0.0),
+                             round_to(b, dt), round_to(w, dt),
+                             initial_state=round_to(h0, "float32") if point.initial_state else None)
+    return (problem, *oracle.random_cotangents(problem, seed, dt))
+
+
+def decay_span(g, chunk):
+    """The largest within-chunk log-decay span: max over chunks [jC, (j+1)C), rows and channels of sum |g|."""
+    B, T, H, K = g.shape
+    n = -(-T // chunk)
+    padded = np.zeros((B, n * chunk, H, K))
+    padded[:, :T] = np.abs(g)
+    return float(padded.reshape(B, n, chunk, H, K).sum(axis=2).max())
+
+
+# --- grids ------------------------------------------------------------------------------------
+
+class Axis(NamedTuple):
+    """A sweep of one :class:`Point` field over ``values``, run in each of ``dtypes``."""
+
+    field: str
+    label: str
+    values: tuple
+    dtypes: tuple = ("float32",)
+
+
+class Grid(NamedTuple):
+    """Sweeps around ``base`` on problems of ``shape`` = (B, H, K, V), each cell over ``seeds`` seeds."""
+
+    name: str
+    axes: tuple
+    seeds: int = 1
+    base: Point = Point()
+    shape: tuple = SHAPE
+
+
+def _strengths(per_decade):
+    return tuple(float(f"{s:.3g}") for s in np.logspace(-4, 3, 7 * per_decade + 1)) + (RESETS,)
+
+
+BOTH = tuple(KERNEL_DTYPES)
+GRIDS = {
+    "quick": Grid("quick", (
+        Axis("strength", "log-decay strength s", _strengths(2), BOTH),
+        Axis("erase", "erase gate b", (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0)),
+        Axis("write", "write gate w", (0.0, 0.25, 0.5, 1.0, 1.5, 2.0)),
+        Axis("qk", "q/k norm", ("l2", 0.5, 1.0, 1.5)),
+        Axis("initial_state", "initial state", (False, True)),
+        Axis("T", "length T", (1, 63, 65, 256, 1000, 1024)),
+    ), seeds=1),
+    "full": Grid("full", (
+        Axis("strength", "log-decay strength s", _strengths(4), BOTH),
+        Axis("erase", "erase gate b", tuple(np.round(np.arange(0, 2.01, 0.125), 3).tolist()), BOTH),
+        Axis("write", "write gate w", (0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0), BOTH),
+        Axis("qk", "q/k norm", ("l2", 0.25, 0.5, 0.75, 1.0, 1.25, 1.5), BOTH),
+        Axis("initial_state", "initial state", (False, True), BOTH),
+        Axis("T", "length T", (1, 2, 15, 17, 63, 64, 65, 127, 129, 255, 256, 257, 511, 513, 1000, 1024, 1025,
+                               2048, 4100), BOTH),
+    ), seeds=3),
+}
+
+
+def value_label(field, value):
+    """How a swept value is printed: ``raw x1.5``, ``on``/``off``, ``1e-04``."""
+    if field == "qk":
+        return "l2" if value == "l2" else f"raw x{value:g}"
+    if field == "initial_state":
+        return "on" if value else "off"
+    if field == "strength" and value != RESETS:
+        return f"{value:.0e}" if value < 0.01 or value >= 1000 else f"{value:g}"
+    return str(value) if isinstance(value, str) else f"{value:g}"
+
+
+# --- running ----------------------------------------------------------------------------------
+
+def evaluate(fn, point: Point, seed, shape=SHAPE, chunk=DEFAULT_CHUNK):
+    """One cell and seed: ``{"span", "results": {name: {...}} or None (not judged), "note", "diagnosis"}``."""
+    problem, do, dfs = build(point, seed, shape)
+    cell = {"span": decay_span(problem.g, chunk), "results": None, "note": "", "diagnosis": []}
+    with np.errstate(all="ignore"):
+        ref = harness.reference_results(problem, do, dfs)
+    if not all(np.all(np.isfinite(ref[n])) for n in RESULTS):
+        cell["note"] = "float64 reference not finite"
+        return cell
+    try:
+        with np.errstate(all="ignore"):
+            report = harness.validate(fn, problem, do, dfs, dtype=point.dtype, ref=ref)
+    except Exception as exc:  # noqa: BLE001 - a kernel that raises fails the cell
+        cell["note"] = f"error: {type(exc).__name__}: {exc}"
+        cell["results"] = {n: {"ratio": math.inf, "grade": FAIL} for n in RESULTS}
+        return cell
+    if not all(math.isfinite(v.tol_ratio) and math.isfinite(v.tol_max) for v in report.verdicts):
+        cell["note"] = "working-precision baseline not finite"
+        return cell
+    cell["results"] = {v.name: {"ratio": tolerance_ratio(v), "grade": grade_of(v), "err_ratio": v.err_ratio,
+                                "max_err": v.max_err, "tol_ratio": v.tol_ratio, "tol_max": v.tol_max}
+                       for v in report.verdicts}
+    cell["diagnosis"] = [str(f) for f in getattr(report, "diagnosis", [])]
+    return cell
+
+
+def _worst(cells):
+    """The worst over a cell's seeds: max ratio and worst grade per result, max span, notes and diagnoses joined."""
+    out = {"span": max(c["span"] for c in cells), "results": None,
+           "note": "; ".join(sorted({c["note"] for c in cells if c["note"]})),
+           "diagnosis": sorted({d for c in cells for d in c["diagnosis"]})}
+    judged = [c["results"] for c in cells if c["results"] is not None]
+    if judged:
+        out["results"] = {n: max((r[n] for r in judged), key=lambda r: (grade_rank(r["grade"]), r["ratio"]))
+                          for n in RESULTS}
+    return out
+
+
+def panels(grid: Grid):
+    """``[(axis, dtype, [Point, ...])]``: every sweep of the grid in each of its dtypes."""
+    out = []
+    for axis in grid.axes:
+        if axis.field not in {f.name for f in dataclasses.fields(Point)} or axis.field == "dtype":
+            raise ValueError(f"grid: axis field {axis.field!r} is not a Point field to sweep")
+        for dtype in axis.dtypes:
+            out.append((axis, dtype, [grid.base.replace(**{axis.field: v, "dtype": dtype}) for v in axis.values]))
+    return out
+
+
+def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True):
+    """Sweep ``grid`` with kernel ``fn``: the domain report (panels of cells, boundaries, summary)."""
+    chunk = int(getattr(fn, "chunk_size", None) or DEFAULT_CHUNK)
+    todo = panels(grid)
+    seeds = [seed + i for i in range(grid.seeds)]
+    cache = {}
+    start = time.perf_counter()
+    total = sum(len(pts) for _, _, pts in todo) * len(seeds)
+    bar = progress(total=total, desc=f"domain {kernel}", unit="cell") if show_progress else None
+    out_panels = []
+    with bar or contextlib.nullcontext():
+        for axis, dtype, points in todo:
+            cells = []
+            for value, point in zip(axis.values, points):
+                runs = []
+                for s in seeds:
+                    if (point, s) not in cache:
+                        cache[point, s] = evaluate(fn, point, s, grid.shape, chunk)
+                    runs.append(cache[point, s])
+                    if bar is not None:
+                        bar.update(1)
+                cells.append({"value": value, "label": value_label(axis.field, value),
+                              "point": dataclasses.asdict(point), **_worst(runs)})
+            out_panels.append({"field": axis.field, "label": axis.label, "dtype": dtype, "cells": cells})
+    report = {"schema": SCHEMA, "kernel": kernel, "grid": grid.name, "seeds": seeds, "chunk": chunk,
+              "shape": dict(zip("BHKV", grid.shape)), "base": dataclasses.asdict(grid.base), "results": list(RESULTS),
+              "panels": out_panels, "seconds": time.perf_counter() - start, "environment": environment()}
+    report["boundaries"] = boundaries(report)
+    report["summary"] = summary(report)
+    return report
+
+
+# --- boundaries and the summary ------------------------------------------------------------
+
+def _pos(panel, cell):
+    """How a cell's position is named in a sentence (a decay strength by the span it produced, then s)."""
+    if panel["field"] == "strength" and cell["value"] != RESETS:
+        return f"{cell['span']:.3g} (s = {cell['label']})"
+    return cell["label"]
+
+
+def _subject(panel, chunk):
+    if panel["field"] == "strength":
+        return f"the {chunk}-token log-decay span"
+    return panel["label"]
+
+
+def _runs(grades):
+    """``[(grade, first index, last index)]`` of the runs of equal grades."""
+    runs = []
+    for i, g in enumerate(grades):
+        if runs and runs[-1][0] == g:
+            runs[-1] = (g, runs[-1][1], i)
+        else:
+            runs.append((g, i, i))
+    return runs
+
+
+def result_boundary(panel, name, chunk):
+    """Where result ``name`` leaves PASS along a panel, as a predicate with ``{leaves}``/``{is}`` for the verb
+    (None if it is PASS in every judged cell)."""
+    cells = [c for c in panel["cells"] if c["results"] is not None]
+    ordered = [c for c in cells if c["value"] != RESETS]
+    grades = [c["results"][name]["grade"] for c in ordered]
+    runs, subject = _runs(grades), _subject(panel, chunk)
+    text = ""
+    if len(runs) == 1 and runs[0][0] != PASS:
+        text = f"{{is}} {runs[0][0]} at every {panel['label']} ({ordered[0]['label']}-{ordered[-1]['label']})"
+    elif len(runs) > 1 and panel["field"] in ("qk", "initial_state"):  # no order: name the cells
+        bad = {}
+        for c, g in zip(ordered, grades):
+            if g != PASS:
+                bad.setdefault(g, []).append(c["label"])
+        text = f"{{is}} not PASS along {subject}: " + "; ".join(f"{g} at {', '.join(v)}" for g, v in bad.items())
+    elif len(runs) > 1:
+        g, _, j = runs[0]
+        later = ", ".join(f"{h}{' again' if h == g == PASS else ''} from {_pos(panel, ordered[i])}"
+                          for h, i, _ in runs[1:])
+        if g == PASS:
+            text = f"{{leaves}} PASS once {subject} exceeds ~{_pos(panel, ordered[j])}: {later}"
+        elif j == 0:
+            text = f"{{is}} {g} at {panel['label']} {_pos(panel, ordered[0])}, {later}"
+        else:
+            text = f"{{is}} {g} along {subject} up to {_pos(panel, ordered[j])}, {later}"
+    resets = [c for c in cells if c["value"] == RESETS]
+    if resets and resets[0]["results"][name]["grade"] != PASS:
+        grade = resets[0]["results"][name]["grade"]
+        text += f"; {grade} under resets" if text else f"{{is}} {grade} under resets"
+    return text or None
+
+
+def sentence(names, predicate):
+    """``predicate`` (from :func:`result_boundary`) with its subject: every result, or the named ones."""
+    if list(names) == list(RESULTS):
+        subject, plural = "every result", False
+    else:
+        subject, plural = ", ".join(f"`{n}`" for n in names), len(names) > 1
+    return f"{subject} " + predicate.format(leaves="leave" if plural else "leaves", **{"is": "are" if plural else "is"})
+
+
+def boundaries(report):
+    """``[{"panel", "label", "dtype", "results", "text"}]``: the results sharing each boundary, per panel."""
+    out = []
+    for panel in report["panels"]:
+        groups = {}
+        for name in report["results"]:
+            predicate = result_boundary(panel, name, report["chunk"])
+            if predicate:
+                groups.setdefault(predicate, []).append(name)
+        for predicate, names in groups.items():
+            out.append({"panel": panel["field"], "label": panel["label"], "dtype": panel["dtype"],
+                        "results": names, "text": sentence(names, predicate)})
+    return out
+
+
+def _range_of(panel):
+    values = [c["label"] for c in panel["cells"]]
+    return f"{values[0]}-{values[-1]}" if len(values) > 2 else " and ".join(values)
+
+
+def worst_cell(report):
+    """``{ratio, result, label, value, dtype}`` of the largest finite error / tolerance of any judged cell."""
+    found = [(float(r["ratio"]), name, p["label"], c["label"], p["dtype"]) for p in report["panels"]
+             for c in p["cells"] if c["results"] is not None for name, r in c["results"].items()
+             if math.isfinite(float(r["ratio"]))]
+    if not found:
+        return None
+    return dict(zip(("ratio", "result", "label", "value", "dtype"), max(found)))
+
+
+def summary(report):
+    """One paragraph: the base point, then each boundary found, then the sweeps with none."""
+    base = Point(**report["base"])
+    shape = report["shape"]
+    text = (f"{report['kernel']} ({report['grid']} grid, {len(report['seeds'])} seed(s) per cell; B={shape['B']}, "
+            f"H={shape['H']}, K={shape['K']}, V={shape['V']}; base: T={base.T}, log-decay strength "
+            f"{value_label('strength', base.strength)}, erase ~{base.erase:g}, write ~{base.write:g}, "
+            f"q/k {value_label('qk', base.qk)}, initial state {value_label('initial_state', base.initial_state)}, "
+            f"float32 unless stated):")
+    said = [("in bfloat16, " if b["dtype"] == "bfloat16" else "") + b["text"] for b in report["boundaries"]]
+    text += " " + ("; ".join(said) + "." if said else "every result is PASS in every cell.")
+    worst = worst_cell(report)
+    if worst and not said:
+        text = text[:-1] + (f" (worst error / tolerance {worst['ratio']:.2g}: `{worst['result']}` at {worst['label']} "
+                            f"{worst['value']}, {worst['dtype']}).")
+    clean = [p for p in report["panels"] if not any(b["panel"] == p["field"] and b["dtype"] == p["dtype"]
+                                                    for b in report["boundaries"])]
+    if clean and said:
+        dtypes = {}
+        for p in clean:
+            dtypes.setdefault((p["label"], _range_of(p)), []).append(p["dtype"])
+        text += " Every result is PASS along " + ", ".join(
+            f"{label} {span}{'' if d == ['float32'] else ' (' + ' and '.join(d) + ')'}"
+            for (label, span), d in dtypes.items()) + "."
+    na = sorted({f"{p['label']} {c['label']} ({p['dtype']}): {c['note']}" for p in report["panels"]
+                 for c in p["cells"] if c["results"] is None})
+    if na:
+        text += " Not judged: " + "; ".join(na) + "."
+    raised = {}
+    for p in report["panels"]:
+        for c in p["cells"]:
+            if c["note"].startswith("error: "):
+                raised.setdefault(c["note"].removeprefix("error: "), set()).add(f"{p['label']} ({p['dtype']})")
+    for error, where in raised.items():
+        text += f" The kernel raised {error!r} in cells of {', '.join(sorted(where))}."
+    return text
+
+
+# --- the heat maps ----------------------------------------------------------------------------
+
+def _short(x):
+    """Two significant digits, without an exponent from 10 to 1e6 (a tick label)."""
+    return f"{float(f'{x:.2g}'):.0f}" if 10 <= x < 1e6 else f"{x:.2g}"
+
+
+def _panel_image(ax, panel, names, cmap, norm, chunk):
+    """Draw one sweep: rows = results, columns = swept values, colour = log10(error / tolerance)."""
+    cells = panel["cells"]
+    data = np.full((len(names), len(cells)), np.nan)
+    for j, c in enumerate(cells):
+        for i, n in enumerate(names):
+            if c["results"] is not None:
+                r = float(c["results"][n]["ratio"])  # inf (NaN/inf in a result, a raising kernel): "over"
+                data[i, j] = norm.vmin if r <= 0 else 2 * norm.vmax if not math.isfinite(r) else np.log10(r)
+    image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+    for j, c in enumerate(cells):
+        for i, n in enumerate(names):
+            g = c["results"][n]["grade"] if c["results"] is not None else PASS
+            if g != PASS:
+                ax.text(j, i, "x" if g == FAIL else "~", ha="center", va="center", fontsize=9, color="white",
+                        fontweight="bold")
+    strength = panel["field"] == "strength"
+    labels = [f"{c['label']}\n{_short(c['span'])}" if strength else c["label"] for c in cells]
+    ax.set_xticks(range(len(cells)), labels, fontsize=7)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xlabel(panel["label"] + (f"  /  {chunk}-token log-decay span" if strength else ""), fontsize=8)
+    ax.set_title(f"{panel['label']} ({panel['dtype']})", fontsize=9)
+    return image
+
+
+def plot(report, path):
+    """Heat maps (PNG): one panel per sweep, rows = results, colour = log10(error / tolerance), marks = grade."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.colors import Normalize  # noqa: PLC0415
+
+    cmap = plt.get_cmap("RdYlGn_r").with_extremes(over="#3b0000", bad="#c8c8c8")
+    norm = Normalize(vmin=-3, vmax=3)
+    ps = report["panels"]
+    # Long sweeps take a whole row, short ones share a row two by two.
+    rows = [[i, i] for i, p in enumerate(ps) if len(p["cells"]) > 8]
+    short = [i for i, p in enumerate(ps) if len(p["cells"]) <= 8]
+    rows += [[short[j], short[j + 1] if j + 1 < len(short) else "."] for j in range(0, len(short), 2)]
+    width = max(12.0, 0.5 * max(len(p["cells"]) for p in ps))  # about half an inch per column
+    fig, axes = plt.subplot_mosaic(rows, figsize=(width, 2.7 * len(rows) + 1.0), layout="constrained",
+                                   empty_sentinel=".")
+    images = [_panel_image(axes[i], p, report["results"], cmap, norm, report["chunk"]) for i, p in enumerate(ps)]
+    fig.suptitle(f"{report['kernel']}: error / tolerance ({report['grid']} grid; x = {FAIL}, ~ = {MIDDLE}, "
+                 "grey = not judged)", fontsize=10)
+    fig.colorbar(images[0], ax=list(axes.values()), orientation="horizontal", fraction=0.03, aspect=60,
+                 extend="both", label="log10(error / tolerance)   (0 = at tolerance)")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write(report, out_dir):
+    """Write ``domain.json``, ``domain.png`` and ``summary.txt`` into ``out_dir``; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "domain.json", "png": out / "domain.png", "summary": out / "summary.txt"}
+    write_json(paths["json"], report)
+    plot(report, paths["png"])
+    paths["summary"].write_text(report["summary"] + "\n", encoding="utf-8")
+    return paths
+
+
+def format_domain(report):
+    """The text the CLI prints: timing, non-PASS cells per panel, the summary paragraph."""
+    lines = [f"gdn2-oracle domain: {report['kernel']}, {report['grid']} grid, "
+             f"{sum(len(p['cells']) for p in report['panels'])} cells x {len(report['seeds'])} seed(s) "
+             f"in {report['seconds']:.0f} s"]
+    for b in report["boundaries"]:
+        lines.append(f"  {b['label']} ({b['dtype']}): {b['text']}")
+    lines += ["", report["summary"]]
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""``gdn2-oracle domain``: the sweep finds a planted boundary and writes heat maps, JSON and the summary.
+
+The CLI runs once (module fixture) on a tiny grid put in place of ``quick``, with the test kernel
+``clipped_log_decay[limit=0.5]`` (kernels/testing.py: the pairwise kernel with every per-token
+log-decay clipped at -0.5), which is exact while every ``|g_t| <= 0.5`` and wrong beyond.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from gdn2_oracle.ci import cli, domain
+from gdn2_oracle.ci.domain import Axis, Grid, Point
+from gdn2_oracle.oracle import RESULTS
+
+CLIPPED = "gdn2_oracle.kernels.testing:clipped_log_decay[limit=0.5]"
+# g = -s U(0.5, 1.5): |g| < 0.45 for s <= 0.3 (exact), up to 1.5 for s = 1 (clipped).
+STRENGTHS = (0.01, 0.1, 0.3, 1.0, 3.0, domain.RESETS)
+TINY = Grid("quick", (Axis("strength", "log-decay strength s", STRENGTHS),
+                      Axis("erase", "erase gate b", (0.5, 2.0))),
+            seeds=1, base=Point(T=64), shape=(1, 1, 8, 8))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """``gdn2-oracle domain --kernel CLIPPED --out DIR`` on the tiny grid: (exit code, stdout, DIR)."""
+    out = tmp_path_factory.mktemp("domain")
+    mp = pytest.MonkeyPatch()
+    mp.setitem(domain.GRIDS, "quick", TINY)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            code = cli.main(["domain", "--kernel", CLIPPED, "--grid", "quick", "--out", str(out), "--no-progress"])
+    finally:
+        mp.undo()
+    return code, buf.getvalue(), out
+
+
+def _panel(report, field):
+    return next(p for p in report["panels"] if p["field"] == field)
+
+
+def test_domain_writes_png_json_and_summary(run):
+    code, stdout, out = run
+    assert code == 0, stdout
+    assert (out / "domain.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "domain.json").read_text())
+    assert report["schema"] == domain.SCHEMA and report["kernel"] == CLIPPED
+    assert [len(p["cells"]) for p in report["panels"]] == [len(STRENGTHS), 2]
+    summary = (out / "summary.txt").read_text().strip()
+    assert summary == report["summary"] and summary in stdout
+
+
+def test_domain_finds_the_planted_decay_boundary(run):
+    _, _, out = run
+    report = json.loads((out / "domain.json").read_text())
+    cells = _panel(report, "strength")["cells"]
+    grades = [{n: c["results"][n]["grade"] for n in RESULTS} for c in cells]
+    assert all(g == domain.PASS for row in grades[:3] for g in row.values())  # |g| <= 0.45: exact
+    assert all(g["o"] == domain.FAIL for g in grades[3:])  # clipped at 1.0, 3.0 and under resets
+    assert all(c["results"]["o"]["ratio"] > 100 for c in cells[3:])
+    [b] = [b for b in report["boundaries"] if b["panel"] == "strength" and "o" in b["results"]]
+    span = cells[2]["span"]
+    assert 0.3 * 0.5 * 64 < span < 0.3 * 1.5 * 64  # the 64-token span of the last clean strength
+    boundary = f"every result leaves PASS once the 64-token log-decay span exceeds ~{span:.3g} (s = 0.3): FAIL from "
+    assert boundary in report["summary"]
+    assert b["text"].endswith("; FAIL under resets")
+    assert "Every result is PASS along erase gate b 0.5 and 2." in report["summary"]
+
+
+def test_points_are_validated_and_share_their_draws():
+    for bad, field in ((dict(strength=-1.0), "strength"), (dict(strength="extreme"), "strength"),
+                       (dict(erase=float("nan")), "erase"), (dict(qk="raw"), "qk"), (dict(T=0), "T"),
+                       (dict(dtype="float16"), "dtype")):
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            Point(**bad)
+    a, _, _ = domain.build(Point(strength=0.1, T=8, dtype="float32"), seed=3, shape=(1, 1, 4, 4))
+    b, _, _ = domain.build(Point(strength=0.2, T=8, dtype="float32"), seed=3, shape=(1, 1, 4, 4))
+    np.testing.assert_allclose(b.g, 2 * a.g, rtol=1e-6)  # one jitter draw, scaled
+    np.testing.assert_array_equal(a.q, b.q)
+    assert np.allclose(np.linalg.norm(a.q, axis=-1), 1, atol=1e-6)
+
+
+def _graded(field, values, grades):
+    """A panel whose cells carry only result ``o``'s grade (the boundary sentences read nothing else)."""
+    return {"field": field, "label": field, "cells": [
+        {"value": v, "label": str(v), "span": 10.0 * i, "results": {"o": {"grade": g}}}
+        for i, (v, g) in enumerate(zip(values, grades))]}
+
+
+@pytest.mark.parametrize("field, grades, text", [
+    ("erase", "PPFF", "{leaves} PASS once erase exceeds ~1: FAIL from 2"),
+    ("erase", "PMMF", f"{{leaves}} PASS once erase exceeds ~0: {domain.MIDDLE} from 1, FAIL from 3"),
+    ("strength", "PMPP", f"{{leaves}} PASS once the 64-token log-decay span exceeds ~0 (s = 0): {domain.MIDDLE} "
+                         "from 10 (s = 1), PASS again from 20 (s = 2)"),
+    ("erase", "FFPP", "{is} FAIL along erase up to 1, PASS from 2"),
+    ("erase", "MFFF", f"{{is}} {domain.MIDDLE} at erase 0, FAIL from 1"),
+    ("erase", "FFFF", "{is} FAIL at every erase (0-3)"),
+    ("qk", "PFPF", "{is} not PASS along qk: FAIL at 1, 3"),
+    ("erase", "PPPP", None),
+])
+def test_boundary_sentences(field, grades, text):
+    names = {"P": domain.PASS, "M": domain.MIDDLE, "F": domain.FAIL}
+    panel = _graded(field, (0, 1, 2, 3), [names[g] for g in grades])
+    assert domain.result_boundary(panel, "o", 64) == text
+
+
+def test_decay_span_is_the_largest_chunk_sum():
+    g = np.full((1, 130, 1, 2), -0.5)
+    g[..., 1] = -0.25
+    assert domain.decay_span(g, 64) == 32.0  # chunks of 64, 64 and 2 tokens; channel 0
+    assert domain.decay_span(g, 16) == 8.0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["domain"], "--kernel"),
+    (["domain", "--kernel", "pairwise", "--grid", "huge"], "invalid choice"),
+    (["domain", "--kernel", "no-such-kernel"], "unknown kernel"),
+    (["domain", "--kernel", "pairwise,factorized"], "expected one kernel"),
+])
+def test_domain_usage_errors_exit_2(capsys, argv, needle):
+    assert cli.main(argv) == 2
+    assert needle in capsys.readouterr().err

@@ -1,0 +1,97 @@
+"""``gdn2-oracle hunt``: finds a planted narrow failure that ``validate --cases quick`` misses, shrinks it
+and prints a working reproducer; exits 0 on a correct kernel.
+
+The planted bug (``kernels.testing:narrow``): the final state is off by 1e-2 only when K != V, the
+length is in ``NARROW_LENGTHS`` and some erase gate exceeds ``NARROW_ERASE``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import numpy as np
+import pytest
+
+from gdn2_oracle.ci import cli, harness, hunt
+from gdn2_oracle.ci.domain import FAIL, PASS, grade_of
+from gdn2_oracle.ci.validate import build_trials
+from gdn2_oracle.kernels import testing
+
+WRONG = "gdn2_oracle.kernels.testing"
+NARROW = f"{WRONG}:narrow"
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _fires(problem):
+    """Whether the planted bug of ``testing.narrow`` fires on a problem."""
+    _, T, _, K, V = problem.shape
+    lo, hi = testing.NARROW_LENGTHS
+    return K != V and lo <= T <= hi and bool(np.any(problem.b > testing.NARROW_ERASE))
+
+
+def test_the_quick_set_misses_the_planted_bug():
+    trials = build_trials("quick")
+    assert len(trials) > 40
+    assert not any(_fires(t.data()[0]) for t in trials)
+
+
+@pytest.mark.slow
+def test_hunt_finds_the_planted_narrow_failure_within_its_default_budget(capsys):
+    code, out, _ = run(capsys, "hunt", "--kernel", NARROW, "--seed", "0", "--no-progress")
+    assert code == 1, out
+    assert "hunt: FAIL found" in out and f"budget {hunt.DEFAULT_BUDGET}" in out
+    first = int(re.search(r"first at recipe (\d+)", out).group(1))
+    assert first <= hunt.DEFAULT_BUDGET
+    line = next(x for x in out.splitlines() if x.startswith("reproduce: "))
+    source = re.fullmatch(r'reproduce: python -c "(.*)"', line).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(source, {})  # noqa: S102 - the printed one-liner, run in-process
+    assert re.search(r"^final_state .* FAIL", printed.getvalue(), re.M), printed.getvalue()
+    pin = next(x for x in out.splitlines() if x.startswith("pin it:    @example(spec=Recipe("))
+    recipe = eval(pin.removeprefix("pin it:    @example(spec=")[:-1], {"Recipe": hunt.strategies.Recipe})  # noqa: S307
+    problem, do, dfs = recipe.build()
+    assert _fires(problem)
+    assert recipe.seed == 0 and recipe.cot_seed == 0 and recipe.decay == "none"  # shrunk
+    report = harness.validate(testing.narrow, problem, do, dfs, dtype=recipe.dtype)
+    assert grade_of(report["final_state"]) == FAIL and grade_of(report["o"]) == PASS
+
+
+def test_hunt_on_a_correct_kernel_exits_0_with_the_worst_ratio(capsys):
+    code, out, _ = run(capsys, "hunt", "--kernel", f"{WRONG}:correct", "--budget", "4", "--seed", "1",
+                       "--result", "dh0", "--no-progress")
+    assert code == 0, out
+    assert "hunt: no FAIL found" in out and "targeting result dh0" in out
+    worst = re.search(r"worst error / tolerance reached: (\S+) \((\w+), (\w+)\)", out)
+    assert worst and worst.group(2) == "dh0" and worst.group(3) == PASS
+    assert 0 < float(worst.group(1)) <= 1
+
+
+def test_hunt_on_a_raising_kernel_exits_1_with_the_error(capsys):
+    code, out, _ = run(capsys, "hunt", "--kernel", f"{WRONG}:broken", "--budget", "3", "--seed", "0", "--no-progress")
+    assert code == 1
+    assert "error: RuntimeError: this kernel always fails" in out and "reproduce: python -c" in out
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(budget=0), "budget"), (dict(result="o2"), "result"),
+                                           (dict(shapes="some"), "shapes")])
+def test_hunt_rejects_bad_arguments(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        hunt.hunt(testing.correct, "correct", **kwargs)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["hunt"], "--kernel"),
+    (["hunt", "--kernel", "pairwise", "--budget", "0"], "positive integer"),
+    (["hunt", "--kernel", "pairwise", "--result", "dx"], "invalid choice"),
+])
+def test_hunt_usage_errors_exit_2(capsys, argv, needle):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and needle in err

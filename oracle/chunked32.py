@@ -1,0 +1,150 @@
+"""The standard float32 chunked GDN-2 algorithm, forward and chunkwise backward, in NumPy.
+
+The second working-precision baseline of the tolerance model (docs/DESIGN.md §4, "Grades
+and the precision-loss bound"): the chunkwise form and backward of docs/DESIGN.md §1 at ``CHUNK`` = 64
+tokens, as public chunked kernels commonly write it -- every decay exponent ``G_r - G_s`` (and
+``G_C - G_r``) is a difference of two float32 within-chunk cumulative sums, so each factor carries
+a relative error of order ``ulp(|G|)`` (exponent cancellation). Everything else is the ordinary
+algorithm: the WY solve ``A = (I + T)^{-1}`` by forward substitution, the state recurrence over
+chunks, and a backward that carries ``dS`` from the last chunk to the first, forms ``dg`` as a
+reverse cumulative sum of the gate terms and keeps the undecayed diagonal and the ``Kd``/``gamma_C``
+terms out of that sum.
+
+All arithmetic is in ``dtype`` (float32; float64 only to check the algorithm against the exact
+recurrence). Memory: one chunk's ``C x C x K`` decay tensor at a time plus each chunk's entering
+state. Shares no code with ``kernels`` (docs/DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .problem import Grads, Problem
+
+CHUNK = 64
+
+
+def _chunks(x, C, dtype):
+    """``[B, T, H, D] -> [N, B, H, C, D]`` in ``dtype``, zero-padded at the end (identity tokens)."""
+    B, T, H, D = x.shape
+    N = -(-T // C)
+    x = np.pad(np.asarray(x, dtype=dtype), ((0, 0), (0, N * C - T), (0, 0), (0, 0)))
+    return x.reshape(B, N, C, H, D).transpose(1, 0, 3, 2, 4)
+
+
+def _unchunk(x, T):
+    """``[N, B, H, C, D] -> [B, T, H, D]`` (padding dropped)."""
+    N, B, H, C, D = x.shape
+    return x.transpose(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
+
+
+def _t(x):
+    """Swap the last two axes."""
+    return np.swapaxes(x, -1, -2)
+
+
+def unit_lower_inverse(T):
+    """``(I + T)^{-1}`` for strictly lower triangular ``T [..., C, C]``, by forward substitution in T's dtype."""
+    C = T.shape[-1]
+    A = np.zeros_like(T)
+    A[..., np.arange(C), np.arange(C)] = 1
+    for i in range(1, C):
+        A[..., i, :i] = -np.matmul(T[..., i : i + 1, :i], A[..., :i, :i])[..., 0, :]
+    return A
+
+
+class _Chunk:
+    """One chunk's state-independent quantities (docs/DESIGN.md §1 chunkwise form), all in the inputs' dtype."""
+
+    def __init__(self, q, k, v, g, b, w):
+        C = q.shape[-2]
+        self.q, self.k, self.v, self.b, self.w = q, k, v, b, w
+        G = np.cumsum(g, axis=-2, dtype=g.dtype)  # float32 cumulative sum within the chunk
+        self.gamma = np.exp(G)
+        GC = G[..., -1:, :]
+        self.fC = np.exp(GC - G)  # exp(G_C - G_r): a difference of two rounded cumulative sums
+        self.gC = np.exp(GC)  # [..., 1, K]
+        lower = np.tril(np.ones((C, C), bool))[:, :, None]
+        # D_rsc = exp(G_rc - G_sc) for r >= s, 0 above the diagonal: the exponent-cancellation site.
+        self.D = np.where(lower, np.exp(np.where(lower, G[..., :, None, :] - G[..., None, :, :], 0)), 0).astype(g.dtype)
+        self.strict = np.tril(np.ones((C, C), bool), -1)
+        self.a = b * k
+        self.Ebar = self.gamma * self.a
+        self.Qg = self.gamma * q
+        self.Kd = self.fC * k
+        self.T = np.where(self.strict, self._score(self.a), 0)
+        self.Aqk = np.where(self.strict | np.eye(C, dtype=bool), self._score(q), 0)
+        self.A = unit_lower_inverse(self.T)
+        self.Y = np.matmul(self.A, self.Ebar)
+        self.U = np.matmul(self.A, w * v)
+
+    def _score(self, X):
+        """``S_rs = sum_c X_rc k_sc D_rsc``."""
+        return np.sum(X[..., :, None, :] * self.D * self.k[..., None, :, :], axis=-1)
+
+    def state(self, S0):
+        """``R = U - Y S0`` and the chunk's final state ``Diag(gamma_C) S0 + Kd^T R``."""
+        R = self.U - np.matmul(self.Y, S0)
+        return R, _t(self.gC) * S0 + np.matmul(_t(self.Kd), R)
+
+    def output(self, S0, R, scale):
+        """``O = scale ((gamma q) S0 + Aqk R)``."""
+        return scale * (np.matmul(self.Qg, S0) + np.matmul(self.Aqk, R))
+
+    def backward(self, S0, R, dO, dS1, scale):
+        """The chunk's six per-token gradients and ``dS0`` (the cotangent of its entering state)."""
+        k, b = self.k, self.b
+        dR = scale * np.matmul(_t(self.Aqk), dO) + np.matmul(self.Kd, dS1)
+        dS0 = scale * np.matmul(_t(self.Qg), dO) + _t(self.gC) * dS1 - np.matmul(_t(self.Y), dR)
+        dAqk = np.where(self.strict | np.eye(dO.shape[-2], dtype=bool), scale * np.matmul(dO, _t(R)), 0)
+        dQg = scale * np.matmul(dO, _t(S0))
+        dKd = np.matmul(R, _t(dS1))
+        dX = np.matmul(_t(self.A), dR)  # R = A X with X = w v - Ebar S0
+        dT = -np.where(self.strict, np.matmul(dX, _t(R)), 0)
+        dEbar = -np.matmul(dX, _t(S0))
+        diag = np.diagonal(dAqk, axis1=-2, axis2=-1)[..., None]  # exponent 0: kept out of the score path
+        dAqk = np.where(self.strict, dAqk, 0)
+        # score path: S_rs = sum_c X_rc k_sc D_rsc for (X, dS) = (a, dT) and (q, dAqk)
+        dXa = np.sum(dT[..., None] * self.D * k[..., None, :, :], axis=-2)
+        dXq = np.sum(dAqk[..., None] * self.D * k[..., None, :, :], axis=-2)
+        dk_s = np.sum((dT[..., None] * self.a[..., :, None, :] + dAqk[..., None] * self.q[..., :, None, :]) * self.D,
+                      axis=-3)
+        da = self.gamma * dEbar + dXa
+        dq = self.gamma * dQg + dXq + diag * k
+        dk = self.fC * dKd + dk_s + diag * self.q + da * b
+        # G_r reaches g_i for i <= r (reverse cumsum); G_C - G_r reaches i > r (exclusive cumsum); G_C every i.
+        dG = self.Ebar * dEbar + self.Qg * dQg + self.a * dXa + self.q * dXq - k * dk_s
+        dg = np.flip(np.cumsum(np.flip(dG, -2), axis=-2), -2)
+        KdK = np.cumsum(self.Kd * dKd, axis=-2)
+        dg[..., 1:, :] += KdK[..., :-1, :]
+        dg += self.gC * np.sum(dS1 * S0, axis=-1)[..., None, :]
+        return (dq, dk, dX * self.w, dg, da * k, dX * self.v), dS0
+
+
+def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=CHUNK, dtype=np.float32):
+    """``((o, final_state), grads)`` of the chunked algorithm in ``dtype``, ``chunk_size`` tokens per chunk."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
+    do, dfinal_state = problem.check_cotangents(do, dfinal_state)
+    B, T, H, K, V = problem.shape
+    xs = [_chunks(x, chunk_size, dtype) for x in problem.inputs()]
+    dOs = _chunks(do, chunk_size, dtype)
+    scale = dtype.type(problem.scale)
+    S = np.asarray(problem.h0(), dtype=dtype)
+    states, outs = [], []
+    for n in range(len(dOs)):
+        ch = _Chunk(*(x[n] for x in xs))
+        R, S1 = ch.state(S)
+        states.append((S, R))
+        outs.append(ch.output(S, R, scale))
+        S = S1
+    dS = np.asarray(dfinal_state, dtype=dtype)
+    grads = [None] * len(dOs)
+    for n in reversed(range(len(dOs))):
+        ch = _Chunk(*(x[n] for x in xs))  # recomputed: one chunk's decay tensor alive at a time
+        grads[n], dS = ch.backward(*states[n], dOs[n], dS, scale)
+    per_token = [_unchunk(np.stack([gr[i] for gr in grads]), T) for i in range(6)]
+    return (_unchunk(np.stack(outs), T), S), Grads(*per_token, dS)
