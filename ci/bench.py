@@ -5,6 +5,8 @@ For every (kernel, shape, dtype):
 1. the tile configurations to try: the kernel's defaults, or a sweep (``--tiles``: an explicit
    ``key=v1,v2;key2=...`` grid, or ``sweep``: the Pallas ``SWEEP`` for ``pallas-*`` kernels and
    :data:`DEFAULT_SWEEP` for the others). Keys a kernel does not accept are dropped for that kernel;
+   a key no kernel of the run accepts, or a value every kernel taking the key rejects, is a usage
+   error (:func:`check_tiles`, before any work);
 2. with more than one configuration, each is validated cheaply first, at a smaller shape
    (:func:`small_shape`) with the same tile configuration; failures are rejected, never timed;
 3. each remaining configuration is compiled ahead of time (``jit(...).lower().compile()``: the
@@ -33,6 +35,8 @@ from gdn2_oracle.kernels import parse_value
 from gdn2_oracle.oracle import RESULTS, Recipe
 
 from . import harness
+from . import mesh as mesh_lib
+from . import parallel_oracle
 from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
 from .tolerance import baseline, compare, dtype_name
 
@@ -65,6 +69,42 @@ def _accepts(spec, key, value):
     except UsageError as exc:
         return "does not accept" not in str(exc) and "unexpected keyword" not in str(exc)
     return True
+
+
+def check_tiles(specs, tiles):
+    """UsageError for a ``--tiles`` key that none of ``specs`` accepts, or a value that every kernel
+    taking its key rejects on its own (a value valid for some combination is judged per configuration)."""
+    if tiles is None or tiles in ("", "sweep"):
+        return
+    grid = parse_tiles(tiles)
+    labels = ", ".join(s.label() for s in specs)
+    for key, values in grid.items():
+        takers = [s for s in specs if key not in s.options and _accepts(s, key, values[0])]
+        if not takers and not any(key in s.options for s in specs):
+            raise UsageError(f"--tiles: no kernel of this run ({labels}) accepts the option {key!r}")
+        for value in values:
+            errors = []
+            for s in takers:
+                try:
+                    s.build(**{key: value})
+                    break
+                except UsageError as exc:
+                    errors.append(str(exc))
+            else:
+                if errors:
+                    raise UsageError(f"--tiles: {key}={value!r} is rejected by every kernel that takes {key!r}: "
+                                     f"{errors[0]}")
+
+
+def check_allocatable(shape):
+    """UsageError when the float64 oracle arrays of a benchmark ``shape`` cannot be allocated on this host."""
+    B, T, H, K, V = shape
+    elements = B * T * H * (4 * K + 3 * V)  # q, k, g, b; v, w, do (float64, before any other work)
+    try:
+        np.empty(elements, dtype=np.float64)
+    except (MemoryError, ValueError, OverflowError) as exc:
+        raise UsageError(f"shape B={B} T={T} H={H} K={K} V={V}: cannot allocate its "
+                         f"{8 * elements / 2**30:.3g} GiB of float64 inputs on this host ({type(exc).__name__})") from None
 
 
 def configurations(spec, tiles):
@@ -119,7 +159,8 @@ class OracleCache:
         if key not in self._refs:
             self.log(f"float64 oracle for shape {tuple(shape)} {dtype} (once per shape) ...")
             t0 = time.perf_counter()
-            self._refs[key] = harness.reference_results(*self.problem(shape, dtype, seed))
+            self._refs[key] = parallel_oracle.reference_results(*self.problem(shape, dtype, seed),
+                                                                jobs=parallel_oracle.JOBS)
             self.seconds += time.perf_counter() - t0
         return self._refs[key]
 
@@ -139,7 +180,7 @@ class Compiled:
 
     def __init__(self, fn, problem, do, dfs, dtype):
         harness.check_representable(problem, dtype)
-        self.args = harness.device_inputs(problem, do, dfs, dtype)
+        self.args = mesh_lib.place_args(harness.device_inputs(problem, do, dfs, dtype))  # on --mesh, if any
         t0 = time.perf_counter()
         self.exe = harness.runner(fn).lower(*self.args, problem.scale).compile()
         self.compile_s = time.perf_counter() - t0
@@ -150,7 +191,7 @@ class Compiled:
 
 def judge(out, shape, dtype, seed, cache):
     """Compare a runner output tuple against the cached oracle: ``{"passed", "verdicts", "failures"}``."""
-    got = {n: np.asarray(x) for n, x in zip(RESULTS, out)}
+    got = {n: mesh_lib.to_host(x) for n, x in zip(RESULTS, out)}
     p, do, dfs = cache.problem(shape, dtype, seed)
     base = cache.baseline(shape, dtype, seed, {n: dtype_name(got[n]) for n in RESULTS})
     report = compare(p, do, dfs, got, cache.reference(shape, dtype, seed), dtype=dtype, base=base)
@@ -167,6 +208,8 @@ def validate_config(fn, shape, dtype, seed, cache, compiled=None):
             p, do, dfs = cache.problem(shape, dtype, seed)
             compiled = Compiled(fn, p, do, dfs, dtype)
         return judge(compiled.call(), shape, dtype, seed, cache)
+    except MemoryError as exc:  # the host cannot hold this shape: a usage error, not a verdict on the kernel
+        raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # noqa: BLE001 - the reason is reported, the kernel is not timed
         return {"passed": False, "shape": list(shape), "verdicts": [],
                 "failures": [f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}"]}
@@ -214,6 +257,8 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cache,
     try:
         log(f"{label} {dtype}: compiling at {tuple(shape)}")
         compiled = Compiled(fn, *cache.problem(shape, dtype, seed), dtype)
+    except MemoryError as exc:
+        raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # noqa: BLE001
         return _reject(entry, f"compile failed: {type(exc).__name__}: {str(exc).strip()[:400]}")
     entry["compile_s"] = compiled.compile_s
@@ -274,11 +319,16 @@ def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cache, log):
 
 
 def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dtypes=("float32",),
-              tiles=None, repeats=20, seed=0, show_progress=True, env=None):
-    """Benchmark every kernel spec at every shape and dtype; returns the JSON-ready report."""
+              tiles=None, repeats=20, seed=0, show_progress=True, env=None, mesh=None):
+    """Benchmark every kernel spec at every shape and dtype; returns the JSON-ready report (with
+    ``"interrupted": true`` and the results finished so far after Ctrl-C); with a ``mesh`` (ci/mesh.py)
+    every kernel is compiled and timed inside it on sharded inputs."""
     for spec in specs:  # unknown kernels / import failures are usage errors, before any work
         spec.build()
+    check_tiles(specs, tiles)
     shapes = [(B, T, H, D, D) for D in dims for H in heads for T in seqs for B in batches]
+    for shape in shapes:
+        check_allocatable(shape)
     bar = progress(total=len(specs) * len(shapes) * len(dtypes), desc="bench", unit="run") if show_progress else None
 
     def log(msg):
@@ -287,21 +337,31 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
 
     cache = OracleCache(log)
     t0 = time.perf_counter()
-    results = []
-    for shape in shapes:
-        for dtype in dtypes:
-            for spec in specs:
-                results.append(bench_one(spec, shape, dtype, tiles=tiles, repeats=repeats, seed=seed,
-                                         cache=cache, log=log))
-                if bar is not None:
-                    bar.update(1)
-            first = next((r for r in results[-len(specs):] if r["status"] == "ok"), None)
-            for r in results[-len(specs):]:
-                if first is not None and r["status"] == "ok":
-                    r["baseline_kernel"] = first["kernel"]
-                    r["speedup_vs_baseline"] = first["median_s"] / r["median_s"]
-    if bar is not None:
-        bar.close()
+    results, interrupted = [], False
+    in_mesh = mesh_lib.using(mesh)  # kernels compile and run inside the mesh (a no-op without one)
+    in_mesh.__enter__()
+    try:
+        for shape in shapes:
+            for dtype in dtypes:
+                group = []
+                for spec in specs:
+                    group.append(bench_one(spec, shape, dtype, tiles=tiles, repeats=repeats, seed=seed,
+                                           cache=cache, log=log))
+                    results.append(group[-1])
+                    if bar is not None:
+                        bar.update(1)
+                first = next((r for r in group if r["status"] == "ok"), None)
+                for r in group:
+                    if first is not None and r["status"] == "ok":
+                        r["baseline_kernel"] = first["kernel"]
+                        r["speedup_vs_baseline"] = first["median_s"] / r["median_s"]
+    except KeyboardInterrupt:  # Ctrl-C: report what was finished, marked interrupted
+        interrupted = True
+    finally:
+        in_mesh.__exit__(None, None, None)
+        if bar is not None:
+            bar.close()
+    passed = not interrupted and all(r["status"] == "ok" for r in results)
     return {
         "schema": SCHEMA,
         "command": "bench",
@@ -309,11 +369,14 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
         "repeats": repeats,
         "seed": seed,
         "tiles": tiles,
+        "mesh": mesh_lib.format_mesh(mesh) if mesh is not None else None,
         "problem": "oracle.make_problem(decay='moderate', gates='uniform', initial_state=True), random cotangents",
         "timed": "jit(vjp forward + pullback of all seven inputs), block_until_ready, median of repeats",
         "oracle_seconds": cache.seconds,
         "seconds": time.perf_counter() - t0,
-        "passed": all(r["status"] == "ok" for r in results),
+        "passed": passed,
+        "interrupted": interrupted,
+        "outcome": "interrupted" if interrupted else ("pass" if passed else "fail"),
         "results": results,
     }
 
@@ -359,6 +422,8 @@ def format_bench(report):
         lines += ["", "Notes:"] + [f"  {k}: {n}" for k, n in notes]
     lines.append("")
     lines.append(f"float64 oracle + baselines: {report['oracle_seconds']:.1f} s; total {report['seconds']:.1f} s")
+    if report.get("interrupted"):
+        lines.append(f"INTERRUPTED: {len(report['results'])} result(s) finished before Ctrl-C are reported")
     return "\n".join(lines)
 
 

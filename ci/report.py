@@ -8,6 +8,7 @@ import hashlib
 import inspect
 import json
 import math
+import os
 import platform
 import re
 import subprocess
@@ -45,6 +46,28 @@ class KernelSpec:
             raise UsageError(f"--kernel {text!r}: {str(exc).removeprefix('name: ')}") from None
         return cls(text.strip(), name, options)
 
+    @staticmethod
+    def split(text):
+        """The specs in a ``--kernel`` value: ``"a,b[x=1,y=2]"`` -> ``["a", "b[x=1,y=2]"]`` (commas inside
+        ``[...]`` separate options, not kernels); UsageError for an empty item or unbalanced brackets."""
+        items, depth, start = [], 0, 0
+        for i, ch in enumerate(text):
+            if ch == "[":
+                depth += 1
+            elif ch == "]":
+                depth -= 1
+                if depth < 0:
+                    break
+            elif ch == "," and depth == 0:
+                items.append(text[start:i])
+                start = i + 1
+        if depth != 0:
+            raise UsageError(f"--kernel {text!r}: unbalanced '[' ']'")
+        items.append(text[start:])
+        if not all(item.strip() for item in items):
+            raise UsageError(f"--kernel {text!r}: empty kernel name in the comma-separated list")
+        return [item.strip() for item in items]
+
     def label(self, extra=None):
         opts = {**self.options, **(extra or {})}
         if not opts:
@@ -60,6 +83,8 @@ class KernelSpec:
             return kernels.get(self.name, **{**self.options, **extra})
         except ValueError as exc:
             raise UsageError(f"--kernel {self.spec}: {exc}") from None
+        except SystemExit as exc:  # a kernel module that calls sys.exit() on import
+            raise UsageError(f"--kernel {self.spec}: building it called sys.exit({exc.code!r})") from None
         except Exception as exc:  # noqa: BLE001 - a broken external factory is a usage problem too
             raise UsageError(f"--kernel {self.spec}: {type(exc).__name__}: {exc}") from None
 
@@ -203,10 +228,43 @@ def jsonable(x):
 
 
 def write_json(path, data):
+    """Write ``data`` as plain JSON, atomically (a temporary file beside ``path``, then ``os.replace``)."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(jsonable(data), indent=1, allow_nan=False) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def output_path(text, *, option, default_name, suffixes):
+    """The file an output option (``--json``, ``--plot``) will write, checked before any work.
+
+    An existing directory (or a path ending in ``/``) means ``<dir>/<default_name>``. The file must end
+    in one of ``suffixes`` and its directory must be creatable and writable (probed by creating and
+    removing a temporary file there). UsageError naming the option otherwise.
+    """
+    path = Path(text)
+    if path.is_dir() or str(text).endswith(("/", os.sep)):
+        path = path / default_name
+    if path.suffix.lower() not in suffixes:
+        raise UsageError(f"{option} {text}: expected a {' or '.join(suffixes)} file or a directory")
+    if path.is_dir():
+        raise UsageError(f"{option} {text}: {path} is a directory")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(jsonable(data), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"{option} {text}: cannot write to {path.parent} ({exc.strerror or exc})") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{option} {text}: {path} is not writable")
+    return path
 
 
 # --- tables ---------------------------------------------------------------------------------
@@ -226,34 +284,8 @@ def fmt_err(x):
     return "inf" if x == float("inf") else ("nan" if x != x else f"{x:.2e}")
 
 
-def progress(iterable=None, *, total=None, desc="", unit="it"):
-    """A tqdm progress bar on stderr (shown only on a terminal), or the plain iterable without tqdm."""
-    try:
-        from tqdm import tqdm  # noqa: PLC0415
-    except ImportError:
-        return _NoBar(iterable)
-    return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr, disable=None,
-                dynamic_ncols=True, leave=False)
+def progress(*, total, desc="", unit="it"):
+    """Progress on stderr: a tqdm bar on a terminal, else a line every few seconds (``golden.progress``)."""
+    from gdn2_oracle.golden.progress import Progress  # noqa: PLC0415
 
-
-class _NoBar:
-    def __init__(self, iterable):
-        self.iterable = iterable
-
-    def __iter__(self):
-        return iter(self.iterable)
-
-    def update(self, n=1):
-        pass
-
-    def set_postfix_str(self, s):
-        pass
-
-    def close(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        pass
+    return Progress(total, desc, unit)

@@ -82,13 +82,33 @@ def decode(data: bytes) -> dict[str, np.ndarray]:
         return {name: npz[name] for name in npz.files}
 
 
+def manifest_recovery() -> str:
+    """How to restore a damaged manifest (from git, or rebuilt from the catalogue)."""
+    return "restore it with `git checkout golden/MANIFEST.json` or rebuild it with `gdn2-oracle golden regenerate --force`"
+
+
+def file_recovery(name: str) -> str:
+    """How to restore the golden file of case ``name`` (from git, or recomputed)."""
+    return (f"restore it with `git checkout golden/data/{name}.npz` or "
+            f"`gdn2-oracle golden regenerate --case {name}`")
+
+
 def read_manifest(path=None) -> dict:
-    """The manifest as a dict (``{"cases": {}}`` if the file does not exist)."""
+    """The manifest as a dict (``{"cases": {}}`` if the file does not exist); a file that is not a
+    manifest (bad JSON, wrong structure) raises :class:`GoldenError` naming it and the recovery."""
     path = Path(path) if path is not None else MANIFEST
     if not path.exists():
         return {"cases": {}}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise GoldenError(f"golden manifest {path} is corrupt ({type(exc).__name__}: {exc}); "
+                          f"{manifest_recovery()}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("cases", {}), dict) or not all(
+            isinstance(e, dict) for e in manifest.get("cases", {}).values()):
+        raise GoldenError(f"golden manifest {path} is corrupt (not an object with a 'cases' object of entries); "
+                          f"{manifest_recovery()}")
+    return manifest
 
 
 def names() -> list[str]:
@@ -158,26 +178,30 @@ def load(name: str, *, data_dir=None, manifest=None) -> Golden:
         manifest = read_manifest(manifest)
     entry = manifest.get("cases", {}).get(name)
     if entry is None:
-        raise GoldenError(f"golden case {name!r}: not in the manifest (run `gdn2-oracle golden regenerate`)")
+        raise GoldenError(f"golden case {name!r}: not in the manifest (run `gdn2-oracle golden regenerate --case {name}`)")
     if entry.get("recipe_sha256") != case.checksum():
         raise GoldenError(f"golden case {name!r}: stale; the catalogue recipe (sha256 {case.checksum()}) "
                           f"differs from the manifest's ({entry.get('recipe_sha256')}); "
                           f"run `gdn2-oracle golden regenerate --case {name}`")
-    expected = entry["sha256"]
+    expected = entry.get("sha256")
     path = Path(data_dir if data_dir is not None else DATA_DIR) / f"{name}.npz"
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise GoldenError(f"golden case {name!r}: file {path} is missing: expected sha256 {expected}, "
-                          f"actual: no file") from None
+                          f"actual: no file; {file_recovery(name)}") from None
+    except OSError as exc:
+        raise GoldenError(f"golden case {name!r}: cannot read {path} ({type(exc).__name__}: {exc}); "
+                          f"{file_recovery(name)}") from None
     actual = sha256(data)
     if actual != expected:
         raise GoldenError(f"golden case {name!r}: file {path} is truncated or altered ({len(data)} bytes): "
-                          f"expected sha256 {expected}, actual sha256 {actual}")
+                          f"expected sha256 {expected}, actual sha256 {actual}; {file_recovery(name)}")
     try:
         arrays = decode(data)
     except Exception as exc:  # noqa: BLE001 - a file matching its hash should always decode
-        raise GoldenError(f"golden case {name!r}: cannot read {path}: {type(exc).__name__}: {exc}") from exc
+        raise GoldenError(f"golden case {name!r}: cannot read {path}: {type(exc).__name__}: {exc}; "
+                          f"{file_recovery(name)}") from exc
     return Golden(name, case, arrays, entry)
 
 

@@ -12,15 +12,21 @@ With ``--check``: recompute the selected cases and compare every stored array bi
 the file's sha256 with the manifest's); print each difference, naming the case and the array,
 and exit 1 if there is any.
 
-``main(argv)`` returns the exit status (0 ok, 1 differences/failures, 2 usage error).
+``main(argv)`` returns the exit status (0 ok, 1 differences/failures or a corrupt manifest, 2 usage
+error, 130 interrupted). Regenerations may run concurrently (different ``--case``s): every manifest
+update is a read-modify-write under an exclusive ``flock`` of the corpus directory, written to a
+temporary file and moved into place (``os.replace``), so no entry is lost and no reader sees half a
+file. An interrupted regeneration keeps every case it finished (file and manifest entry).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -31,7 +37,10 @@ import numpy as np
 from gdn2_oracle.oracle import GRADS, INPUTS, RESULTS, mp
 from . import catalogue
 from .catalogue import GENERATOR_VERSION, PRECISION_BITS
-from .load import decode, encode, read_manifest, sha256
+from .load import GoldenError, decode, encode, read_manifest, sha256
+from .progress import Progress
+
+PROG = "gdn2-oracle golden regenerate"
 
 FORMAT = ("zip (stored) of .npy v1.0 float64 members in fixed order, dated 1980-01-01; "
           "err_<result> = max per-element |x_prec - x_2prec| (absolute); see golden/load.py")
@@ -88,57 +97,48 @@ def _run_all(names, jobs, desc):
     order = sorted(names, key=lambda n: -catalogue.get(n).cost())
     if not order:
         return
-    bar = _Progress(len(order), desc)
+    bar = Progress(len(order), desc, unit="case")
     try:
         if jobs <= 1 or len(order) <= 1:
             for n in order:
-                bar.start(n)
+                bar.set_postfix_str(n)
                 result = _work(n)
-                bar.done(n, result[3])
-                yield result
+                yield result  # counted once the caller has stored it (a progress line means "written")
+                bar.set_postfix_str(f"{n} {result[3]:.1f}s")
+                bar.update(1)
         else:
-            with cf.ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(_work, n) for n in order]
-                try:
-                    for fut in cf.as_completed(futures):
-                        result = fut.result()
-                        bar.done(result[0], result[3])
-                        yield result
-                except BaseException:
-                    for fut in futures:
-                        fut.cancel()
-                    raise
+            pool = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint)
+            futures = [pool.submit(_work, n) for n in order]
+            try:
+                for fut in cf.as_completed(futures):
+                    result = fut.result()
+                    yield result
+                    bar.set_postfix_str(f"{result[0]} {result[3]:.1f}s")
+                    bar.update(1)
+            except BaseException:  # interrupted (or a worker failed): stop the others now
+                for fut in futures:
+                    fut.cancel()
+                _terminate_workers(pool)
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
     finally:
         bar.close()
 
 
-class _Progress:
-    """tqdm when importable, else one line per finished case on stderr."""
+def _ignore_sigint():
+    """Worker initializer: Ctrl-C goes to the parent, which stops the workers (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    def __init__(self, total, desc):
-        self.total, self.count, self.desc = total, 0, desc
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            self.bar = None
-        else:
-            self.bar = tqdm(total=total, desc=desc, unit="case", file=sys.stderr, dynamic_ncols=True)
 
-    def start(self, name):
-        if self.bar is not None:
-            self.bar.set_postfix_str(name)
-
-    def done(self, name, seconds):
-        self.count += 1
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{name} {seconds:.1f}s")
-            self.bar.update(1)
-        else:
-            print(f"{self.desc}: [{self.count}/{self.total}] {name} ({seconds:.1f}s)", file=sys.stderr)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
+def _terminate_workers(pool):
+    """Stop a process pool's workers without waiting for their current case."""
+    stop = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if stop is not None:
+        stop()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.terminate()
 
 
 # --- files ------------------------------------------------------------------------------------
@@ -146,9 +146,13 @@ class _Progress:
 def _write_atomic(path: Path, data: bytes):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def manifest_text(manifest: dict) -> str:
@@ -159,6 +163,44 @@ def manifest_text(manifest: dict) -> str:
 def _write_manifest(path: Path, manifest: dict):
     manifest["format"] = FORMAT
     _write_atomic(path, manifest_text(manifest).encode("utf-8"))
+
+
+@contextlib.contextmanager
+def _locked(directory: Path):
+    """An exclusive ``flock`` on ``directory`` (the corpus root, beside the manifest) while inside."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl  # noqa: PLC0415 - POSIX only
+    except ImportError:  # no flock (Windows): concurrent regenerations are not protected there
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_or_fresh(path: Path, fresh: bool) -> dict:
+    """The manifest; with ``fresh``, an empty one in place of a corrupt file (``--force`` rebuilds it)."""
+    try:
+        return read_manifest(path)
+    except GoldenError:
+        if not fresh:
+            raise
+        return {"cases": {}}
+
+
+def update_manifest(path: Path, change, *, fresh_if_corrupt=False) -> dict:
+    """Apply ``change(manifest)`` to the manifest at ``path`` under the corpus lock (read, modify and
+    atomic write inside it, so concurrent regenerations never lose an entry); returns the manifest."""
+    with _locked(path.parent):
+        manifest = _read_or_fresh(path, fresh_if_corrupt)
+        manifest.setdefault("cases", {})
+        change(manifest)
+        _write_manifest(path, manifest)
+    return manifest
 
 
 def _up_to_date(case, entry, path: Path) -> bool:
@@ -173,35 +215,55 @@ def _up_to_date(case, entry, path: Path) -> bool:
 # --- commands ---------------------------------------------------------------------------------
 
 def regenerate(names, *, root: Path, jobs=1, force=False, prune=False, out=None) -> int:
+    """Recompute the out-of-date (``force``: all) cases of ``names`` into ``root``; 0, or 130 when
+    interrupted (the cases finished so far are kept). A corrupt manifest raises :class:`GoldenError`
+    unless ``force`` (which rebuilds it)."""
     out = out or sys.stdout
     data_dir, manifest_path = root / "data", root / "MANIFEST.json"
-    manifest = read_manifest(manifest_path)
-    cases = manifest.setdefault("cases", {})
-    todo = []
-    for n in names:
-        case = catalogue.get(n)
-        if force or not _up_to_date(case, cases.get(n), data_dir / f"{n}.npz"):
-            todo.append(n)
-        else:
-            cases[n]["description"] = case.purpose
-    if prune:
-        keep = set(catalogue.names())
-        for n in sorted(set(cases) - keep):
-            del cases[n]
-            print(f"removed manifest entry of {n!r} (no longer in the catalogue)", file=out)
-        if data_dir.exists():
-            for f in sorted(data_dir.glob("*.npz")):
-                if f.stem not in keep:
-                    f.unlink()
-                    print(f"removed {f} (no longer in the catalogue)", file=out)
+    if force:
+        try:
+            read_manifest(manifest_path)
+        except GoldenError as exc:
+            print(f"{exc}\n--force: starting a new manifest", file=sys.stderr)
+    todo, fresh = [], {}
+
+    def plan(manifest):
+        cases = manifest["cases"]
+        for n in names:
+            case = catalogue.get(n)
+            if force or not _up_to_date(case, cases.get(n), data_dir / f"{n}.npz"):
+                todo.append(n)
+            else:
+                cases[n]["description"] = case.purpose
+        if prune:
+            keep = set(catalogue.names())
+            for n in sorted(set(cases) - keep):
+                del cases[n]
+                print(f"removed manifest entry of {n!r} (no longer in the catalogue)", file=out)
+            if data_dir.exists():
+                for f in sorted(data_dir.glob("*.npz")):
+                    if f.stem not in keep:
+                        f.unlink()
+                        print(f"removed {f} (no longer in the catalogue)", file=out)
+
+    manifest = update_manifest(manifest_path, plan, fresh_if_corrupt=force)
     skipped = len(names) - len(todo)
     t0 = time.perf_counter()
-    for name, data, entry, _ in _run_all(todo, jobs, "regenerate"):
-        _write_atomic(data_dir / f"{name}.npz", data)
-        cases[name] = entry
-        _write_manifest(manifest_path, manifest)  # after every case: an interrupted run keeps its work
-    _write_manifest(manifest_path, manifest)
-    total = sum(e["bytes"] for e in cases.values())
+    try:
+        for name, data, entry, _ in _run_all(todo, jobs, "regenerate"):
+            def add(m, name=name, data=data, entry=entry):
+                _write_atomic(data_dir / f"{name}.npz", data)
+                m["cases"][name] = entry
+
+            # after every case: an interrupted run keeps its work
+            manifest = update_manifest(manifest_path, add, fresh_if_corrupt=force)
+            fresh[name] = entry
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; {len(fresh)} of {len(todo)} case(s) were finished and written "
+              f"(files and manifest entries): {', '.join(fresh) or 'none'}", file=sys.stderr)
+        return 130
+    cases = manifest["cases"]
+    total = sum(e.get("bytes", 0) for e in cases.values())
     print(f"golden: {len(todo)} regenerated, {skipped} up to date, {time.perf_counter() - t0:.1f}s; "
           f"corpus {len(cases)} cases, {total / 1e6:.2f} MB", file=out)
     return 0
@@ -212,6 +274,17 @@ def check(names, *, root: Path, jobs=1, full=False, out=None) -> int:
     data_dir, manifest_path = root / "data", root / "MANIFEST.json"
     cases = read_manifest(manifest_path).get("cases", {})
     problems = []
+    try:
+        return _check(names, cases, problems, data_dir=data_dir, jobs=jobs, full=full, out=out)
+    except KeyboardInterrupt:
+        for p in problems:
+            print(f"DIFFERENCE {p}", file=out)
+        print(f"{PROG.replace('regenerate', 'check')}: interrupted; {len(problems)} difference(s) found "
+              f"before the interrupt", file=sys.stderr)
+        return 130
+
+
+def _check(names, cases, problems, *, data_dir, jobs, full, out):
     if full:
         keep = set(catalogue.names())
         problems += [f"{n}: in the manifest but not in the catalogue" for n in sorted(set(cases) - keep)]
@@ -265,20 +338,23 @@ def _compare(name, data, entry, stored_entry, path: Path) -> list[str]:
     return diffs
 
 
-def _parser():
-    ap = argparse.ArgumentParser(prog="gdn2-oracle golden regenerate", description=__doc__.split("\n\n")[0])
+def _parser(prog=PROG):
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", metavar="NAME", help="only this case (repeatable)")
     ap.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--check", action="store_true", help="recompute and verify the stored goldens bit for bit")
-    ap.add_argument("--force", action="store_true", help="recompute even up-to-date cases")
+    ap.add_argument("--force", action="store_true",
+                    help="recompute even up-to-date cases (and rebuild a corrupt manifest)")
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent,
                     help="directory holding data/ and MANIFEST.json (default: the golden package)")
     ap.add_argument("--list", action="store_true", help="list the catalogue's cases and exit")
     return ap
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv=None, prog=PROG) -> int:
+    """Run the command; returns the exit status (``prog`` names it in messages, e.g. ``gdn2-oracle golden check``)."""
+    ap = _parser(prog)
+    args = ap.parse_args(argv)
     if args.list:
         for c in catalogue.CASES:
             r = c.recipe
@@ -286,20 +362,31 @@ def main(argv=None) -> int:
                   f"{r.reduction or '':4s} {c.purpose}")
         return 0
     if args.jobs < 1:
-        print(f"--jobs: expected a positive integer, got {args.jobs}", file=sys.stderr)
+        print(f"{ap.format_usage()}{prog}: error: --jobs: expected a positive integer, got {args.jobs}",
+              file=sys.stderr)
         return 2
     names = args.case or catalogue.names()
     try:
         for n in names:
             catalogue.get(n)
     except ValueError as exc:
-        print(exc, file=sys.stderr)
+        print(f"{ap.format_usage()}{prog}: error: --case: {exc}", file=sys.stderr)
         return 2
     names = list(dict.fromkeys(names))
     full = not args.case
-    if args.check:
-        return check(names, root=args.root, jobs=args.jobs, full=full)
-    return regenerate(names, root=args.root, jobs=args.jobs, force=args.force, prune=full)
+    try:
+        if args.check:
+            return check(names, root=args.root, jobs=args.jobs, full=full)
+        return regenerate(names, root=args.root, jobs=args.jobs, force=args.force, prune=full)
+    except GoldenError as exc:  # a corrupt manifest: say which file and how to restore it
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # an unwritable or unreadable corpus directory
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -98,9 +98,10 @@ def _prepare(q, k, v, g, b, w, scale, initial_state, bt):
     return padded, h0, scale, (B, T, H, K, V)
 
 
-def _unpad(o, hT, sizes):
+def _unpad(o, hT, sizes, dtype):
+    """Drop the padding; ``o`` in the input dtype ``dtype`` as the contract says (the peers return float32)."""
     B, T, H, K, V = sizes
-    return o[:, :T, :, :V], hT[:, :, :K, :V]
+    return o[:, :T, :, :V].astype(dtype), hT[:, :, :K, :V]
 
 
 # --- atomic_ops (0.1.0) ---------------------------------------------------------------------
@@ -155,7 +156,7 @@ def atomic_ops_kernel(config=None, *, interpret=None, **fields):
     def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
         (pq, pk, pv, pg, pb, pw), h0, scale_, sizes = _prepare(q, k, v, g, b, w, scale, initial_state, config.bt)
         o, hT = atomic_ops.gdn2_pallas_forward_trainable(pq, pk, pv, pw, pb, pg, scale_, h0=h0, config=config)
-        return _unpad(o, hT, sizes)
+        return _unpad(o, hT, sizes, v.dtype)
 
     kernel.__name__ = "atomic_ops"
     kernel.config = config
@@ -182,7 +183,7 @@ def atomic_gdn2_kernel(*, interpret=None, **fields):
             calls[scale_] = atomic_gdn2.make_blr_trainable(cfg, scale_)
         hm = [jnp.transpose(x, (0, 2, 1, 3)) for x in (pq, pk, pv, pw, pb, pg)]
         o, hT = calls[scale_](*hm, h0)
-        return _unpad(jnp.transpose(o, (0, 2, 1, 3)), hT, sizes)
+        return _unpad(jnp.transpose(o, (0, 2, 1, 3)), hT, sizes, v.dtype)
 
     kernel.__name__ = "atomic_gdn2"
     kernel.config = cfg

@@ -16,13 +16,24 @@ GRADS = ("dq", "dk", "dv", "dg", "db", "dw", "dh0")
 RESULTS = ("o", "final_state") + GRADS
 
 
-def _as_float_array(name, x):
-    """Return ``x`` as a read-only float64 array (a view when it already is one), or raise
-    ValueError naming ``name``."""
-    a = np.asarray(x)
-    if not (np.issubdtype(a.dtype, np.floating)):
+# Floating dtypes NumPy knows only through an extension (ml_dtypes, as JAX gives them): upcast exactly.
+EXTENSION_FLOATS = ("bfloat16",)
+
+
+def _as_float_array(name, x, *, copy=False):
+    """Return ``x`` as a read-only float64 array, or raise ValueError naming ``name``.
+
+    Any NumPy floating dtype or bfloat16 is upcast exactly. With ``copy``, the result never shares
+    memory with a writable array of the caller, so later changes to ``x`` cannot alter it.
+    """
+    try:
+        a = np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - ragged nesting, objects NumPy cannot hold, ...
+        raise ValueError(f"{name}: not convertible to an array ({type(exc).__name__}: {exc})") from None
+    if not (np.issubdtype(a.dtype, np.floating) or a.dtype.name in EXTENSION_FLOATS):
         raise ValueError(f"{name}: expected a floating-point array, got dtype {a.dtype}")
-    a = np.asarray(a, dtype=np.float64).view()
+    private = not a.flags.writeable and a.flags.owndata and a.dtype == np.float64
+    a = np.array(a, dtype=np.float64) if copy and not private else np.asarray(a, dtype=np.float64).view()
     if not np.all(np.isfinite(a)):
         raise ValueError(f"{name}: contains NaN or inf")
     a.setflags(write=False)
@@ -33,7 +44,9 @@ def _as_float_array(name, x):
 class Problem:
     """One GDN-2 instance: ``q, k, g, b: [B,T,H,K]``, ``v, w: [B,T,H,V]``, ``initial_state: [B,H,K,V]``.
 
-    Arrays are held as float64 (the exact values a kernel saw); ``scale`` defaults to ``K**-0.5``.
+    Arrays are held as read-only float64 copies (the exact values a kernel saw; float16/32/64 and
+    bfloat16 inputs are upcast exactly), so changing the caller's arrays later cannot change a
+    validated problem; ``scale`` defaults to ``K**-0.5``.
     """
 
     q: np.ndarray
@@ -46,7 +59,7 @@ class Problem:
     initial_state: np.ndarray | None = None
 
     def __post_init__(self):
-        arrays = {name: _as_float_array(name, getattr(self, name)) for name in INPUTS}
+        arrays = {name: _as_float_array(name, getattr(self, name), copy=True) for name in INPUTS}
         for name, a in arrays.items():
             if a.ndim != 4:
                 raise ValueError(f"{name}: expected rank 4 [B, T, H, dim], got shape {a.shape}")
@@ -77,7 +90,7 @@ class Problem:
             raise ValueError(f"scale: must be finite, got {scale}")
         object.__setattr__(self, "scale", scale)
         if self.initial_state is not None:
-            h0 = _as_float_array("initial_state", self.initial_state)
+            h0 = _as_float_array("initial_state", self.initial_state, copy=True)
             if h0.shape != (B, H, K, V):
                 raise ValueError(f"initial_state: shape {h0.shape} does not match [B, H, K, V] = {(B, H, K, V)}")
             object.__setattr__(self, "initial_state", h0)

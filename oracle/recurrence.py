@@ -22,7 +22,10 @@ class _Arith:
     """Element type of one run: how to convert a float64 array in and how to take exp."""
 
     def __init__(self, dtype):
-        dtype = np.dtype(dtype)
+        try:
+            dtype = np.dtype(dtype)
+        except Exception:  # noqa: BLE001 - np.dtype raises TypeError, ValueError or SyntaxError on junk
+            raise ValueError(f"dtype: {dtype!r} is not a dtype (float32, float64 or longdouble)") from None
         if dtype not in [np.dtype(d) for d in DTYPES]:
             raise ValueError(f"dtype: {dtype} not supported (float32, float64 or longdouble)")
         self.dtype = dtype
