@@ -1,0 +1,36 @@
+"""JAX's persistent compilation cache for the CLI: a second ``validate``/``bench`` reuses compiled programs.
+
+The directory is env ``GDN2_COMPILE_CACHE`` if set (``off`` disables it), else
+``$XDG_CACHE_HOME/gdn2-oracle/jax`` (default ``~/.cache/gdn2-oracle/jax``); ``--no-compile-cache`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV = "GDN2_COMPILE_CACHE"
+OFF = ("", "0", "off", "false", "no")
+# Programs that compile faster than this are not worth a disk entry (JAX's own default is 1 s).
+MIN_COMPILE_SECONDS = 0.2
+
+
+def cache_dir():
+    """The cache directory in force (None when env GDN2_COMPILE_CACHE turns it off)."""
+    value = os.environ.get(ENV)
+    if value is not None:
+        return None if value.strip().lower() in OFF else Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "gdn2-oracle" / "jax"
+
+
+def enable(directory=None):
+    """Point JAX's persistent compilation cache at ``directory`` (default :func:`cache_dir`); return it or None."""
+    directory = cache_dir() if directory is None else Path(directory)
+    if directory is None:
+        return None
+    import jax  # noqa: PLC0415 - only commands that compile import JAX
+
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    return directory

@@ -1,0 +1,46 @@
+"""JAX's persistent compilation cache for the CLI (ci/compile_cache.py): on by default, off by flag or env."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gdn2_oracle.ci import compile_cache
+
+CLI = str(Path(sys.executable).with_name("gdn2-oracle"))
+CASE = ["validate", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick", "--case", "len_c16_plus1",
+        "--dtype", "float32", "--no-progress"]
+
+
+def _cli(cwd, env_cache, *argv):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))},
+           compile_cache.ENV: str(env_cache)}
+    done = subprocess.run([CLI, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(("value", "expected"), [("off", None), ("OFF", None), ("/x/y", Path("/x/y"))])
+def test_env_chooses_or_disables_the_directory(monkeypatch, value, expected):
+    monkeypatch.setenv(compile_cache.ENV, value)
+    assert compile_cache.cache_dir() == expected
+
+
+def test_default_directory_is_under_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv(compile_cache.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert compile_cache.cache_dir() == tmp_path / "gdn2-oracle" / "jax"
+
+
+@pytest.mark.slow
+def test_validate_fills_the_cache_unless_told_not_to(tmp_path):
+    off, on = tmp_path / "off", tmp_path / "on"
+    code, out = _cli(tmp_path, off, "--no-compile-cache", *CASE)
+    assert code == 0, out
+    assert not off.exists() or not any(off.iterdir())
+    code, out = _cli(tmp_path, on, *CASE)
+    assert code == 0, out
+    assert any(on.iterdir()), "no compiled program was written to the cache"

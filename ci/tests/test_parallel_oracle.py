@@ -1,0 +1,39 @@
+"""The float64 oracle in worker processes (ci/parallel_oracle.py): bit for bit the one-process results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gdn2_oracle.ci import harness, parallel_oracle
+from gdn2_oracle.oracle import make_problem, random_cotangents
+
+
+@pytest.mark.parametrize("shape", [(3, 40, 2, 8, 8), (1, 40, 3, 8, 16)])  # split over the batch, over the heads
+def test_workers_reproduce_one_process_bit_for_bit(monkeypatch, shape):
+    monkeypatch.setattr(parallel_oracle, "MIN_WORK", 0)
+    problem = make_problem(*shape, decay="resets", initial_state=True)
+    do, dfs = random_cotangents(problem, seed=1)
+    one = harness.reference_results(problem, do, dfs)
+    two = parallel_oracle.reference_results(problem, do, dfs, jobs=2)
+    assert set(one) == set(two)
+    for name in one:
+        np.testing.assert_array_equal(two[name], one[name], err_msg=name)
+
+
+@pytest.mark.parametrize("jobs", [0, -1, 1.5, True])
+def test_bad_jobs_name_the_argument(jobs):
+    problem = make_problem(1, 4, 1, 4, 4)
+    do, dfs = random_cotangents(problem, seed=1)
+    with pytest.raises(ValueError, match="jobs"):
+        parallel_oracle.reference_results(problem, do, dfs, jobs=jobs)
+
+
+def test_cli_jobs_sets_the_oracle_workers(monkeypatch):
+    from gdn2_oracle.ci.cli import main
+
+    monkeypatch.setattr(parallel_oracle, "JOBS", None)
+    assert main(["validate", "--jobs", "0"]) == 2
+    assert main(["validate", "--jobs", "3", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick",
+                 "--case", "len_1", "--dtype", "float32", "--no-progress"]) == 0
+    assert parallel_oracle.JOBS == 3
