@@ -315,6 +315,9 @@ def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cache, log):
     rec.update(status="ok", reason=None, options=chosen["options"], label=chosen["label"],
                compile_s=chosen["compile_s"], median_s=chosen["median_s"], min_s=chosen["min_s"],
                times_s=chosen["times_s"], validation=chosen["full_validation"])
+    from .cost import prediction  # noqa: PLC0415 - only a TPU run of a Pallas kernel gets one
+
+    rec["prediction"] = prediction(spec.name, chosen["options"], shape, dtype, jax.devices()[0].device_kind)
     return rec
 
 
@@ -420,6 +423,9 @@ def format_bench(report):
     notes = sorted({(r["kernel"], n) for r in report["results"] for n in r.get("notes", [])})
     if notes:
         lines += ["", "Notes:"] + [f"  {k}: {n}" for k, n in notes]
+    from .cost import format_predictions  # noqa: PLC0415
+
+    lines += format_predictions(report["results"])
     lines.append("")
     lines.append(f"float64 oracle + baselines: {report['oracle_seconds']:.1f} s; total {report['seconds']:.1f} s")
     if report.get("interrupted"):

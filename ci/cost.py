@@ -322,6 +322,43 @@ def estimate(method: str, shape, dtype, chip: str, tiles: dict | None = None) ->
                 counts=summary(calls), seconds=roofline(calls, CHIPS[chip]))
 
 
+# jax.Device.device_kind of each chip (the "lite" parts are the "e" chips).
+DEVICE_KINDS = {"TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p": "v5p", "TPU v5": "v5p",
+                "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
+
+
+def chip_of(device_kind: str) -> str | None:
+    """The chip of CHIPS a ``jax.Device.device_kind`` names, or None (not a TPU we have figures for)."""
+    return DEVICE_KINDS.get(str(device_kind).strip())
+
+
+def prediction(kernel: str, options: dict, shape, dtype, device_kind: str) -> dict | None:
+    """The roofline ESTIMATE of forward + backward for a ``pallas-*`` kernel on the TPU ``device_kind``
+    names (``{"chip", "seconds"}``), or None for other kernels and devices: what ``bench`` prints
+    beside its measurement."""
+    chip = chip_of(device_kind)
+    if chip is None or not kernel.startswith("pallas-"):
+        return None
+    tiles = {k: v for k, v in (options or {}).items() if k != "interpret"}
+    e = estimate(kernel.removeprefix("pallas-"), shape, dtype, chip, tiles)
+    return {"chip": chip, "seconds": e["seconds"]["max"], "bound": e["seconds"]["bound"]}
+
+
+def format_predictions(results) -> list[str]:
+    """Lines comparing each timed result's measured median with its prediction (when it has one)."""
+    rows = [r for r in results if r.get("status") == "ok" and r.get("prediction")]
+    if not rows:
+        return []
+    lines = ["", "Predicted (roofline ESTIMATE from the traced kernel, docs/DESIGN.md §8) vs measured:"]
+    for r in rows:
+        p = r["prediction"]
+        s = r["shape"]
+        lines.append(f"  {r['kernel']} B{s['B']} T{s['T']} H{s['H']} K{s['K']} V{s['V']} {r['dtype']} on {p['chip']}: "
+                     f"predicted {1e3 * p['seconds']:.2f} ms ({p['bound']}-bound), measured {1e3 * r['median_s']:.2f} ms "
+                     f"= {r['median_s'] / p['seconds']:.2f}x the estimate")
+    return lines
+
+
 def format_row(e: dict) -> str:
     c, s = e["counts"], e["seconds"]
     tiles = ",".join(f"{k}={v}" for k, v in e["tiles"].items()) or "default"

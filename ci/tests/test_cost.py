@@ -118,3 +118,34 @@ def test_estimate_rejects_unknown_chip():
         cost.estimate("factorized", TINY, "float32", "v9")
 
 
+
+
+# --- bench on a TPU prints the prediction beside the measurement -----------------------------
+
+@pytest.mark.parametrize("kind, chip", [("TPU v5 lite", "v5e"), ("TPU v5p", "v5p"), ("TPU v6 lite", "v6e"),
+                                        ("cpu", None), ("NVIDIA H200", None)])
+def test_chip_of_device_kind(kind, chip):
+    assert cost.chip_of(kind) == chip
+
+
+def test_bench_prediction_only_for_pallas_kernels_on_a_known_tpu():
+    shape = (1, 128, 1, 128, 128)
+    assert cost.prediction("pallas-factorized", {}, shape, "float32", "cpu") is None
+    assert cost.prediction("factorized", {}, shape, "float32", "TPU v6 lite") is None
+    p = cost.prediction("pallas-factorized", {"interpret": "xla"}, shape, "float32", "TPU v6 lite")
+    e = cost.estimate("factorized", shape, "float32", "v6e")
+    assert p == {"chip": "v6e", "seconds": e["seconds"]["max"], "bound": e["seconds"]["bound"]}
+
+
+def test_bench_report_shows_prediction_beside_measurement():
+    shape = dict(B=1, T=128, H=1, K=128, V=128)
+    pred = {"chip": "v6e", "seconds": 2e-3, "bound": "vpu"}
+    results = [{"kernel": "pallas-factorized", "status": "ok", "shape": shape, "dtype": "float32",
+                "median_s": 5e-3, "prediction": pred},
+               {"kernel": "pairwise", "status": "ok", "shape": shape, "dtype": "float32", "median_s": 1e-3,
+                "prediction": None}]
+    lines = cost.format_predictions(results)
+    assert len(lines) == 3 and "ESTIMATE" in lines[1]
+    assert "pallas-factorized B1 T128 H1 K128 V128 float32 on v6e: predicted 2.00 ms (vpu-bound), " \
+           "measured 5.00 ms = 2.50x the estimate" in lines[2]
+    assert cost.format_predictions(results[1:]) == []
