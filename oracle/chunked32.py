@@ -135,16 +135,19 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=CHUNK, dty
     scale = dtype.type(problem.scale)
     S = np.asarray(problem.h0(), dtype=dtype)
     states, outs = [], []
-    for n in range(len(dOs)):
-        ch = _Chunk(*(x[n] for x in xs))
-        R, S1 = ch.state(S)
-        states.append((S, R))
-        outs.append(ch.output(S, R, scale))
-        S = S1
-    dS = np.asarray(dfinal_state, dtype=dtype)
-    grads = [None] * len(dOs)
-    for n in reversed(range(len(dOs))):
-        ch = _Chunk(*(x[n] for x in xs))  # recomputed: one chunk's decay tensor alive at a time
-        grads[n], dS = ch.backward(*states[n], dOs[n], dS, scale)
+    # Huge finite log-decays overflow the float32 cumulative sums to -inf and give NaN, as they would
+    # in a kernel of this kind: the result is then non-finite and the grading ignores it (no warning).
+    with np.errstate(over="ignore", invalid="ignore"):
+        for n in range(len(dOs)):
+            ch = _Chunk(*(x[n] for x in xs))
+            R, S1 = ch.state(S)
+            states.append((S, R))
+            outs.append(ch.output(S, R, scale))
+            S = S1
+        dS = np.asarray(dfinal_state, dtype=dtype)
+        grads = [None] * len(dOs)
+        for n in reversed(range(len(dOs))):
+            ch = _Chunk(*(x[n] for x in xs))  # recomputed: one chunk's decay tensor alive at a time
+            grads[n], dS = ch.backward(*states[n], dOs[n], dS, scale)
     per_token = [_unchunk(np.stack([gr[i] for gr in grads]), T) for i in range(6)]
     return (_unchunk(np.stack(outs), T), S), Grads(*per_token, dS)
