@@ -169,13 +169,9 @@ REGISTRY = {
 
 def _register():
     """Register the FLA peers with ``kernels.registry`` (each factory loads FLA and torch when called)."""
-    from . import registry  # noqa: PLC0415
+    from .registry import register_all  # noqa: PLC0415
 
-    for name, factory in REGISTRY.items():
-        try:
-            registry.register(name, factory)
-        except ValueError:
-            pass
+    register_all(REGISTRY)
 
 
 _register()

@@ -212,13 +212,9 @@ def available():
 
 def _register():
     """Register the adapters with ``kernels.registry`` (the factories import their package lazily)."""
-    from . import registry  # noqa: PLC0415
+    from .registry import register_all  # noqa: PLC0415
 
-    for name, factory in REGISTRY.items():
-        try:
-            registry.register(name, factory)
-        except ValueError:
-            pass
+    register_all(REGISTRY)
 
 
 _register()

@@ -69,6 +69,15 @@ def register(name, factory):
     _FACTORIES[name] = factory
 
 
+def register_all(factories):
+    """Register every ``name: factory`` of a module's table (already registered ones are left as they are)."""
+    for name, factory in factories.items():
+        try:
+            register(name, factory)
+        except ValueError:
+            pass
+
+
 def _load_lazy(module):
     """Import a lazily registered module (which calls ``register``); return the error message or None."""
     try:

@@ -6,21 +6,15 @@ kernel author would from their own repository.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
+
+from gdn2_oracle.ci.testing import pytest_run
 
 WRONG = "gdn2_oracle.kernels.testing:perturbed"
 ONE_GOLDEN = ["-k", "test_kernel_matches_golden and len_1"]
 
 
-def pytest_run(cwd, *args, timeout=600):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 def test_options_are_registered(tmp_path):

@@ -3,22 +3,13 @@ fails it under the option (run as a kernel author would, in a subprocess outside
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 
+from gdn2_oracle.ci.testing import pytest_run
+
 PRECISION_LOSING = "gdn2_oracle.kernels.testing:cumsum_difference"
 ONE_RESETS_GOLDEN = ["-k", "test_kernel_matches_golden and decay_resets"]
-
-
-def pytest_run(cwd, *args, timeout=600):
-    """``(exit code, output)`` of pytest run in ``cwd`` without this session's pytest or gdn2 environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 def test_gdn2_strict_is_registered(tmp_path):

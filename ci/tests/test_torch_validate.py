@@ -8,14 +8,12 @@ kernel author would. The tiny torch kernels are in ``gdn2_oracle.kernels.testing
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from gdn2_oracle.ci import cli
 from gdn2_oracle.kernels import registry
+from gdn2_oracle.ci.testing import pytest_run
 
 T = "torch:gdn2_oracle.kernels.testing_torch"
 CORRECT = f"{T}:recurrent[output_final_state=True]"
@@ -113,12 +111,6 @@ PLUGIN = ["--pyargs", "gdn2_oracle.property_tests"]
 SOME_TESTS = ["-k", "test_kernel_matches_golden and len_1 or test_state_carry"]
 
 
-def pytest_run(cwd, *args, timeout=600):
-    """``pytest ARGS`` in a subprocess from ``cwd`` (outside the repository), without our pytest env."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
