@@ -13,25 +13,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 from gdn2_oracle import kernels
 from gdn2_oracle.ci import cost
+from gdn2_oracle.ci.benchmarks.bench_kernels import median_time
 from gdn2_oracle.kernels.contract import MATMUL_PRECISION
-
-
-def _median_seconds(fn, *args, repeats=5):
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def machine_rates(repeats=5) -> dict:
@@ -39,9 +28,9 @@ def machine_rates(repeats=5) -> dict:
     n = 1024
     a = jnp.ones((n, n), jnp.float32)
     mm = jax.jit(lambda x, y: jnp.dot(x, y, precision=MATMUL_PRECISION))
-    t_mm = _median_seconds(mm, a, a, repeats=repeats)
+    t_mm = median_time(mm, (a, a), repeats)
     big = jnp.ones((1 << 25,), jnp.float32)  # 128 MiB: out of cache
-    t_bw = _median_seconds(jax.jit(lambda x: x + 1.0), big, repeats=repeats)
+    t_bw = median_time(jax.jit(lambda x: x + 1.0), (big,), repeats)
     small = jnp.ones((1 << 20,), jnp.float32)
     chain = 32
 
@@ -55,8 +44,8 @@ def machine_rates(repeats=5) -> dict:
             x = jnp.exp(x * -0.001)
         return x
 
-    t_vec = _median_seconds(jax.jit(fma), small, repeats=repeats)
-    t_exp = _median_seconds(jax.jit(exps), small, repeats=repeats)
+    t_vec = median_time(jax.jit(fma), (small,), repeats)
+    t_exp = median_time(jax.jit(exps), (small,), repeats)
     return dict(matmul=2 * n**3 / t_mm, memory=2 * big.nbytes / t_bw, vector=2 * chain * small.size / t_vec,
                 exp=chain * small.size / t_exp)
 
@@ -110,7 +99,7 @@ def compare(name, shape, rates, repeats=5) -> dict:
         out, vjp = jax.vjp(lambda *a: fn(*a[:6], initial_state=a[6]), q, k, v, g, b, w, h0)
         return vjp((do, dfs))
 
-    measured = _median_seconds(jax.jit(fwd_bwd), *inputs(shape), repeats=repeats)
+    measured = median_time(jax.jit(fwd_bwd), tuple(inputs(shape)), repeats)
     return dict(kernel=name, flops=c.flops, vector_ops=c.vector_ops, exps=c.transcendentals, io_bytes=io,
                 unfused_bytes=unf, roofline=low, serial=high, measured=measured, parts=parts)
 

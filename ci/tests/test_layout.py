@@ -77,6 +77,10 @@ def test_dependencies_point_one_way(path):
     assert not bad, f"{sub} must not import {sorted(FORBIDDEN[sub])}:\n" + "\n".join(bad)
 
 
+# The design's old home outside the repository (spelled in parts so this file does not cite it).
+OUTSIDE = "/".join(("..", "shared"))
+
+
 def _design_sections():
     text = (ROOT / "docs" / "DESIGN.md").read_text()
     return set(re.findall(r"^#+\s*(\d+)\.", text, flags=re.M))
@@ -93,7 +97,7 @@ def test_design_references_point_into_the_repository():
     bad = []
     for path in _cited_files():
         for n, line in enumerate(path.read_text().splitlines(), 1):
-            if "../shared" in line:
+            if OUTSIDE in line:
                 bad.append(f"{_rel(path)}:{n}: {line.strip()}")
             for m in re.finditer(r"(\S*)DESIGN\.md(?:\s*§\s*(\d+))?", line):
                 prefix, section = m.group(1), m.group(2)
