@@ -159,8 +159,7 @@ class OracleCache:
         if key not in self._refs:
             self.log(f"float64 oracle for shape {tuple(shape)} {dtype} (once per shape) ...")
             t0 = time.perf_counter()
-            self._refs[key] = parallel_oracle.reference_results(*self.problem(shape, dtype, seed),
-                                                                jobs=parallel_oracle.JOBS)
+            self._refs[key] = parallel_oracle.reference_results(*self.problem(shape, dtype, seed))
             self.seconds += time.perf_counter() - t0
         return self._refs[key]
 

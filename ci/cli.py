@@ -89,7 +89,7 @@ MESH_HELP = ("run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, da
              "inputs placed with NamedSharding)")
 
 
-JOBS_HELP = ("worker processes of the float64 oracle over batch/head slices of large problems (default 1; "
+JOBS_HELP = ("worker processes of the float64 oracle over batch/head slices of large problems (default: one a core; "
              "results identical to one process)")
 
 

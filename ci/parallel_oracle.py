@@ -1,9 +1,12 @@
 """The float64 oracle over slices of the batch (or heads) in worker processes, bit for bit the one-process result.
 
 Every (batch, head) pair is an independent recurrence, so contiguous batch ranges (heads when B is smaller
-than the number of jobs) are run by ``oracle.recurrence.forward_and_vjp`` in a process pool and concatenated.
-Small problems (below ``MIN_WORK`` multiply-adds a token step) stay in this process: spawning costs more.
-This module imports no JAX, so the spawned workers start quickly.
+than the number of jobs) are run by ``oracle.recurrence.forward_and_vjp`` in spawned worker processes.
+Inputs and results travel through memory-mapped files (in ``/dev/shm`` when it has room, else the temp dir):
+each worker reads its slice of the inputs and writes its slice of the results in place, so nothing is pickled
+but paths and shapes
+(at B=8, T=4096, H=6, K=V=128 the arrays are ~3 GB). Small problems (below ``MIN_WORK`` multiply-adds a token
+step) stay in this process: spawning costs more. This module imports no JAX, so the workers start quickly.
 """
 
 from __future__ import annotations
@@ -11,16 +14,18 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import os
+import tempfile
 
 import numpy as np
 
 from gdn2_oracle import oracle
 
-# B * H * K * V * T below this: not worth the workers' start-up (about a second each).
+# B * H * K * V * T below this (about a second of oracle work): not worth the workers' start-up.
 MIN_WORK = 2**26
-# Worker processes of the CLI's oracle (``--jobs``). 1 by default: on a loaded 2-core host, B=8, T=4096, H=6,
-# K=V=128 took 42 s in one process and 63 s with 2 workers (the inputs and results, ~3 GB, are pickled).
-JOBS = 1
+# Worker processes of the CLI's oracle (``--jobs``); None: one a core (``default_jobs``).
+JOBS = None
+RESULTS = ("o", "final_state") + oracle.Grads._fields
+STATES = ("initial_state", "dfinal_state", "final_state", "dh0")  # [B, H, K, V]: the head axis is 1, not 2
 
 
 def default_jobs():
@@ -34,39 +39,103 @@ def _check_jobs(jobs):
     return jobs
 
 
-def _cut(x, axis, lo, hi):
-    return np.take(x, np.arange(lo, hi), axis=axis)
-
-
-def _sub_problem(problem, do, dfs, axis, lo, hi):
-    """The problem restricted to batch (axis 0) or head (axis 2) range [lo, hi), with its cotangents."""
-    s_axis = 0 if axis == 0 else 1  # the same dimension in [B, H, K, V] states
-    cut = lambda x: _cut(x, axis, lo, hi)  # noqa: E731
-    sub = oracle.Problem(**{n: cut(x) for n, x in zip(oracle.INPUTS, problem.inputs())}, scale=problem.scale,
-                         initial_state=_cut(problem.h0(), s_axis, lo, hi))
-    return sub, cut(do), _cut(dfs, s_axis, lo, hi)
-
-
-def _solve(args):
-    """Worker: the float64 oracle's results of one sub-problem as a dict of arrays."""
-    problem, do, dfs = args
+def _solve(problem, do, dfs):
+    """The float64 oracle's results of one problem as a dict of arrays (``RESULTS``)."""
     (o, S), grads = oracle.recurrence.forward_and_vjp(problem, do, dfs)
     return {"o": o, "final_state": S, **grads._asdict()}
 
 
+def slices(n, parts):
+    """``parts`` contiguous ranges ``(lo, hi)`` covering ``range(n)`` as evenly as possible."""
+    edges = np.linspace(0, n, parts + 1).round().astype(int)
+    return [(int(lo), int(hi)) for lo, hi in zip(edges[:-1], edges[1:])]
+
+
+def _index(name, axis, lo, hi):
+    """The index of batch (axis 0) or head (axis 2) range [lo, hi) in array ``name``."""
+    dim = 1 if axis == 2 and name in STATES else axis
+    return (slice(None),) * dim + (slice(lo, hi),)
+
+
+def _arrays(problem, do, dfs):
+    """Every input array of the oracle by name (float64)."""
+    named = dict(zip(oracle.INPUTS, problem.inputs()), initial_state=problem.h0(), do=do, dfinal_state=dfs)
+    return {name: np.asarray(a, np.float64) for name, a in named.items()}
+
+
+def _result_shapes(shapes):
+    """Each result's shape: a gradient has its input's, ``o`` has ``v``'s, states ``initial_state``'s."""
+    own = {"o": "v", "final_state": "initial_state", "dh0": "initial_state"}
+    return {name: shapes[own.get(name, name[1:])] for name in RESULTS}
+
+
+def _sub_problem(arrays, scale, axis, lo, hi):
+    """``(problem, do, dfinal_state)`` restricted to batch or head range [lo, hi)."""
+    cut = {name: arrays[name][_index(name, axis, lo, hi)] for name in arrays}
+    problem = oracle.Problem(**{n: cut[n] for n in oracle.INPUTS}, scale=scale, initial_state=cut["initial_state"])
+    return problem, cut["do"], cut["dfinal_state"]
+
+
+def _scratch_dir(nbytes):
+    """A directory for ``nbytes`` of scratch arrays: ``/dev/shm`` (memory) when it has room, else the temp dir."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        st = os.statvfs(shm)
+        if st.f_bavail * st.f_frsize > 1.1 * nbytes:
+            return shm
+    return None
+
+
+class _Shared:
+    """Named float64 arrays in files mapped into memory (``np.memmap``), attached by path in the workers."""
+
+    def __init__(self, spec, mode):
+        self.spec = spec  # {name: (path, shape)}
+        self.arrays = {name: np.memmap(path, np.float64, mode, shape=shape) for name, (path, shape) in spec.items()}
+
+    @classmethod
+    def create(cls, directory, shapes):
+        return cls({name: (os.path.join(directory, f"{name}.f64"), shape) for name, shape in shapes.items()}, "w+")
+
+    def close(self):
+        self.arrays = {}
+
+
+def _solve_slice(task):
+    """Worker: the oracle on one batch/head range, read from and written to the mapped files."""
+    src_spec, dst_spec, scale, axis, lo, hi = task
+    src, dst = _Shared(src_spec, "r"), _Shared(dst_spec, "r+")
+    results = _solve(*_sub_problem(src.arrays, scale, axis, lo, hi))
+    for name, a in results.items():
+        dst.arrays[name][_index(name, axis, lo, hi)] = a
+    dst.close()  # flushes the mapping
+    return lo, hi
+
+
 def reference_results(problem, do, dfinal_state, jobs=None):
     """The float64 oracle's results (as ``ci.harness.reference_results``), computed by ``jobs`` processes."""
-    jobs = default_jobs() if jobs is None else _check_jobs(jobs)
+    jobs = (default_jobs() if JOBS is None else JOBS) if jobs is None else _check_jobs(jobs)
     B, T, H, K, V = problem.shape
     axis, n = (0, B) if B >= jobs or B >= H else (2, H)
     parts = min(jobs, n)
     if parts < 2 or B * H * K * V * T < MIN_WORK:
-        return _solve((problem, do, dfinal_state))
-    edges = np.linspace(0, n, parts + 1).round().astype(int)
-    subs = [_sub_problem(problem, do, dfinal_state, axis, lo, hi) for lo, hi in zip(edges[:-1], edges[1:])]
-    # spawn: never fork a process that has started JAX's threads
-    with concurrent.futures.ProcessPoolExecutor(parts, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(_solve, subs))
-    state_like = ("final_state", "dh0")
-    return {name: np.concatenate([r[name] for r in results], axis=(0 if axis == 0 else 1) if name in state_like
-                                 else axis) for name in results[0]}
+        return _solve(problem, do, dfinal_state)
+    arrays = _arrays(problem, do, dfinal_state)
+    shapes = _result_shapes({name: a.shape for name, a in arrays.items()})
+    nbytes = 8 * sum(int(np.prod(shape)) for shape in [*shapes.values(), *(a.shape for a in arrays.values())])
+    with tempfile.TemporaryDirectory(prefix="gdn2-oracle-", dir=_scratch_dir(nbytes),
+                                     ignore_cleanup_errors=True) as directory:
+        src = _Shared.create(directory, {name: a.shape for name, a in arrays.items()})
+        for name, a in arrays.items():
+            src.arrays[name][...] = a
+        del arrays
+        dst = _Shared.create(directory, shapes)
+        tasks = [(src.spec, dst.spec, problem.scale, axis, lo, hi) for lo, hi in slices(n, parts)]
+        # spawn: never fork a process that has started JAX's threads
+        with concurrent.futures.ProcessPoolExecutor(parts, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_solve_slice, tasks))
+        # plain arrays over the workers' pages, no copy; the mapping outlives the file's name (POSIX)
+        results = {name: a.view(np.ndarray) for name, a in dst.arrays.items()}
+        src.close()
+        dst.close()
+    return results

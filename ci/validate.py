@@ -78,7 +78,7 @@ class Trial:
         if self._ref is None:
             problem, do, dfs = self.data()
             if self._ref is None:
-                self._ref = parallel_oracle.reference_results(problem, do, dfs, jobs=parallel_oracle.JOBS)
+                self._ref = parallel_oracle.reference_results(problem, do, dfs)
         return self._ref
 
     def baseline(self, result_dtypes):

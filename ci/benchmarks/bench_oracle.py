@@ -4,6 +4,11 @@ NumPy float64 forward + VJP at the seed benchmark shape (B=8, T=4096, H=6, K=V=1
 mpmath forward + VJP at T=64, K=V=16, 256 bits: wall time and peak resident memory.
 
     python -m gdn2_oracle.ci.benchmarks.bench_oracle [--numpy-shape 8,4096,6,128,128] [--skip-mp]
+    python -m gdn2_oracle.ci.benchmarks.bench_oracle --jobs 1 2 --repeats 3 --skip-mp
+
+``--jobs N ...``: the float64 forward + VJP through ``ci.parallel_oracle`` with each worker count, runs
+interleaved (1, 2, 1, 2, ...) so that load on the machine hits every count alike; medians, the speed-up over
+the first count, and a bit-for-bit check of every result against the first count's.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 import numpy as np
 
 from gdn2_oracle import oracle
+from gdn2_oracle.ci import parallel_oracle
 from gdn2_oracle.oracle import mp, recurrence
 
 
@@ -29,8 +35,12 @@ def main(argv=None):
     parser.add_argument("--prec", type=int, default=256)
     parser.add_argument("--skip-mp", action="store_true")
     parser.add_argument("--skip-numpy", action="store_true")
+    parser.add_argument("--jobs", type=int, nargs="+", metavar="N", help="compare these worker counts")
+    parser.add_argument("--repeats", type=int, default=3, help="runs a worker count (with --jobs)")
     args = parser.parse_args(argv)
-    if not args.skip_numpy:
+    if args.jobs and not args.skip_numpy:
+        compare_jobs(tuple(int(x) for x in args.numpy_shape.split(",")), args.jobs, args.repeats)
+    elif not args.skip_numpy:
         shape = tuple(int(x) for x in args.numpy_shape.split(","))
         p = oracle.make_problem(*shape, decay="moderate", initial_state=True, seed=0)
         do, dfs = oracle.random_cotangents(p)
@@ -56,6 +66,30 @@ def main(argv=None):
         worst = max(float(np.max(e)) for e in list(fwd.errors.values()) + list(grads.errors.values()))
         print(f"mpmath {args.prec} bits {shape}: forward {t1 - t0:.1f} s, vjp {t2 - t1:.1f} s "
               f"(each includes the {2 * args.prec}-bit error-estimate run); largest error estimate {worst:.1e}")
+
+
+def compare_jobs(shape, jobs, repeats):
+    """Median wall time of ``parallel_oracle.reference_results`` per worker count, interleaved; bit-for-bit check."""
+    p = oracle.make_problem(*shape, decay="moderate", initial_state=True, seed=0)
+    do, dfs = oracle.random_cotangents(p)
+    times, first = {n: [] for n in jobs}, None
+    for _ in range(repeats):
+        for n in jobs:
+            t0 = time.perf_counter()
+            results = parallel_oracle.reference_results(p, do, dfs, jobs=n)
+            times[n].append(time.perf_counter() - t0)
+            if first is None:
+                first = results
+            else:
+                for name, a in results.items():
+                    np.testing.assert_array_equal(a, first[name], err_msg=f"{name} with {n} workers")
+            del results
+    base = float(np.median(times[jobs[0]]))
+    for n in jobs:
+        med = float(np.median(times[n]))
+        print(f"numpy float64 {shape} forward + VJP, {n} worker(s): median {med:.1f} s of "
+              f"{', '.join(f'{t:.1f}' for t in times[n])}; speed-up over {jobs[0]}: {base / med:.2f}x")
+    print("results identical bit for bit across worker counts")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -19,6 +22,24 @@ def test_workers_reproduce_one_process_bit_for_bit(monkeypatch, shape):
     assert set(one) == set(two)
     for name in one:
         np.testing.assert_array_equal(two[name], one[name], err_msg=name)
+
+
+@pytest.mark.parametrize("in_memory", [True, False])  # /dev/shm, or the temp dir when /dev/shm lacks room
+def test_scratch_files_are_removed_and_results_are_plain_arrays(monkeypatch, tmp_path, in_memory):
+    monkeypatch.setattr(parallel_oracle, "MIN_WORK", 0)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    if not in_memory:
+        monkeypatch.setattr(parallel_oracle, "_scratch_dir", lambda nbytes: None)
+    scratch = Path(parallel_oracle._scratch_dir(1) or tmp_path)
+    before = set(scratch.glob("gdn2-oracle-*"))
+    problem = make_problem(2, 8, 1, 4, 4)
+    do, dfs = random_cotangents(problem, seed=1)
+    results = parallel_oracle.reference_results(problem, do, dfs, jobs=2)
+    assert set(scratch.glob("gdn2-oracle-*")) == before
+    np.testing.assert_array_equal(results["o"], harness.reference_results(problem, do, dfs)["o"])
+    for name, a in results.items():
+        assert type(a) is np.ndarray and a.dtype == np.float64, name
+        a[...] = 0.0  # writable
 
 
 @pytest.mark.parametrize("jobs", [0, -1, 1.5, True])
