@@ -27,9 +27,14 @@ $(STAMP): pyproject.toml | $(PY)
 # bare `import kernels` (instead of gdn2_oracle.kernels) fails here as it would when installed.
 # JAX's persistent compilation cache in .jax-cache/ (gitignored): the suite's many subprocesses (plugin,
 # packaging, README commands, 8-device mesh runs) reuse programs compiled once; a second run reuses all.
+# Workers share it: an entry read while another process writes it fails to decompress, and JAX then
+# compiles the program again (with a warning); it never runs a torn program.
+# pytest-xdist: one worker a core (TEST_WORKERS=0: in this process, e.g. for pdb); work stealing, because
+# a few subprocess tests take minutes while most take a second.
+TEST_WORKERS ?= auto
 test: $(STAMP)
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
-		$(VENV)/bin/pytest $(PYTEST_ARGS)
+		$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The main job: validate our kernels against the oracle and the goldens, then a validated benchmark.
 check: $(STAMP)

@@ -167,7 +167,7 @@ def test_float32_recurrence_error_per_regime(decay, record_property):
     errors = {"o": normalised_error(o, o64), "final_state": normalised_error(S, S64)}
     errors.update({n: normalised_error(getattr(g, n), getattr(g64, n)) for n in GRADS})
     for name, err in errors.items():
-        record_property(f"float32_err_{name}", err)
+        record_property(f"float32_err_{name}", float(err))  # a plain float: xdist serializes properties
         # Really float32 (not silently float64), and accurate as a float32 recurrence should be.
         assert 1e-10 < err < 1e-4, f"{decay}/{name}: {err:.2e}"
     print(f"float32 recurrence, {decay}: " + ", ".join(f"{n} {e:.1e}" for n, e in errors.items()))
