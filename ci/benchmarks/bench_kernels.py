@@ -59,7 +59,7 @@ def make_args(B, T, H, K, V, seed=0):
     return (*harness.device_inputs(p, do, dfs, "float32"), p.scale)
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=4096)
@@ -70,7 +70,11 @@ def main(argv=None):
     p.add_argument("--leaf", type=int, default=None, help="factorized leaf (default: the kernel's default)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--kernels", default="pairwise,factorized")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
     B, T, H, K, C = a.batch, a.seq, a.heads, a.dim, a.chunk
     V = a.vdim or K
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}; B={B} T={T} H={H} K={K} V={V} C={C}")

@@ -28,7 +28,7 @@ def _peak_rss_gib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--numpy-shape", default="8,4096,6,128,128", help="B,T,H,K,V")
     parser.add_argument("--mp-shape", default="1,64,1,16,16", help="B,T,H,K,V")
@@ -37,7 +37,11 @@ def main(argv=None):
     parser.add_argument("--skip-numpy", action="store_true")
     parser.add_argument("--jobs", type=int, nargs="+", metavar="N", help="compare these worker counts")
     parser.add_argument("--repeats", type=int, default=3, help="runs a worker count (with --jobs)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.jobs and not args.skip_numpy:
         compare_jobs(tuple(int(x) for x in args.numpy_shape.split(",")), args.jobs, args.repeats)
     elif not args.skip_numpy:

@@ -59,14 +59,18 @@ def examples(configs, seeds):
                      initial_state=bool(seed & 1), precision=config.dtype, seed=seed, cot_seed=seed ^ 0x5A5A)
 
 
-def parse_args(argv=None):
+def build_parser():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=1, help="examples per (config, decay, gates)")
     ap.add_argument("--kernels", default="pairwise,factorized")
     ap.add_argument("--configs", default="all", choices=("all", "f32", "bf16"))
     ap.add_argument("--variants", action="store_true", help="also chunk_size 16/32 and split 1/48 (factorized)")
     ap.add_argument("--json", help="write every ratio to this file")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def kernels_under_test(args):

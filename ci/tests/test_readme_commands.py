@@ -16,6 +16,9 @@ What is checked, and what is not:
   ``mypkg.gdn:kernel`` is provided as a module wrapping our pairwise kernel.
 * ``make X``: ``X`` is a target of the Makefile and ``make -n X`` (a dry run) succeeds; the targets
   themselves are what CI runs.
+* ``python -m gdn2_oracle.ci.benchmarks.X ...``: the arguments parse with the script's ``build_parser()``;
+  the oracle and kernel benchmarks then run in-process with a tiny shape appended (``SMALL``; the later
+  option wins). The tolerance calibration (minutes: every regime, shape and seed) is only parsed.
 * ``pytest ...``: each command collects (``--co``) in a subprocess with the plugin's options, so its
   options, kernels, profile and xfails file (the one README shows, written to a file) are accepted;
   the tests themselves are run by ``make test``.
@@ -23,6 +26,7 @@ What is checked, and what is not:
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -35,13 +39,13 @@ from pathlib import Path
 import pytest
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci import bench, cli, domain
+from gdn2_oracle.ci import bench, cli, domain, parallel_oracle
 from gdn2_oracle.ci.report import KernelSpec, output_path
 from gdn2_oracle.golden import regenerate
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
-PROGRAMS = ("gdn2-oracle", "make", "pytest", ".venv/bin/pytest")
+PROGRAMS = ("gdn2-oracle", "make", "pytest", ".venv/bin/pytest", "python")
 PLACEHOLDER_MODULE = "mypkg.gdn"  # README's example of a user's kernel module
 # Kernels that cannot be built here: the atomic-ops peers (extra `peers`, not installed by make test)
 # and FLA's Triton kernels (need CUDA); they are parsed only.
@@ -237,3 +241,37 @@ def test_pytest_commands_collect_with_their_options(user_dir, user_pkg):
                           timeout=600, env={**os.environ, "PYTHONPATH": str(user_pkg)})
     codes = json.loads(proc.stdout.rsplit("CODES", 1)[1]) if "CODES" in proc.stdout else None
     assert codes == [0] * len(runs), (runs, proc.stdout[-3000:], proc.stderr[-3000:])
+
+
+# Appended to the README's benchmark commands so that they run in seconds (argparse: the later option wins),
+# and what their output must then say.
+SMALL = {
+    "gdn2_oracle.ci.benchmarks.bench_oracle": (
+        ["--numpy-shape", "2,16,2,4,4", "--mp-shape", "1,4,1,2,2", "--prec", "64", "--repeats", "1"],
+        r"numpy float64|mpmath"),
+    "gdn2_oracle.ci.benchmarks.bench_kernels": (
+        ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "8", "--chunk", "16", "--repeats", "1"],
+        r"speed-up factorized vs pairwise"),
+}
+PYTHON_MODULES = [p for p in _of("python") if p.values[0][1:2] == ["-m"]
+                  and p.values[0][2].startswith("gdn2_oracle.")]
+
+
+def test_the_readme_shows_python_module_commands():
+    assert {p.values[0][2] for p in PYTHON_MODULES} >= set(SMALL)
+
+
+@pytest.mark.parametrize("argv", PYTHON_MODULES)
+def test_python_module_command_parses(argv):
+    importlib.import_module(argv[2]).build_parser().parse_args(argv[3:])
+
+
+@pytest.mark.parametrize("argv", [p for p in PYTHON_MODULES if p.values[0][2] in SMALL])
+def test_python_module_command_runs_at_a_small_size(argv, capsys, monkeypatch):
+    monkeypatch.setattr(parallel_oracle, "MIN_WORK", 0)  # --jobs N: really spawn the workers
+    extra, expected = SMALL[argv[2]]
+    importlib.import_module(argv[2]).main(argv[3:] + extra)
+    out = capsys.readouterr().out
+    assert re.search(expected, out), out
+    if "--jobs" in argv:
+        assert "identical bit for bit" in out, out
