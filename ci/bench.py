@@ -36,7 +36,7 @@ from gdn2_oracle.oracle import RESULTS, Recipe
 
 from . import harness
 from . import mesh as mesh_lib
-from . import parallel_oracle
+from . import multihost
 from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
 from .tolerance import baseline, compare, dtype_name
 
@@ -159,7 +159,7 @@ class OracleCache:
         if key not in self._refs:
             self.log(f"float64 oracle for shape {tuple(shape)} {dtype} (once per shape) ...")
             t0 = time.perf_counter()
-            self._refs[key] = parallel_oracle.reference_results(*self.problem(shape, dtype, seed))
+            self._refs[key] = multihost.reference_results(*self.problem(shape, dtype, seed))
             self.seconds += time.perf_counter() - t0
         return self._refs[key]
 

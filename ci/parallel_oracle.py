@@ -51,10 +51,15 @@ def slices(n, parts):
     return [(int(lo), int(hi)) for lo, hi in zip(edges[:-1], edges[1:])]
 
 
-def _index(name, axis, lo, hi):
-    """The index of batch (axis 0) or head (axis 2) range [lo, hi) in array ``name``."""
-    dim = 1 if axis == 2 and name in STATES else axis
-    return (slice(None),) * dim + (slice(lo, hi),)
+def slice_dim(name, axis):
+    """The dimension of input or result ``name`` that is the batch (``axis`` 0) or the heads (``axis`` 2):
+    states ``[B, H, K, V]`` carry the heads on dimension 1."""
+    return 1 if axis == 2 and name in STATES else axis
+
+
+def slice_index(name, axis, lo, hi):
+    """The index of batch (axis 0) or head (axis 2) range [lo, hi) in input or result ``name``."""
+    return (slice(None),) * slice_dim(name, axis) + (slice(lo, hi),)
 
 
 def _arrays(problem, do, dfs):
@@ -63,17 +68,31 @@ def _arrays(problem, do, dfs):
     return {name: np.asarray(a, np.float64) for name, a in named.items()}
 
 
-def _result_shapes(shapes):
-    """Each result's shape: a gradient has its input's, ``o`` has ``v``'s, states ``initial_state``'s."""
-    own = {"o": "v", "final_state": "initial_state", "dh0": "initial_state"}
-    return {name: shapes[own.get(name, name[1:])] for name in RESULTS}
+def result_shapes(shape):
+    """Each result's shape for a ``(B, T, H, K, V)`` problem (``RESULTS`` order)."""
+    B, T, H, K, V = shape
+    keys, values, states = (B, T, H, K), (B, T, H, V), (B, H, K, V)
+    own = {"o": values, "final_state": states, "dh0": states, "dv": values, "dw": values}
+    return {name: own.get(name, keys) for name in RESULTS}
 
 
 def _sub_problem(arrays, scale, axis, lo, hi):
     """``(problem, do, dfinal_state)`` restricted to batch or head range [lo, hi)."""
-    cut = {name: arrays[name][_index(name, axis, lo, hi)] for name in arrays}
+    cut = {name: arrays[name][slice_index(name, axis, lo, hi)] for name in arrays}
     problem = oracle.Problem(**{n: cut[n] for n in oracle.INPUTS}, scale=scale, initial_state=cut["initial_state"])
     return problem, cut["do"], cut["dfinal_state"]
+
+
+def sub_problem(problem, do, dfinal_state, axis, lo, hi):
+    """``(problem, do, dfinal_state)`` restricted to batch (``axis`` 0) or head (``axis`` 2) range [lo, hi)."""
+    return _sub_problem(_arrays(problem, do, dfinal_state), problem.scale, axis, lo, hi)
+
+
+def split_axis(shape, parts):
+    """``(axis, n)``: split a ``(B, T, H, K, V)`` problem ``parts`` ways over the batch (axis 0), or over the
+    heads (axis 2) when B is smaller than ``parts`` and than H."""
+    B, _, H, _, _ = shape
+    return (0, B) if B >= parts or B >= H else (2, H)
 
 
 def _scratch_dir(nbytes):
@@ -107,7 +126,7 @@ def _solve_slice(task):
     src, dst = _Shared(src_spec, "r"), _Shared(dst_spec, "r+")
     results = _solve(*_sub_problem(src.arrays, scale, axis, lo, hi))
     for name, a in results.items():
-        dst.arrays[name][_index(name, axis, lo, hi)] = a
+        dst.arrays[name][slice_index(name, axis, lo, hi)] = a
     dst.close()  # flushes the mapping
     return lo, hi
 
@@ -116,12 +135,12 @@ def reference_results(problem, do, dfinal_state, jobs=None):
     """The float64 oracle's results (as ``ci.harness.reference_results``), computed by ``jobs`` processes."""
     jobs = (default_jobs() if JOBS is None else JOBS) if jobs is None else _check_jobs(jobs)
     B, T, H, K, V = problem.shape
-    axis, n = (0, B) if B >= jobs or B >= H else (2, H)
+    axis, n = split_axis(problem.shape, jobs)
     parts = min(jobs, n)
     if parts < 2 or B * H * K * V * T < MIN_WORK:
         return _solve(problem, do, dfinal_state)
     arrays = _arrays(problem, do, dfinal_state)
-    shapes = _result_shapes({name: a.shape for name, a in arrays.items()})
+    shapes = result_shapes(problem.shape)
     nbytes = 8 * sum(int(np.prod(shape)) for shape in [*shapes.values(), *(a.shape for a in arrays.values())])
     with tempfile.TemporaryDirectory(prefix="gdn2-oracle-", dir=_scratch_dir(nbytes),
                                      ignore_cleanup_errors=True) as directory:

@@ -26,7 +26,7 @@ from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS, Recipe
 from . import harness
 from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
 from .diagnose import diagnose_kernel
-from . import parallel_oracle
+from . import multihost
 from .mesh import format_mesh
 from .tolerance import FAIL, PASS, PRECISION, baseline, compare, cumulative_baseline, dtype_name, worst_grade
 
@@ -78,7 +78,7 @@ class Trial:
         if self._ref is None:
             problem, do, dfs = self.data()
             if self._ref is None:
-                self._ref = parallel_oracle.reference_results(problem, do, dfs)
+                self._ref = multihost.reference_results(problem, do, dfs)
         return self._ref
 
     def baseline(self, result_dtypes):

@@ -1,0 +1,56 @@
+"""The float64 oracle split over the processes (hosts) of a multi-host run, each host computing its share.
+
+Under ``jax.distributed.initialize()`` every host holds the same seed-determined problem. Host ``i`` of ``n``
+computes the oracle of the ``i``-th contiguous range of batch entries (of heads when B is smaller than ``n``
+and than H) with its own worker processes (``ci.parallel_oracle``), and the hosts exchange their results with
+``multihost_utils.process_allgather`` (the float64 bits travel as uint32 pairs, so no precision is lost and
+x64 need not be on). Every host ends with the whole reference, bit for bit a one-process run's, at ``1/n``
+of the oracle's cost; on one process this is ``parallel_oracle.reference_results``.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from . import parallel_oracle
+
+
+def share(shape, count=None, index=None):
+    """``(axis, lo, hi)``: this process's range of batch (axis 0) or head (axis 2) slices of a problem."""
+    count = jax.process_count() if count is None else count
+    index = jax.process_index() if index is None else index
+    axis, n = parallel_oracle.split_axis(shape, count)
+    lo, hi = parallel_oracle.slices(n, count)[index]
+    return axis, lo, hi
+
+
+def _allgather_bits(a):
+    """``[n, *a.shape]``: every process's float64 array ``a``, bit for bit."""
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+
+    bits = np.ascontiguousarray(a, np.float64).view(np.uint32)
+    return np.asarray(multihost_utils.process_allgather(bits, tiled=False)).view(np.float64)
+
+
+def reference_results(problem, do, dfinal_state):
+    """The float64 oracle's results (as ``ci.harness.reference_results``), each host computing its share."""
+    count = jax.process_count()
+    if count == 1:
+        return parallel_oracle.reference_results(problem, do, dfinal_state)
+    axis, lo, hi = share(problem.shape, count)
+    _, n = parallel_oracle.split_axis(problem.shape, count)
+    ranges = parallel_oracle.slices(n, count)
+    width = max(b - a for a, b in ranges)  # every process sends the same shape; short shares are padded
+    mine = (parallel_oracle.reference_results(*parallel_oracle.sub_problem(problem, do, dfinal_state, axis, lo, hi))
+            if hi > lo else None)
+    results = {}
+    for name, shape in parallel_oracle.result_shapes(problem.shape).items():
+        dim = parallel_oracle.slice_dim(name, axis)
+        padded = np.zeros(shape[:dim] + (width,) + shape[dim + 1:])
+        if mine is not None:
+            padded[parallel_oracle.slice_index(name, axis, 0, hi - lo)] = mine[name]
+        gathered = _allgather_bits(padded)
+        results[name] = np.concatenate([g[parallel_oracle.slice_index(name, axis, 0, b - a)]
+                                        for g, (a, b) in zip(gathered, ranges)], axis=dim)
+    return results

@@ -1,0 +1,98 @@
+"""Two processes as two hosts (``jax.distributed`` on this CPU, 4 host devices each, Gloo collectives):
+the float64 oracle split over the hosts (ci/multihost.py) and ``validate --mesh`` across both."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+# One host's run: the oracle split over the hosts against the one-process oracle, then validate on a
+# data=2,seq=4 mesh spanning both hosts (T=130 does not divide by 4: identity-token padding). argv: coordinator address, process id, JSON report path.
+HOST = """
+import json, sys
+import numpy as np
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+from gdn2_oracle.ci import harness, multihost, parallel_oracle
+from gdn2_oracle.ci.cli import main
+from gdn2_oracle.oracle import make_problem, random_cotangents
+
+asked, oracle_share = [], parallel_oracle.reference_results
+parallel_oracle.reference_results = lambda p, *a, **k: (asked.append(list(p.shape)), oracle_share(p, *a, **k))[1]
+out = {"devices": [jax.device_count(), jax.local_device_count()], "identical": {}}
+for shape in [(3, 24, 2, 4, 4), (1, 24, 3, 4, 4)]:  # split over the batch; over the heads
+    p = make_problem(*shape, decay="resets", initial_state=True, seed=2)
+    do, dfs = random_cotangents(p, seed=1)
+    got, want = multihost.reference_results(p, do, dfs), harness.reference_results(p, do, dfs)
+    out["identical"][str(shape)] = sorted(got) == sorted(want) and all(np.array_equal(got[n], want[n]) for n in want)
+out["asked"] = list(asked)
+out["validate"] = main(["validate", "--mesh", "data=2,seq=4", "--kernel", "cp-factorized[chunk_size=16,leaf=4]",
+                        "--cases", "quick", "--case", "gen_resets_T130", "--dtype", "float32", "--no-progress",
+                        "--json", sys.argv[3]])
+out["asked_by_validate"] = asked[len(out["asked"]):]
+print("RESULT", json.dumps(out), flush=True)
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    """Each host's RESULT dict and JSON report."""
+    tmp = tmp_path_factory.mktemp("hosts")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_", "XLA_"))},
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    address = f"localhost:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-c", HOST, address, str(i), str(tmp / f"host{i}.json")], cwd=tmp,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=600)[0])
+        finally:
+            proc.kill()
+    for proc, out in zip(procs, outs):
+        assert proc.returncode == 0 and "RESULT" in out, out[-4000:]
+    return [(json.loads(out.rsplit("RESULT", 1)[1]), json.loads((tmp / f"host{i}.json").read_text()))
+            for i, out in enumerate(outs)]
+
+
+def test_each_host_sees_the_global_devices(two_hosts):
+    assert [r["devices"] for r, _ in two_hosts] == [[8, 4], [8, 4]]
+
+
+def test_split_oracle_is_the_one_process_oracle_bit_for_bit(two_hosts):
+    for result, _ in two_hosts:
+        assert result["identical"] == {"(3, 24, 2, 4, 4)": True, "(1, 24, 3, 4, 4)": True}
+
+
+def test_each_host_computes_only_its_share(two_hosts):
+    # B=3 over two hosts: batch entries [0, 2) and [2, 3); B=1, H=3: heads [0, 2) and [2, 3)
+    assert two_hosts[0][0]["asked"] == [[2, 24, 2, 4, 4], [1, 24, 2, 4, 4]]
+    assert two_hosts[1][0]["asked"] == [[1, 24, 2, 4, 4], [1, 24, 1, 4, 4]]
+    # validate's generated case (B=2, T=130, H=1, K=16, V=32): one batch entry a host, not the whole twice
+    assert [r["asked_by_validate"] for r, _ in two_hosts] == [[[1, 130, 1, 16, 32]]] * 2
+
+
+def test_validate_on_a_mesh_across_hosts_passes_with_identical_reports(two_hosts):
+    assert [r["validate"] for r, _ in two_hosts] == [0, 0]
+    reports = [report for _, report in two_hosts]
+    assert reports[0]["mesh"] == "data=2,seq=4"
+    assert _untimed(reports[0]) == _untimed(reports[1])  # the same verdicts, errors and ratios on both hosts
+
+
+def _untimed(x):
+    """A report without its timings (which differ between hosts)."""
+    if isinstance(x, dict):
+        return {k: _untimed(v) for k, v in x.items() if "second" not in k and "time" not in k}
+    return [_untimed(v) for v in x] if isinstance(x, list) else x
