@@ -2,22 +2,24 @@
 
 Per device (``shard_map``; ``seq`` shards T, ``data`` shards B, ``heads`` shards H, other axes replicate):
 
-1. **Transition pass.** The chunked kernel (kernels/chunked.py) runs on the device's slice with the augmented
-   state ``[I | 0]`` (``K x (K + V)``) and values ``[0 | v]``, gates ``[0 | w]``. The chunk recurrence is linear
-   in its state, ``S_C = (Diag(gamma_C) - Kd^T Y) S0 + Kd^T U``, so the leaving state is ``[M | S_local]``:
-   ``M`` is the product of the slice's WY chunk transitions (identity basis pushed through the chunk
-   recurrence; every factor is an ``exp`` of a non-positive exponent, so it stays finite under any decay and
-   resets), ``S_local`` the slice's state from zero. Cost: one chunked pass of width ``K + V``.
+1. **Augmented pass.** The chunked kernel (kernels/chunked.py) runs once on the device's slice with the
+   augmented state ``[I | 0]`` (``K x (K + V)``) and values ``[0 | v]``, gates ``[0 | w]``. Every column of the
+   state obeys the same recurrence, linear in the state (``S_C = (Diag(gamma_C) - Kd^T Y) S0 + Kd^T U``), so the
+   leaving state is ``[M | S_local]`` and the outputs are ``[R | o_local]``: ``M`` the product of the slice's
+   WY chunk transitions (the identity basis pushed through the chunk recurrence; every factor is an ``exp`` of
+   a non-positive exponent, so it stays finite under any decay and resets), ``R`` (``L x K``) each token's
+   output response to the entering state, ``S_local`` and ``o_local`` the slice's state and outputs from zero.
+   Cost: one chunked pass of width ``K + V`` (the score tiles and the WY solve once).
 2. **Combine.** ``all_gather`` of ``(M, S_local)`` over ``seq``, then a sequential prefix
    ``S_in(p) = M_{p-1} S_in(p-1) + S_local(p-1)`` from ``S_in(0) = h0`` on every device (terms of devices at or
    after its own are masked out): one collective round instead of ``P - 1`` dependent ``ppermute`` hops, at
    ``P (K^2 V)`` flops and ``P K (K + V)`` floats per (batch, head) — small next to the chunk work while
    ``P K`` is below the slice length.
-3. **Correction.** The chunked kernel reruns the slice from the entering state ``S_in``: exact outputs and
-   leaving state (the final state is the last device's). Cost: one chunked pass of width ``V``.
+3. **Affine correction.** ``o = o_local + R S_in`` and ``S_out = M S_in + S_local`` (the final state is the
+   last device's): two matrix products, ``L K V + K^2 V`` flops per (batch, head), exact up to rounding.
 
-Backward: JAX differentiates through ``shard_map``, the chunked kernel's own ``custom_vjp`` (both passes),
-``all_gather`` (transposed to a reduce-scatter) and the prefix scan, so it has the same three-stage structure.
+Backward: JAX differentiates through ``shard_map``, the chunked kernel's own ``custom_vjp`` (one pass of
+width ``K + V``), ``all_gather`` (transposed to a reduce-scatter), the prefix scan and the two products.
 T is padded at the end to ``P * ceil(T / P)`` with identity tokens (all-zero inputs: g = 0, k = b = w = 0
 leave the state unchanged); B and H are padded with zero elements to multiples of their axes' sizes.
 """
@@ -82,20 +84,33 @@ def _entering_state(h0, M, S_local):
 
 
 def _slice(cfg, seq_sharded, q, k, v, g, b, w, h0):
-    """One device's slice ``[b, L, h, dim]``: transition pass, combine over ``seq``, corrected rerun."""
+    """One device's slice ``[b, L, h, dim]``: augmented pass, combine over ``seq``, affine correction."""
     L = q.shape[1]
     xs = [chunked.to_chunks(x, cfg.chunk_size) for x in (q, k, v, g, b, w)]
-    if seq_sharded:
-        qc, kc, vc, gc, bc, wc = xs
-        K = kc.shape[-1]
-        zk = jnp.zeros_like(kc)
-        eye = jnp.broadcast_to(jnp.eye(K, dtype=ACC_DTYPE), h0.shape[:-1] + (K,))
-        basis = jnp.concatenate([eye, jnp.zeros(h0.shape, ACC_DTYPE)], axis=-1)
-        _, MS = chunked.chunked_core(cfg, qc, kc, jnp.concatenate([zk, vc], -1), gc, bc,
-                                     jnp.concatenate([zk, wc], -1), basis)
-        h0 = _entering_state(h0, MS[..., :K], MS[..., K:])
-    o, hT = chunked.chunked_core(cfg, *xs, h0)
-    return chunked.from_chunks(o, L), hT[None]
+    if not seq_sharded:
+        o, hT = chunked.chunked_core(cfg, *xs, h0)
+        return chunked.from_chunks(o, L), hT[None]
+    qc, kc, vc, gc, bc, wc = xs
+    K = kc.shape[-1]
+    zk = jnp.zeros_like(kc)
+    eye = jnp.broadcast_to(jnp.eye(K, dtype=ACC_DTYPE), h0.shape[:-1] + (K,))
+    basis = jnp.concatenate([eye, jnp.zeros(h0.shape, ACC_DTYPE)], axis=-1)
+    RO, MS = chunked.chunked_core(cfg, qc, kc, jnp.concatenate([zk, vc], -1), gc, bc,
+                                  jnp.concatenate([zk, wc], -1), basis)
+    M, S_local = MS[..., :K], MS[..., K:]
+    S_in = _entering_state(h0, M, S_local)
+    o = _correct_outputs(RO[..., :K], RO[..., K:], S_in)
+    return chunked.from_chunks(o, L), _leaving_state(M, S_local, S_in)[None]
+
+
+def _correct_outputs(R, o_local, S_in):
+    """o = o_local + R S_in: the outputs are affine in the entering state (``R``: [N, b, h, C, K])."""
+    return o_local + jnp.einsum("nbhck,bhkv->nbhcv", R, S_in, precision=MATMUL_PRECISION)
+
+
+def _leaving_state(M, S_local, S_in):
+    """S_out = M S_in + S_local: the slice's leaving state from its entering state."""
+    return jnp.einsum("bhij,bhjv->bhiv", M, S_in, precision=MATMUL_PRECISION) + S_local
 
 
 @partial(jax.jit, static_argnums=(0, 1))

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 # One host's run: the oracle split over the hosts against the one-process oracle, then validate on a
-# data=2,seq=4 mesh spanning both hosts (T=130 does not divide by 4: identity-token padding). argv: coordinator address, process id, JSON report path.
+# data=2,seq=4 mesh spanning both hosts (T=130 does not divide by 4: identity-token padding).
+# argv: coordinator address, process id, JSON report path.
 HOST = """
 import json, sys
 import numpy as np
