@@ -121,6 +121,14 @@ def build_parser():
     ap.add_argument("--no-compile-cache", action="store_true",
                     help="do not use JAX's persistent compilation cache (default directory: env GDN2_COMPILE_CACHE, "
                          "else ~/.cache/gdn2-oracle/jax; GDN2_COMPILE_CACHE=off disables it too)")
+    d = ap.add_argument_group("multi-host runs (one process a host, e.g. a TPU pod slice; ci/multihost.py)")
+    d.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() first (auto-detected on Cloud TPU, SLURM, Open MPI); "
+                        "each host then computes its share of the float64 oracle")
+    d.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="with --distributed: the coordinator's address (default: auto, or env JAX_COORDINATOR_ADDRESS)")
+    d.add_argument("--num-processes", type=int, metavar="N", help="with --distributed: the number of processes")
+    d.add_argument("--process-id", type=int, metavar="I", help="with --distributed: this process's index")
     sub = ap.add_subparsers(dest="command", metavar="{validate,bench,golden,domain,hunt,cost}", parser_class=_Parser)
     sub.required = True
 
@@ -347,10 +355,26 @@ def main(argv=None):
     return code
 
 
+def _start_distributed(args):
+    """``--distributed``: join the multi-host run before JAX starts (explicit options imply ``--distributed``)."""
+    explicit = (args.coordinator, args.num_processes, args.process_id)
+    if not args.distributed and all(x is None for x in explicit):
+        return
+    if not args.distributed:
+        raise UsageError(f"{PROG}: error: --coordinator, --num-processes and --process-id need --distributed")
+    from . import multihost  # noqa: PLC0415
+
+    try:
+        multihost.initialize(*explicit)
+    except ValueError as exc:
+        raise UsageError(f"{PROG}: error: --{str(exc).replace('_', '-', 1)}") from None
+
+
 def _main(argv):
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        _start_distributed(args)
         if not args.no_compile_cache and args.command in ("validate", "bench", "domain", "hunt"):
             from .compile_cache import enable  # noqa: PLC0415
 

@@ -16,6 +16,19 @@ import numpy as np
 from . import parallel_oracle
 
 
+def initialize(coordinator=None, num_processes=None, process_id=None):
+    """``jax.distributed.initialize``: auto-detected on Cloud TPU, SLURM, Open MPI, ... when nothing is given;
+    else ``coordinator`` (or env ``JAX_COORDINATOR_ADDRESS``) with ``num_processes`` and ``process_id``."""
+    if (num_processes is None) != (process_id is None):
+        raise ValueError("process_id: --num-processes and --process-id go together")
+    if num_processes is not None:
+        if num_processes < 1:
+            raise ValueError(f"num_processes: expected a positive integer, got {num_processes}")
+        if not 0 <= process_id < num_processes:
+            raise ValueError(f"process_id: expected 0 <= process_id < {num_processes}, got {process_id}")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+
+
 def share(shape, count=None, index=None):
     """``(axis, lo, hi)``: this process's range of batch (axis 0) or head (axis 2) slices of a problem."""
     count = jax.process_count() if count is None else count

@@ -1,5 +1,6 @@
-"""Two processes as two hosts (``jax.distributed`` on this CPU, 4 host devices each, Gloo collectives):
-the float64 oracle split over the hosts (ci/multihost.py) and ``validate --mesh`` across both."""
+"""Two processes as two hosts (``gdn2-oracle --distributed`` on this CPU: a local coordinator, 4 host devices
+each, Gloo collectives): ``validate --mesh`` across both, and the float64 oracle split over the hosts
+(ci/multihost.py)."""
 
 from __future__ import annotations
 
@@ -11,32 +12,31 @@ import sys
 
 import pytest
 
-# One host's run: the oracle split over the hosts against the one-process oracle, then validate on a
-# data=2,seq=4 mesh spanning both hosts (T=130 does not divide by 4: identity-token padding).
-# argv: coordinator address, process id, JSON report path.
+# One host's run: `gdn2-oracle --distributed ... validate --mesh data=2,seq=4` on a mesh spanning both hosts
+# (T=130 does not divide by 4: identity-token padding), then the oracle split over the hosts against the
+# one-process oracle. argv: coordinator address, process id, JSON report path.
 HOST = """
 import json, sys
 import numpy as np
-import jax
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
 from gdn2_oracle.ci import harness, multihost, parallel_oracle
 from gdn2_oracle.ci.cli import main
 from gdn2_oracle.oracle import make_problem, random_cotangents
 
 asked, oracle_share = [], parallel_oracle.reference_results
 parallel_oracle.reference_results = lambda p, *a, **k: (asked.append(list(p.shape)), oracle_share(p, *a, **k))[1]
-out = {"devices": [jax.device_count(), jax.local_device_count()], "identical": {}}
+out = {"validate": main(["--distributed", "--coordinator", sys.argv[1], "--num-processes", "2",
+                         "--process-id", sys.argv[2], "validate", "--mesh", "data=2,seq=4",
+                         "--kernel", "cp-factorized[chunk_size=16,leaf=4]", "--cases", "quick",
+                         "--case", "gen_resets_T130", "--dtype", "float32", "--no-progress", "--json", sys.argv[3]])}
+out["asked_by_validate"], asked[:] = list(asked), []
+import jax
+out["devices"], out["identical"] = [jax.device_count(), jax.local_device_count()], {}
 for shape in [(3, 24, 2, 4, 4), (1, 24, 3, 4, 4)]:  # split over the batch; over the heads
     p = make_problem(*shape, decay="resets", initial_state=True, seed=2)
     do, dfs = random_cotangents(p, seed=1)
     got, want = multihost.reference_results(p, do, dfs), harness.reference_results(p, do, dfs)
     out["identical"][str(shape)] = sorted(got) == sorted(want) and all(np.array_equal(got[n], want[n]) for n in want)
 out["asked"] = list(asked)
-out["validate"] = main(["validate", "--mesh", "data=2,seq=4", "--kernel", "cp-factorized[chunk_size=16,leaf=4]",
-                        "--cases", "quick", "--case", "gen_resets_T130", "--dtype", "float32", "--no-progress",
-                        "--json", sys.argv[3]])
-out["asked_by_validate"] = asked[len(out["asked"]):]
 print("RESULT", json.dumps(out), flush=True)
 """
 
@@ -97,3 +97,16 @@ def _untimed(x):
     if isinstance(x, dict):
         return {k: _untimed(v) for k, v in x.items() if "second" not in k and "time" not in k}
     return [_untimed(v) for v in x] if isinstance(x, list) else x
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--coordinator", "localhost:1"], "--distributed"),
+    (["--distributed", "--num-processes", "2"], "--process-id"),
+    (["--distributed", "--num-processes", "0", "--process-id", "0"], "--num-processes"),
+    (["--distributed", "--num-processes", "2", "--process-id", "2"], "--process-id"),
+])
+def test_bad_distributed_options_name_the_option(argv, named, capsys):
+    from gdn2_oracle.ci.cli import main
+
+    assert main([*argv, "validate", "--cases", "quick", "--case", "len_1"]) == 2
+    assert named in capsys.readouterr().err

@@ -12,7 +12,8 @@ What is checked, and what is not:
   check`` restricted to one case (``--case len_1``); ``validate`` with the work capped by appending
   ``--case len_1 --dtype float32``; ``bench`` with the shape, dtype and repeats overridden to a tiny
   problem and no tile sweep. Commands naming a Pallas or peer kernel are only parsed and built (the
-  Pallas interpreter is too slow here; the peers are an optional extra). The README's placeholder
+  Pallas interpreter is too slow here; the peers are an optional extra), and so are ``--distributed``
+  ones (ci/tests/test_multihost.py runs that option with two processes as two hosts). The README's placeholder
   ``mypkg.gdn:kernel`` is provided as a module wrapping our pairwise kernel.
 * ``make X``: ``X`` is a target of the Makefile and ``make -n X`` (a dry run) succeeds; the targets
   themselves are what CI runs.
@@ -162,8 +163,10 @@ def _optional(name):
 
 def _runnable(argv):
     """Whether a README command is cheap enough to run here on ``--case len_1`` (no Pallas, peer or FLA
-    kernel: the Pallas interpreter is slow, the peers optional, and the KDA peers refuse that case)."""
-    return not any(k.startswith(("pallas-", "atomic-", "fla-", "torch:fla.")) for a in argv for k in a.split(","))
+    kernel: the Pallas interpreter is slow, the peers optional, and the KDA peers refuse that case) in one
+    process (``--distributed`` runs need their other hosts: ci/tests/test_multihost.py runs two)."""
+    return "--distributed" not in argv and not any(k.startswith(("pallas-", "atomic-", "fla-", "torch:fla."))
+                                                   for a in argv for k in a.split(","))
 
 
 TINY = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--dtype", "float32", "--repeats", "1",
