@@ -5,17 +5,18 @@ Per device (``shard_map``; ``seq`` shards T, ``data`` shards B, ``heads`` shards
 1. **Augmented pass.** The chunked kernel (kernels/chunked.py) runs once on the device's slice with the
    augmented state ``[I | 0]`` (``K x (K + V)``) and values ``[0 | v]``, gates ``[0 | w]``. Every column of the
    state obeys the same recurrence, linear in the state (``S_C = (Diag(gamma_C) - Kd^T Y) S0 + Kd^T U``), so the
-   leaving state is ``[M | S_local]`` and the outputs are ``[R | o_local]``: ``M`` the product of the slice's
+   leaving state is ``[M | S_local]`` and the outputs are ``[Qin | o_local]``: ``M`` the product of the slice's
    WY chunk transitions (the identity basis pushed through the chunk recurrence; every factor is an ``exp`` of
-   a non-positive exponent, so it stays finite under any decay and resets), ``R`` (``L x K``) each token's
-   output response to the entering state, ``S_local`` and ``o_local`` the slice's state and outputs from zero.
+   a non-positive exponent, so it stays finite under any decay and resets), ``Qin`` (``L x K``) each token's
+   output response to the entering state (in a chunk ``scale (gamma q - Aqk Y)`` times the transitions of the
+   chunks before it), ``S_local`` and ``o_local`` the slice's state and outputs from zero.
    Cost: one chunked pass of width ``K + V`` (the score tiles and the WY solve once).
 2. **Combine.** ``all_gather`` of ``(M, S_local)`` over ``seq``, then a sequential prefix
    ``S_in(p) = M_{p-1} S_in(p-1) + S_local(p-1)`` from ``S_in(0) = h0`` on every device (terms of devices at or
    after its own are masked out): one collective round instead of ``P - 1`` dependent ``ppermute`` hops, at
    ``P (K^2 V)`` flops and ``P K (K + V)`` floats per (batch, head) — small next to the chunk work while
    ``P K`` is below the slice length.
-3. **Affine correction.** ``o = o_local + R S_in`` and ``S_out = M S_in + S_local`` (the final state is the
+3. **Affine correction.** ``o = o_local + Qin S_in`` and ``S_out = M S_in + S_local`` (the final state is the
    last device's): two matrix products, ``L K V + K^2 V`` flops per (batch, head), exact up to rounding.
 
 Backward: JAX differentiates through ``shard_map``, the chunked kernel's own ``custom_vjp`` (one pass of
@@ -95,17 +96,17 @@ def _slice(cfg, seq_sharded, q, k, v, g, b, w, h0):
     zk = jnp.zeros_like(kc)
     eye = jnp.broadcast_to(jnp.eye(K, dtype=ACC_DTYPE), h0.shape[:-1] + (K,))
     basis = jnp.concatenate([eye, jnp.zeros(h0.shape, ACC_DTYPE)], axis=-1)
-    RO, MS = chunked.chunked_core(cfg, qc, kc, jnp.concatenate([zk, vc], -1), gc, bc,
+    QO, MS = chunked.chunked_core(cfg, qc, kc, jnp.concatenate([zk, vc], -1), gc, bc,
                                   jnp.concatenate([zk, wc], -1), basis)
     M, S_local = MS[..., :K], MS[..., K:]
     S_in = _entering_state(h0, M, S_local)
-    o = _correct_outputs(RO[..., :K], RO[..., K:], S_in)
+    o = _correct_outputs(QO[..., :K], QO[..., K:], S_in)
     return chunked.from_chunks(o, L), _leaving_state(M, S_local, S_in)[None]
 
 
-def _correct_outputs(R, o_local, S_in):
-    """o = o_local + R S_in: the outputs are affine in the entering state (``R``: [N, b, h, C, K])."""
-    return o_local + jnp.einsum("nbhck,bhkv->nbhcv", R, S_in, precision=MATMUL_PRECISION)
+def _correct_outputs(Qin, o_local, S_in):
+    """o = o_local + Qin S_in: the outputs are affine in the entering state (``Qin``: [N, b, h, C, K])."""
+    return o_local + jnp.einsum("nbhck,bhkv->nbhcv", Qin, S_in, precision=MATMUL_PRECISION)
 
 
 def _leaving_state(M, S_local, S_in):
