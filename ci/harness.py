@@ -135,8 +135,7 @@ def host_callback_error(exc):
 
 def reference_results(problem: oracle.Problem, do, dfinal_state):
     """The NumPy float64 oracle's results as a mapping over RESULTS."""
-    (o, S), grads = oracle.recurrence.forward_and_vjp(problem, do, dfinal_state)
-    return {"o": o, "final_state": S, **grads._asdict()}
+    return oracle.named_results(*oracle.recurrence.forward_and_vjp(problem, do, dfinal_state))
 
 
 def check_representable(problem: oracle.Problem, dtype):

@@ -29,15 +29,6 @@ def initialize(coordinator=None, num_processes=None, process_id=None):
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
 
 
-def share(shape, count=None, index=None):
-    """``(axis, lo, hi)``: this process's range of batch (axis 0) or head (axis 2) slices of a problem."""
-    count = jax.process_count() if count is None else count
-    index = jax.process_index() if index is None else index
-    axis, n = parallel_oracle.split_axis(shape, count)
-    lo, hi = parallel_oracle.slices(n, count)[index]
-    return axis, lo, hi
-
-
 def _allgather_bits(a):
     """``[n, *a.shape]``: every process's float64 array ``a``, bit for bit."""
     from jax.experimental import multihost_utils  # noqa: PLC0415
@@ -51,9 +42,9 @@ def reference_results(problem, do, dfinal_state):
     count = jax.process_count()
     if count == 1:
         return parallel_oracle.reference_results(problem, do, dfinal_state)
-    axis, lo, hi = share(problem.shape, count)
-    _, n = parallel_oracle.split_axis(problem.shape, count)
+    axis, n = parallel_oracle.split_axis(problem.shape, count)
     ranges = parallel_oracle.slices(n, count)
+    lo, hi = ranges[jax.process_index()]
     width = max(b - a for a, b in ranges)  # every process sends the same shape; short shares are padded
     mine = (parallel_oracle.reference_results(*parallel_oracle.sub_problem(problem, do, dfinal_state, axis, lo, hi))
             if hi > lo else None)

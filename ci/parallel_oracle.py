@@ -3,10 +3,10 @@
 Every (batch, head) pair is an independent recurrence, so contiguous batch ranges (heads when B is smaller
 than the number of jobs) are run by ``oracle.recurrence.forward_and_vjp`` in spawned worker processes.
 Inputs and results travel through memory-mapped files (in ``/dev/shm`` when it has room, else the temp dir):
-each worker reads its slice of the inputs and writes its slice of the results in place, so nothing is pickled
-but paths and shapes
-(at B=8, T=4096, H=6, K=V=128 the arrays are ~3 GB). Small problems (below ``MIN_WORK`` multiply-adds a token
-step) stay in this process: spawning costs more. This module imports no JAX, so the workers start quickly.
+each worker reads its slice of the inputs and writes its slice of the results in place, so nothing but paths
+and shapes is pickled (at B=8, T=4096, H=6, K=V=128 the arrays are ~3 GB). Small problems (below ``MIN_WORK``
+multiply-adds a token step) stay in this process: spawning costs more. This module imports no JAX, so the
+workers start quickly.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from gdn2_oracle import oracle
 MIN_WORK = 2**26
 # Worker processes of the CLI's oracle (``--jobs``); None: one a core (``default_jobs``).
 JOBS = None
-RESULTS = ("o", "final_state") + oracle.Grads._fields
 STATES = ("initial_state", "dfinal_state", "final_state", "dh0")  # [B, H, K, V]: the head axis is 1, not 2
 
 
@@ -40,9 +39,8 @@ def _check_jobs(jobs):
 
 
 def _solve(problem, do, dfs):
-    """The float64 oracle's results of one problem as a dict of arrays (``RESULTS``)."""
-    (o, S), grads = oracle.recurrence.forward_and_vjp(problem, do, dfs)
-    return {"o": o, "final_state": S, **grads._asdict()}
+    """The float64 oracle's results of one problem as a dict of arrays (``oracle.RESULTS``)."""
+    return oracle.named_results(*oracle.recurrence.forward_and_vjp(problem, do, dfs))
 
 
 def slices(n, parts):
@@ -69,11 +67,11 @@ def _arrays(problem, do, dfs):
 
 
 def result_shapes(shape):
-    """Each result's shape for a ``(B, T, H, K, V)`` problem (``RESULTS`` order)."""
+    """Each result's shape for a ``(B, T, H, K, V)`` problem (``oracle.RESULTS`` order)."""
     B, T, H, K, V = shape
     keys, values, states = (B, T, H, K), (B, T, H, V), (B, H, K, V)
     own = {"o": values, "final_state": states, "dh0": states, "dv": values, "dw": values}
-    return {name: own.get(name, keys) for name in RESULTS}
+    return {name: own.get(name, keys) for name in oracle.RESULTS}
 
 
 def _sub_problem(arrays, scale, axis, lo, hi):
@@ -105,30 +103,22 @@ def _scratch_dir(nbytes):
     return None
 
 
-class _Shared:
-    """Named float64 arrays in files mapped into memory (``np.memmap``), attached by path in the workers."""
+def _files(directory, shapes):
+    """``{name: (path, shape)}``: where each named float64 array lives in ``directory``."""
+    return {name: (os.path.join(directory, f"{name}.f64"), shape) for name, shape in shapes.items()}
 
-    def __init__(self, spec, mode):
-        self.spec = spec  # {name: (path, shape)}
-        self.arrays = {name: np.memmap(path, np.float64, mode, shape=shape) for name, (path, shape) in spec.items()}
 
-    @classmethod
-    def create(cls, directory, shapes):
-        return cls({name: (os.path.join(directory, f"{name}.f64"), shape) for name, shape in shapes.items()}, "w+")
-
-    def close(self):
-        self.arrays = {}
+def _mapped(files, mode):
+    """The named arrays of ``files`` mapped into memory (``np.memmap``; writes are seen by every process)."""
+    return {name: np.memmap(path, np.float64, mode, shape=shape) for name, (path, shape) in files.items()}
 
 
 def _solve_slice(task):
     """Worker: the oracle on one batch/head range, read from and written to the mapped files."""
-    src_spec, dst_spec, scale, axis, lo, hi = task
-    src, dst = _Shared(src_spec, "r"), _Shared(dst_spec, "r+")
-    results = _solve(*_sub_problem(src.arrays, scale, axis, lo, hi))
-    for name, a in results.items():
-        dst.arrays[name][slice_index(name, axis, lo, hi)] = a
-    dst.close()  # flushes the mapping
-    return lo, hi
+    src_files, dst_files, scale, axis, lo, hi = task
+    src, dst = _mapped(src_files, "r"), _mapped(dst_files, "r+")
+    for name, a in _solve(*_sub_problem(src, scale, axis, lo, hi)).items():
+        dst[name][slice_index(name, axis, lo, hi)] = a
 
 
 def reference_results(problem, do, dfinal_state, jobs=None):
@@ -144,17 +134,15 @@ def reference_results(problem, do, dfinal_state, jobs=None):
     nbytes = 8 * sum(int(np.prod(shape)) for shape in [*shapes.values(), *(a.shape for a in arrays.values())])
     with tempfile.TemporaryDirectory(prefix="gdn2-oracle-", dir=_scratch_dir(nbytes),
                                      ignore_cleanup_errors=True) as directory:
-        src = _Shared.create(directory, {name: a.shape for name, a in arrays.items()})
-        for name, a in arrays.items():
-            src.arrays[name][...] = a
+        src_files = _files(directory, {name: a.shape for name, a in arrays.items()})
+        for name, a in _mapped(src_files, "w+").items():
+            a[...] = arrays[name]
         del arrays
-        dst = _Shared.create(directory, shapes)
-        tasks = [(src.spec, dst.spec, problem.scale, axis, lo, hi) for lo, hi in slices(n, parts)]
+        dst_files = _files(directory, shapes)
+        results = _mapped(dst_files, "w+")
+        tasks = [(src_files, dst_files, problem.scale, axis, lo, hi) for lo, hi in slices(n, parts)]
         # spawn: never fork a process that has started JAX's threads
         with concurrent.futures.ProcessPoolExecutor(parts, mp_context=multiprocessing.get_context("spawn")) as pool:
             list(pool.map(_solve_slice, tasks))
-        # plain arrays over the workers' pages, no copy; the mapping outlives the file's name (POSIX)
-        results = {name: a.view(np.ndarray) for name, a in dst.arrays.items()}
-        src.close()
-        dst.close()
-    return results
+    # plain arrays over the workers' pages, no copy: a mapping outlives its file's name (POSIX)
+    return {name: a.view(np.ndarray) for name, a in results.items()}

@@ -191,19 +191,20 @@ def baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None):
     ``result_dtypes`` maps a result name to the dtype the kernel returned it in ("float32" or
     "bfloat16"); missing names stay float32.
     """
-    (o, S), grads = forward_and_vjp(problem, do, dfinal_state, dtype=np.float32)
-    base = {"o": o, "final_state": S, **grads._asdict()}
-    result_dtypes = result_dtypes or {}
-    return {n: round_to(np.asarray(x, np.float64), result_dtypes.get(n, "float32")) for n, x in base.items()}
+    return _rounded(forward_and_vjp(problem, do, dfinal_state, dtype=np.float32), result_dtypes)
 
 
 def cumulative_baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None):
     """The float32 chunked algorithm with cumulative-sum-difference exponents (:mod:`oracle.chunked32`,
     chunk 64) on the same inputs, rounded to the result dtypes like :func:`baseline`: ``e_cum``'s source."""
-    (o, S), grads = chunked32.forward_and_vjp(problem, do, dfinal_state)
-    base = {"o": o, "final_state": S, **grads._asdict()}
+    return _rounded(chunked32.forward_and_vjp(problem, do, dfinal_state), result_dtypes)
+
+
+def _rounded(forward_and_vjp_results, result_dtypes):
+    """A forward + VJP's results by name, as float64 holding values rounded to the result dtypes."""
     result_dtypes = result_dtypes or {}
-    return {n: round_to(np.asarray(x, np.float64), result_dtypes.get(n, "float32")) for n, x in base.items()}
+    return {n: round_to(np.asarray(x, np.float64), result_dtypes.get(n, "float32"))
+            for n, x in oracle.named_results(*forward_and_vjp_results).items()}
 
 
 def token_profile(got, ref, scale_rms):

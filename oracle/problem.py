@@ -138,3 +138,9 @@ class Grads(NamedTuple):
     db: np.ndarray
     dw: np.ndarray
     dh0: np.ndarray
+
+
+def named_results(outputs, grads):
+    """``((o, final_state), grads)`` of a forward + VJP as one mapping over ``RESULTS``."""
+    o, final_state = outputs
+    return {"o": o, "final_state": final_state, **grads._asdict()}
