@@ -77,8 +77,7 @@ def _entering_state(h0, M, S_local):
 
     def step(S, inp):
         j, Mj, Sj = inp
-        nxt = jnp.einsum("...ij,...jv->...iv", Mj, S, precision=MATMUL_PRECISION) + Sj
-        return jnp.where(j < me, nxt, S), None
+        return jnp.where(j < me, _leaving_state(Mj, Sj, S), S), None
 
     S_in, _ = jax.lax.scan(step, h0, (jnp.arange(Ms.shape[0]), Ms, Ss))
     return S_in
@@ -110,8 +109,8 @@ def _correct_outputs(Qin, o_local, S_in):
 
 
 def _leaving_state(M, S_local, S_in):
-    """S_out = M S_in + S_local: the slice's leaving state from its entering state."""
-    return jnp.einsum("bhij,bhjv->bhiv", M, S_in, precision=MATMUL_PRECISION) + S_local
+    """S_out = M S_in + S_local: a slice's leaving state from its entering state."""
+    return jnp.einsum("...ij,...jv->...iv", M, S_in, precision=MATMUL_PRECISION) + S_local
 
 
 @partial(jax.jit, static_argnums=(0, 1))
