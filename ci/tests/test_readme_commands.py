@@ -13,8 +13,8 @@ What is checked, and what is not:
   ``--case len_1 --dtype float32``; ``bench`` with the shape, dtype and repeats overridden to a tiny
   problem and no tile sweep. Commands naming a Pallas or peer kernel are only parsed and built (the
   Pallas interpreter is too slow here; the peers are an optional extra), and so are ``--distributed``
-  ones (ci/tests/test_multihost.py runs that option with two processes as two hosts). The README's placeholder
-  ``mypkg.gdn:kernel`` is provided as a module wrapping our pairwise kernel.
+  ones (ci/tests/test_multihost.py runs that option with two processes as two hosts). The README's
+  placeholder ``mypkg.gdn:kernel`` is provided as a module wrapping our pairwise kernel.
 * ``make X``: ``X`` is a target of the Makefile and ``make -n X`` (a dry run) succeeds; the targets
   themselves are what CI runs.
 * ``python -m gdn2_oracle.ci.benchmarks.X ...``: the arguments parse with the script's ``build_parser()``;
