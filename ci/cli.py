@@ -379,8 +379,8 @@ def _main(argv):
             from .compile_cache import enable  # noqa: PLC0415
 
             enable()
-        if getattr(args, "jobs", None) is not None:
-            if args.jobs < 1:
+        if hasattr(args, "jobs"):  # set on every call (None: one a core), never left over from an earlier one
+            if args.jobs is not None and args.jobs < 1:
                 raise UsageError(f"{PROG} {args.command}: error: --jobs must be positive, got {args.jobs}")
             from . import parallel_oracle  # noqa: PLC0415
 

@@ -25,6 +25,7 @@ import argparse
 import concurrent.futures as cf
 import contextlib
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -107,7 +108,9 @@ def _run_all(names, jobs, desc):
                 bar.set_postfix_str(f"{n} {result[3]:.1f}s")
                 bar.update(1)
         else:
-            pool = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint)
+            # spawn: never fork a process that may have started JAX's threads (the CLI, the tests)
+            pool = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint,
+                                          mp_context=multiprocessing.get_context("spawn"))
             futures = [pool.submit(_work, n) for n in order]
             try:
                 for fut in cf.as_completed(futures):
@@ -338,10 +341,15 @@ def _compare(name, data, entry, stored_entry, path: Path) -> list[str]:
     return diffs
 
 
+def _cores():
+    """The cores this process may use: the default number of worker processes."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def _parser(prog=PROG):
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", metavar="NAME", help="only this case (repeatable)")
-    ap.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--jobs", "-j", type=int, default=_cores(), help="worker processes (default: one a core)")
     ap.add_argument("--check", action="store_true", help="recompute and verify the stored goldens bit for bit")
     ap.add_argument("--force", action="store_true",
                     help="recompute even up-to-date cases (and rebuild a corrupt manifest)")

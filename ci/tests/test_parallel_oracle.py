@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -58,3 +59,12 @@ def test_cli_jobs_sets_the_oracle_workers(monkeypatch):
     assert main(["validate", "--jobs", "3", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick",
                  "--case", "len_1", "--dtype", "float32", "--no-progress"]) == 0
     assert parallel_oracle.JOBS == 3
+    assert main(["validate", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick", "--case", "len_1",
+                 "--dtype", "float32", "--no-progress"]) == 0
+    assert parallel_oracle.JOBS is None  # the next command without --jobs: one a core again
+
+
+def test_float64_and_mpmath_oracles_default_to_one_worker_a_core():
+    from gdn2_oracle.golden import regenerate
+
+    assert regenerate._parser().parse_args([]).jobs == parallel_oracle.default_jobs() == len(os.sched_getaffinity(0))
