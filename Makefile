@@ -31,8 +31,10 @@ $(STAMP): pyproject.toml | $(PY)
 # compiles the program again (with a warning); it never runs a torn program.
 # pytest-xdist: one worker a core (TEST_WORKERS=0: in this process, e.g. for pdb); work stealing, because
 # a few subprocess tests take minutes while most take a second.
+# ruff first: the lint rules of pyproject.toml [tool.ruff] are part of the suite.
 TEST_WORKERS ?= auto
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
 		$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 

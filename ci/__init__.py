@@ -1,1 +1,2 @@
-"""The gates: tolerance model, validation harness, validation-gated benchmark and CLI."""
+"""The judge and the gdn2-oracle command line, in floors: ``grading`` (bottom), ``running``, ``commands`` (top);
+docs/DESIGN.md §3."""

@@ -1,16 +1,55 @@
-"""Test support for the suite's own tests: running pytest as a user would, in a subprocess."""
+"""Support for the suite's own tests (not for users): the ``cli`` fixture, pytest in a subprocess, and one
+``assert_matches_oracle`` whose references are cached by recipe."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 
+import pytest
 
-def pytest_run(cwd, *args, timeout=600):
+from gdn2_oracle.oracle import Recipe
+
+from .cli import main
+from .grading.case import Case
+from .grading.tolerance import Report
+from .running import harness
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*argv) -> (exit status, stdout, stderr)`` of ``gdn2-oracle ARGV`` run in this process."""
+    def run(*argv):
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
+
+
+def pytest_run(cwd, *args, timeout=600, env=None):
     """``(exit code, stdout + stderr)`` of ``pytest ARGS`` run from ``cwd`` in a fresh interpreter, without
-    this session's ``PYTEST_*`` and ``GDN2_*`` environment (as a kernel author runs it from their repository)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))}
+    this session's ``PYTEST_*`` and ``GDN2_*`` environment (as a kernel author runs it from their repository),
+    plus ``env``."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))}, **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+@functools.cache
+def oracle_case(recipe: Recipe) -> Case:
+    """The :class:`Case` of a recipe, its reference and baselines computed once per test process."""
+    return Case.from_recipe("test", recipe)
+
+
+def assert_matches_oracle(kernel, recipe: Recipe, dtype=None) -> Report:
+    """Run ``kernel`` on ``recipe`` (in ``dtype``, default the recipe's precision) and assert it passes the
+    tolerance model against the float64 oracle; the report on failure, the report when it passes."""
+    case = oracle_case(recipe if dtype is None else recipe.replace(precision=dtype))
+    problem, do, dfs = case.data()
+    harness.check_representable(problem, case.dtype)
+    report = case.judge(harness.kernel_results(kernel, problem, do, dfs, dtype=case.dtype))
+    assert report.passed, f"{kernel!r} on {recipe!r}:\n{report.format()}"
+    return report

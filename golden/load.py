@@ -84,7 +84,8 @@ def decode(data: bytes) -> dict[str, np.ndarray]:
 
 def manifest_recovery() -> str:
     """How to restore a damaged manifest (from git, or rebuilt from the catalogue)."""
-    return "restore it with `git checkout golden/MANIFEST.json` or rebuild it with `gdn2-oracle golden regenerate --force`"
+    return ("restore it with `git checkout golden/MANIFEST.json` or rebuild it with "
+            "`gdn2-oracle golden regenerate --force`")
 
 
 def file_recovery(name: str) -> str:
@@ -178,7 +179,8 @@ def load(name: str, *, data_dir=None, manifest=None) -> Golden:
         manifest = read_manifest(manifest)
     entry = manifest.get("cases", {}).get(name)
     if entry is None:
-        raise GoldenError(f"golden case {name!r}: not in the manifest (run `gdn2-oracle golden regenerate --case {name}`)")
+        raise GoldenError(f"golden case {name!r}: not in the manifest "
+                          f"(run `gdn2-oracle golden regenerate --case {name}`)")
     if entry.get("recipe_sha256") != case.checksum():
         raise GoldenError(f"golden case {name!r}: stale; the catalogue recipe (sha256 {case.checksum()}) "
                           f"differs from the manifest's ({entry.get('recipe_sha256')}); "
@@ -199,7 +201,7 @@ def load(name: str, *, data_dir=None, manifest=None) -> Golden:
                           f"expected sha256 {expected}, actual sha256 {actual}; {file_recovery(name)}")
     try:
         arrays = decode(data)
-    except Exception as exc:  # noqa: BLE001 - a file matching its hash should always decode
+    except Exception as exc:
         raise GoldenError(f"golden case {name!r}: cannot read {path}: {type(exc).__name__}: {exc}; "
                           f"{file_recovery(name)}") from exc
     return Golden(name, case, arrays, entry)

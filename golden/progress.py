@@ -32,7 +32,7 @@ class Progress:
         self.bar = None
         if _isatty(self.file):
             try:
-                from tqdm import tqdm  # noqa: PLC0415
+                from tqdm import tqdm
             except ImportError:
                 pass
             else:

@@ -173,7 +173,7 @@ def _locked(directory: Path):
     """An exclusive ``flock`` on ``directory`` (the corpus root, beside the manifest) while inside."""
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        import fcntl  # noqa: PLC0415 - POSIX only
+        import fcntl  # POSIX only
     except ImportError:  # no flock (Windows): concurrent regenerations are not protected there
         yield
         return

@@ -35,7 +35,6 @@ from jax.sharding import PartitionSpec
 
 from . import chunked
 from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs, floor_log_decay
-from .registry import register
 
 # Mesh axis names and the dimension each shards (other axes of a mesh replicate the work).
 SEQ_AXIS, BATCH_AXIS, HEAD_AXIS = "seq", "data", "heads"
@@ -149,7 +148,7 @@ class ContextParallelKernel:
         mesh = current_mesh(self.mesh)
         if not mesh.are_all_axes_auto:
             raise ValueError(f"mesh: axes must be AxisType.Auto (e.g. jax.make_mesh(..., axis_types=(AxisType.Auto,)"
-                             f" * n) or gdn2_oracle.ci.mesh.build_mesh), got {mesh.axis_types}")
+                             f" * n) or gdn2_oracle.ci.running.mesh.build_mesh), got {mesh.axis_types}")
         return _run(cfg, mesh, q, k, v, g, b, w, initial_state)
 
     def __repr__(self):
@@ -165,6 +164,3 @@ def cp_pairwise(chunk_size=64, mesh=None):
     """The pairwise chunked kernel, context-parallel over the ``seq`` axis of ``mesh`` (default: current)."""
     return ContextParallelKernel("cp-pairwise", chunked.pairwise(chunk_size), mesh)
 
-
-register("cp-factorized", cp_factorized)
-register("cp-pairwise", cp_pairwise)

@@ -40,7 +40,8 @@ KDA_NOTE = ("KDA peer: takes one gate beta per head and token, so it covers b = 
             "sum_c db_c + sum_c dw_c comes back in db[..., 0] with the rest of db and all of dw zero: db and dw "
             "cannot match the per-channel oracle and fail by construction; o, final_state, dq, dk, dv, dg, dh0 "
             "are comparable")
-CHUNK_NOTE = "naive_chunk_kda needs T % chunk_size == 0: the adapter pads T with identity tokens (q=k=v=0, g=0, beta=0), exact"
+CHUNK_NOTE = ("naive_chunk_kda needs T % chunk_size == 0: the adapter pads T with identity tokens "
+              "(q=k=v=0, g=0, beta=0), exact")
 
 
 def fla_root():
@@ -155,23 +156,3 @@ def kda_chunk(**options):
     fn = kda_as_gdn2(_triton("kda", "chunk_kda", "fla-kda-chunk"))
     return TorchKernel(fn, name="fla-kda-chunk", options={"output_final_state": True, **options},
                        note=KDA_NOTE, modules=(__name__,))
-
-
-REGISTRY = {
-    "fla-gdn2-naive-recurrent": gdn2_naive_recurrent,
-    "fla-gdn2-naive-chunk": gdn2_naive_chunk,
-    "fla-gdn2-chunk": gdn2_chunk,
-    "fla-kda-naive-recurrent": kda_naive_recurrent,
-    "fla-kda-naive-chunk": kda_naive_chunk,
-    "fla-kda-chunk": kda_chunk,
-}
-
-
-def _register():
-    """Register the FLA peers with ``kernels.registry`` (each factory loads FLA and torch when called)."""
-    from .registry import register_all  # noqa: PLC0415
-
-    register_all(REGISTRY)
-
-
-_register()

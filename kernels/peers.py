@@ -145,7 +145,7 @@ def atomic_ops_kernel(config=None, *, interpret=None, **fields):
             raise ValueError(f"config: {config!r} not one of {tuple(_PRESETS)}")
         config = getattr(atomic_ops, _PRESETS[config])
     if fields:
-        import dataclasses  # noqa: PLC0415
+        import dataclasses
         try:
             config = dataclasses.replace(config, **fields)
         except TypeError as exc:
@@ -194,9 +194,6 @@ def atomic_gdn2_kernel(*, interpret=None, **fields):
     return kernel
 
 
-REGISTRY = {"atomic-ops": atomic_ops_kernel, "atomic-gdn2": atomic_gdn2_kernel}
-
-
 def available():
     """``{name: None or the reason it is unavailable}`` (import check only)."""
     out = {}
@@ -208,13 +205,3 @@ def available():
             out[name] = (f"{type(exc).__name__}: {exc} (install the peers extra: "
                          f"pip install 'gdn2-oracle[peers]', i.e. atomic-ops==0.2.0)")
     return out
-
-
-def _register():
-    """Register the adapters with ``kernels.registry`` (the factories import their package lazily)."""
-    from .registry import register_all  # noqa: PLC0415
-
-    register_all(REGISTRY)
-
-
-_register()

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from .chunked import ChunkedKernel
 from .contract import MATMUL_PRECISION
 from .decay import Pairwise, gap
-from .registry import get
+from .spec import get
 
 _BASE = get("pairwise", chunk_size=16)
 
@@ -179,7 +179,7 @@ def restarting(q, k, v, g, b, w, *, scale=None, initial_state=None):
 cumsum_difference = cumsum_kernel()
 
 
-# --- a planted narrow bug for ``gdn2-oracle hunt`` (ci/hunt.py) --------------------------------------
+# --- a planted narrow bug for ``gdn2-oracle hunt`` (ci/commands/hunt.py) --------------------------------------
 
 NARROW_LENGTHS = (56, 72)  # the bug below fires only for lengths in this closed range
 NARROW_ERASE = 1.5  # ... and only when some erase gate exceeds this (negative-eigenvalue mode)

@@ -1,53 +1,9 @@
-"""PyTorch (and Triton) GDN-2 kernels behind the JAX contract of docs/DESIGN.md §2: ``torch:pkg.mod:attr``.
+"""PyTorch (and Triton) GDN-2 kernels behind the JAX contract: ``torch:pkg.mod:attr[options]``.
 
-``kernels.get("torch:package.module:attr[key=value,...]")`` -- and so ``gdn2-oracle validate --kernel
-'torch:...'`` and the pytest plugin's ``--gdn2-kernel 'torch:...'`` -- wraps a PyTorch callable into a
-JAX function with the suite's contract: a ``jax.custom_vjp`` around two ``jax.pure_callback``s. The
-forward callback runs the torch function; the backward callback runs it again with autograd on and
-returns all seven gradients (``dq, dk, dv, dg, db, dw, dh0``) from ``torch.autograd.grad`` (an input
-the kernel does not use gets a zero gradient). Arrays cross exactly: float32 and float64 as copies of
-their bytes, bfloat16 through its 16-bit pattern, inputs and cotangents to torch's device and results
-back. The device is CUDA when ``torch.cuda.is_available()``, else the CPU (option ``device=``).
-
-The torch function is called as ``fn(*six tensors in its order, **keywords)`` and must return
-``(o, final_state)``: ``o`` in the input layout and ``v``'s dtype, ``final_state`` ``[B, H, K, V]``
-float32, both on the device and both differentiable through torch autograd.
-
-Options, in the spec's ``[key=value,...]`` (values are Python literals, else strings). Every option
-not listed here is passed to the torch function as a keyword argument (``output_final_state=True``,
-``chunk_size=64``, ...):
-
-=====================  ==========================================================================
-``order=qkvgbw``       the positional order of the six tensors, as their letters (commas separate
-                       options, so ``q,k,v,w,b,g`` is written ``qkvwbg``); default FLA's ``qkvgbw``
-``scale_arg=scale``    keyword the scale is passed as; ``None``: the kernel takes no scale, and only
-                       the default ``K**-0.5`` can be validated
-``state_arg=...``      keyword of the initial state ``[B, H, K, V]`` (default ``initial_state``);
-                       ``None``: the kernel takes none (then only a zero initial state is accepted)
-``layout=bthk``        ``bthk``: tensors ``[B, T, H, dim]`` (FLA's and ours); ``bhtk``: head-major
-                       ``[B, H, T, dim]``, ``o`` returned head-major too (the state is ``[B, H, K, V]``)
-``decay_base=e``       ``e``: ``g`` is a natural-log decay; ``2``: the kernel takes ``g / ln 2``
-                       (kernels that use ``exp2``)
-``device=cuda``        the torch device (default ``cuda`` when available, else ``cpu``)
-=====================  ==========================================================================
-
-Examples::
-
-    torch:fla.ops.gdn2:chunk_gdn2[output_final_state=True]       # FLA's signature: only the flag
-    torch:fla.ops.gdn2:naive_chunk_gdn2[output_final_state=True,chunk_size=16]   # passed through
-    torch:mypkg.gdn2:forward[order=qkvwbg,layout=bhtk,decay_base=2,scale_arg=sm_scale,state_arg=h0]
-    torch:mypkg.gdn2:forward[device=cpu]                         # run on the CPU even with a GPU
-
-Exactness of the mapping: ``order``, ``layout`` and the keywords only move data; ``decay_base=2``
-multiplies ``g`` by ``log2(e)`` in float64 and rounds once to float32 (so ``g`` reaches the kernel in
-float32 even for bfloat16 inputs: in bf16 that product would lose 8 bits), and the gradient flows
-back through the same product. Layout and base conversions run inside torch autograd, so the
-gradients come back in the suite's layout and base by the chain rule.
-
-What is checked where: the first call on a shape runs the kernel once on zeros (the *probe*) to learn
-its results' count, shapes and dtypes, which JAX must know before the callback runs; the harness
-(``ci/harness.py``) judges those against the contract. The bridge checks what only torch can see:
-each result is a tensor, on the device, with an autograd graph (:class:`TorchContractError`).
+A ``jax.custom_vjp`` around two ``jax.pure_callback``s: the forward runs the torch function, the backward runs
+it again under autograd for all seven gradients. Arrays cross exactly; ``order``/``layout``/``decay_base`` and
+the keyword options map another signature onto the contract. The options, the probe and what is checked
+where: docs/DESIGN.md §2, "PyTorch kernels".
 """
 
 from __future__ import annotations
@@ -61,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .contract import check_inputs
+from .spec import resolve
 
 TENSORS = ("q", "k", "v", "g", "b", "w")
 RESULT_NAMES = ("o", "final_state")
@@ -328,6 +285,4 @@ def _module_names(fn):
 
 def torch_kernel(target, **options):
     """The ``torch:`` spec: ``target`` is ``package.module:attr``, a torch callable; options as documented."""
-    from .registry import resolve  # noqa: PLC0415 - the registry imports this module lazily
-
     return TorchKernel(resolve(target), name=f"torch:{target}", options=options)

@@ -47,7 +47,8 @@ class MPForward(NamedTuple):
 
 
 MPGrads = NamedTuple("MPGrads", [(name, np.ndarray) for name in GRADS] + [("errors", dict)])
-MPGrads.__doc__ = "The seven gradients (fields of GRADS) as float64 plus ``errors``: per-element error estimates by name."
+MPGrads.__doc__ = ("The seven gradients (fields of GRADS) as float64 plus ``errors``: per-element error estimates "
+                   "by name.")
 
 
 def to_float64(x):

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from gdn2_oracle.ci.tolerance import PRECISION, PrecisionLossWarning
+from gdn2_oracle.ci.grading.grades import PRECISION, PrecisionLossWarning
 
 # Set from --gdn2-strict when pytest starts (conftest.py).
 STRICT = False

@@ -38,15 +38,29 @@ def _truthy(x):
 
 
 def profile_name(config):
-    """The Hypothesis profile in force: --gdn2-profile, else env HYPOTHESIS_PROFILE, else ci when CI is true, else dev."""
+    """The Hypothesis profile in force: --gdn2-profile, else env HYPOTHESIS_PROFILE, else ci when CI is true,
+    else dev."""
     return (config.getoption("gdn2_profile", default=None) or os.environ.get("HYPOTHESIS_PROFILE")
             or ("ci" if _truthy(os.environ.get("CI", "")) else "dev"))
 
 
 def kernel_names(config):
-    """The kernels named by --gdn2-kernel or env GDN2_KERNEL (empty: the suite's default)."""
-    names = config.getoption("gdn2_kernel", default=None) or os.environ.get("GDN2_KERNEL", "").split(",")
-    return list(dict.fromkeys(n.strip() for n in names if n.strip()))
+    """The kernel specs named by --gdn2-kernel or env GDN2_KERNEL, split by the one spec grammar
+    (``kernels.split_specs``: commas inside ``[...]`` separate options); empty: the suite's default."""
+    values = config.getoption("gdn2_kernel", default=None) or [os.environ.get("GDN2_KERNEL", "")]
+    values = [v for v in values if v.strip()]
+    if not values:
+        return []
+    from gdn2_oracle.kernels import split_specs  # the grammar only (no JAX), when a kernel is named
+
+    names = []
+    for value in values:
+        try:
+            names += split_specs(value)
+        except ValueError as exc:
+            why = str(exc).removeprefix("name: ")
+            raise pytest.UsageError(f"--gdn2-kernel / GDN2_KERNEL {value!r}: {why}") from None
+    return list(dict.fromkeys(names))
 
 
 def mesh_spec(config):
@@ -102,6 +116,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", SLOW)
     path = config.getoption("gdn2_xfails", default=None)
     config.stash[XFAILS] = _read_xfails(path) if path else []
+    kernel_names(config)  # a malformed kernel list is a usage error before collection
 
 
 def pytest_report_header(config):

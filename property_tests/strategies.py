@@ -20,9 +20,13 @@ JIT compile (seconds on a CPU) while a new seed on a known shape costs milliseco
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+import math
+import sys
+from typing import NamedTuple
+from collections.abc import Callable
 
 from hypothesis import strategies as st
+from hypothesis import target
 
 from gdn2_oracle import kernels, oracle
 from gdn2_oracle.kernels import DEFAULTS as DEFAULT_KERNELS
@@ -94,7 +98,7 @@ def example(recipe: Recipe) -> str:
 
 def repro(recipe: Recipe, kernel_name="pairwise") -> str:
     """A shell one-liner that validates ``kernel_name`` on this recipe and prints the report."""
-    return ("python -c \"from gdn2_oracle import oracle, kernels; from gdn2_oracle.ci.harness import validate; "
+    return ("python -c \"from gdn2_oracle import oracle, kernels; from gdn2_oracle.ci.running.harness import validate; "
             f"p = {recipe.call()}; do, dfs = {recipe.cotangents_call('p')}; "
             f"print(validate(kernels.get({kernel_name!r}), p, do, dfs, dtype={recipe.dtype!r}).format())\"")
 
@@ -134,7 +138,7 @@ def any_spec(**kw):
 OURS = DEFAULT_KERNELS  # our pure-JAX kernels: they accept chunk_size / split / leaf options
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel_fn(name, options):
     return kernels.get(name, **dict(options))
 
@@ -162,3 +166,15 @@ class Kernel(NamedTuple):
     def variant(self, **options):
         """The same kernel built with other options (cached: one object, so one compile per shape)."""
         return Kernel(self.name, kernel_fn(self.name, **options))
+
+
+def target_ratios(report, result=None):
+    """``hypothesis.target`` error / tolerance (``Verdict.ratio``) of each result of a graded report (label: its
+    name), or of ``result`` only; return ``{name: ratio}`` (a non-finite ratio is targeted as the largest float).
+    The search targets of the ``thorough`` profile and of ``gdn2-oracle hunt``."""
+    ratios = {}
+    for v in report.verdicts:
+        if result is None or v.name == result:
+            ratios[v.name] = v.ratio
+            target(ratios[v.name] if math.isfinite(ratios[v.name]) else sys.float_info.max, label=v.name)
+    return ratios

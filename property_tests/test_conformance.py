@@ -1,4 +1,4 @@
-"""Hypothesis properties of any GDN-2 kernel, judged by the tolerance model (ci/tolerance.py).
+"""Hypothesis properties of any GDN-2 kernel, judged by the tolerance model (ci/grading/tolerance.py).
 
 Every comparison is against the float64 oracle fed exactly the values the kernel saw (inputs and
 cotangents rounded to the kernel's dtype), forward output, final state and all seven gradients,
@@ -17,7 +17,8 @@ must be smaller: we require ``max(AGREE_FRACTION x MULTIPLE x e_rec, FLOOR)`` wi
 AGREE_FRACTION = 1/3, i.e. ~11 x e_rec where the recurrence rule applies -- 3x tighter than either's
 bound against the oracle. It cannot be much tighter: a correct kernel's own error reaches ~8 x e_rec
 (0.24 x tol, dh0, calibration), and two kernels' errors are largely independent, so their
-difference is of that size too (worst observed: pairwise~factorized 0.62 of this bound, dh0). The floor is not divided: it is already ~8 float32 ulps, the resolution at
+difference is of that size too (worst observed: pairwise~factorized 0.62 of this bound, dh0). The floor is
+not divided: it is already ~8 float32 ulps, the resolution at
 which two different float32 computations of one quantity can be asked to agree. Measured by
 ``calibrate_tolerance.py`` over every regime (pairwise~factorized, chunk 16/32, split 1/48). A bfloat16 result is
 additionally allowed one bf16 ulp at its largest element (``2**-7`` relative), because two kernels
@@ -32,12 +33,13 @@ from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from gdn2_oracle import oracle
-from gdn2_oracle.ci import harness, tolerance
-from gdn2_oracle.ci.hunt import target_ratios
-from gdn2_oracle.ci.tolerance import agreement
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.grading import references, tolerance
+from gdn2_oracle.ci.grading.tolerance import agreement
 from gdn2_oracle.oracle import RESULTS, Recipe, reductions
 
 from gdn2_oracle.property_tests import grading, strategies
+from gdn2_oracle.property_tests.strategies import target_ratios
 from gdn2_oracle.property_tests.strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, specs
 
 
@@ -134,7 +136,7 @@ def test_matches_oracle(kernel, spec):
     """Forward, final state and the seven gradients match the float64 oracle, every regime and dtype."""
     p, do, dfs = setup(spec)
     report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
-    target_ratios(report)  # hypothesis.target on error / tolerance per result: steers the search (ci/hunt.py)
+    target_ratios(report)  # hypothesis.target on error / tolerance per result: steers the search (as gdn2-oracle hunt)
     check(report, spec, kernel.name, f"kernel {kernel.name!r} vs the float64 oracle")
 
 
@@ -151,7 +153,7 @@ def test_pairwise_and_factorized_agree(kernel, owner, spec):
     p, do, dfs = setup(spec)
     a = run(_fn("pairwise"), p, do, dfs, spec.dtype)
     b = run(kernel.fn, p, do, dfs, spec.dtype)
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     _, base = judge(p, do, dfs, a, ref, spec.dtype)
     check(agreement(p, b, a, ref, base, spec.dtype, what="factorized~pairwise"),
           spec, "factorized", "factorized vs pairwise (tight agreement)")
@@ -187,7 +189,7 @@ def test_chunk_and_split_invariance(kernel, owner, options, spec):
     variant = kernel.variant(**options)
     p, do, dfs = setup(spec)
     got = run(variant.fn, p, do, dfs, spec.dtype)
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     report, base = judge(p, do, dfs, got, ref, spec.dtype)
     check(report, spec, kernel.name, f"{kernel.name}({_variant_id(options)}) vs the float64 oracle")
     default = run(kernel.fn, p, do, dfs, spec.dtype)
@@ -217,7 +219,7 @@ def test_state_carry(kernel, t, spec):
                "dh0": first["dh0"]}
     for name in ("dq", "dk", "dv", "dg", "db", "dw"):
         carried[name] = np.concatenate([first[name], second[name]], axis=1)
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     report, base = judge(p, do, dfs, carried, ref, spec.dtype)
     check(report, spec, kernel.name, f"{kernel.name}: [0,{t}) + [{t},{p.shape[1]}) with carried state vs the oracle")
     check(agreement(p, carried, whole, ref, base, spec.dtype, what="carried~one call"),
@@ -250,13 +252,15 @@ def test_scaling_v_and_initial_state(kernel, spec, c):
     note(f"spec: {spec!r}, c = {c}")
     if bad:
         pytest.fail(f"{kernel.name}: scaling v, h0 by c = {c} is not exact\n" + "\n".join(bad)
-                    + f"\nreproduce (base case): {strategies.repro(spec, kernel.name)}\npin it: {strategies.example(spec)}",
-                    pytrace=False)
+                    + f"\nreproduce (base case): {strategies.repro(spec, kernel.name)}"
+                    + f"\npin it: {strategies.example(spec)}", pytrace=False)
 
 
 def _permute(p, do, dfs, axis_bt, perm):
     """Permute batch (axis 0) or heads (axis 2 of [B,T,H,*], 1 of [B,H,K,V]) of a problem and its cotangents."""
-    take = (lambda x, ax: np.take(x, perm, axis=ax))
+    def take(x, ax):
+        return np.take(x, perm, axis=ax)
+
     st_axis = 0 if axis_bt == 0 else 1
     h0 = None if p.initial_state is None else take(p.initial_state, st_axis)
     q = p.replace(**{n: take(getattr(p, n), axis_bt) for n in oracle.INPUTS}, initial_state=h0)
@@ -271,7 +275,7 @@ def test_batch_and_head_permutation(kernel, spec):
     """Permuting batch rows and heads of the inputs permutes every result the same way."""
     p, do, dfs = setup(spec)
     a = run(kernel.fn, p, do, dfs, spec.dtype)
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     _, base = judge(p, do, dfs, a, ref, spec.dtype)
     for axis, n in ((0, spec.B), (2, spec.H)):
         if n == 1:
@@ -296,7 +300,7 @@ def test_gla_reduction(kernel, spec):
     judged by the model (and the gradients against the recurrence)."""
     p, do, dfs = setup(spec)
     got = run(kernel.fn, p, do, dfs, spec.dtype)
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     o, S = reductions.gla_forward(p)
     ref = {**ref, "o": o, "final_state": S}
     report, _ = judge(p, do, dfs, got, ref, spec.dtype)
@@ -335,7 +339,7 @@ def test_gated_deltanet_key_channel_permutation(kernel, spec, perm_seed):
         back[name] = b[name][..., inv]
     for name in ("final_state", "dh0"):
         back[name] = b[name][:, :, inv]
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     _, base = judge(p, do, dfs, a, ref, spec.dtype)
     check(agreement(p, back, a, ref, base, spec.dtype, what="permuted~original"),
           spec, kernel.name, f"{kernel.name}: Gated DeltaNet key-channel permutation {perm.tolist()}")

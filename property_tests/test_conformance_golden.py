@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gdn2_oracle import golden
-from gdn2_oracle.ci import harness
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.golden import catalogue
 from gdn2_oracle.property_tests import grading
 

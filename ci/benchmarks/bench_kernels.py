@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci import harness
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.oracle import Recipe
 
 

@@ -6,7 +6,7 @@ mpmath forward + VJP at T=64, K=V=16, 256 bits: wall time and peak resident memo
     python -m gdn2_oracle.ci.benchmarks.bench_oracle [--numpy-shape 8,4096,6,128,128] [--skip-mp]
     python -m gdn2_oracle.ci.benchmarks.bench_oracle --jobs 1 2 --repeats 3 --skip-mp
 
-``--jobs N ...``: the float64 forward + VJP through ``ci.parallel_oracle`` with each worker count, runs
+``--jobs N ...``: the float64 forward + VJP through ``ci.references`` with each worker count, runs
 interleaved (1, 2, 1, 2, ...) so that load on the machine hits every count alike; medians, the speed-up over
 the first count, and a bit-for-bit check of every result against the first count's.
 """
@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.ci import parallel_oracle
+from gdn2_oracle.ci.grading import references
 from gdn2_oracle.oracle import mp, recurrence
 
 
@@ -73,14 +73,14 @@ def main(argv=None):
 
 
 def compare_jobs(shape, jobs, repeats):
-    """Median wall time of ``parallel_oracle.reference_results`` per worker count, interleaved; bit-for-bit check."""
+    """Median wall time of ``references.reference_results`` per worker count, interleaved; bit-for-bit check."""
     p = oracle.make_problem(*shape, decay="moderate", initial_state=True, seed=0)
     do, dfs = oracle.random_cotangents(p)
     times, first = {n: [] for n in jobs}, None
     for _ in range(repeats):
         for n in jobs:
             t0 = time.perf_counter()
-            results = parallel_oracle.reference_results(p, do, dfs, jobs=n)
+            results = references.reference_results(p, do, dfs, jobs=n)
             times[n].append(time.perf_counter() - t0)
             if first is None:
                 first = results

@@ -1,4 +1,4 @@
-"""Calibrate the tolerance model (ci/tolerance.py): false alarms of correct kernels, and the spread of err/tol.
+"""Calibrate the tolerance model (ci/grading/tolerance.py): false alarms of correct kernels, and the spread of err/tol.
 
 Runs our kernels over every decay regime x gate regime x configuration (shapes and dtypes of
 ``strategies.CORE``, optionally more seeds), judges each result with ``ci.tolerance.compare``, and
@@ -32,7 +32,8 @@ from collections import defaultdict
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.ci import harness, tolerance
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.grading import references, tolerance
 from gdn2_oracle.oracle import RESULTS, Recipe
 
 from gdn2_oracle.property_tests.strategies import CORE
@@ -100,7 +101,7 @@ class Calibration:
     def judge(self, recipe, names, fns, variants):
         """Run every kernel and variant on one recipe; judge each against the oracle and each pair's agreement."""
         p, do, dfs = recipe.build()
-        ref = harness.reference_results(p, do, dfs)
+        ref = references.reference_results(p, do, dfs)
         got = {n: harness.kernel_results(fn, p, do, dfs, dtype=recipe.dtype) for n, fn in {**fns, **variants}.items()}
         base = tolerance.baseline(p, do, dfs, {r: tolerance.dtype_name(got[names[0]][r]) for r in RESULTS})
         for n in [*names, *variants]:  # every kernel and option variant against the oracle
@@ -126,17 +127,19 @@ def print_summary(cal):
     """False-alarm rates per kernel and dtype, then the ratio and agreement quantiles."""
     print("## false alarms (failed results / results judged; failed calls / calls)")
     by_call = defaultdict(set)
-    for n, recipe, v in cal.alarms:
+    for n, recipe, _ in cal.alarms:
         by_call[(n, recipe.dtype)].add(recipe)
     for (n, dt), c in sorted(cal.counts.items()):
         nf = sum(1 for a in cal.alarms if a[0] == n and a[1].dtype == dt)
         print(f"{n:<22} {dt:<9} results {nf:>4}/{c * len(RESULTS):<5} ({nf / (c * len(RESULTS)):.2%})   "
               f"calls {len(by_call[(n, dt)]):>3}/{c} ({len(by_call[(n, dt)]) / c:.1%})")
-    print("\n## ratio = max(err_ratio/tol_ratio, max_err/tol_max): quantiles " + ", ".join(f"q{q:g}" for q in QUANTILES))
+    quantiles = ", ".join(f"q{q:g}" for q in QUANTILES)
+    print("\n## ratio = max(err_ratio/tol_ratio, max_err/tol_max): quantiles " + quantiles)
     for key in sorted(cal.ratios):
         print(f"{key[0]:<22} {key[1]:<9} {key[2]:<12} " + _quantiles(cal.ratios[key]))
     if cal.agree:
-        print("\n## agreement: max(metric(a - b)/bound) per result (bound = tolerance.agreement_bound): quantiles " + ", ".join(f"q{q:g}" for q in QUANTILES))
+        print("\n## agreement: max(metric(a - b)/bound) per result (bound = tolerance.agreement_bound): quantiles "
+              + quantiles)
         for key in sorted(cal.agree):
             print(f"{key[0]:<38} {key[1]:<9} {key[2]:<12} " + _quantiles(cal.agree[key]))
 

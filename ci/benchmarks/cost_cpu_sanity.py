@@ -3,7 +3,7 @@
     python ci/benchmarks/cost_cpu_sanity.py [--shape 1,1024,2,128,128] [--repeats 5]
 
 Measures this machine's matmul rate (float32, HIGHEST), fused vector rate, ``exp`` rate and memory
-bandwidth; counts the pure-JAX kernels' forward + backward jaxpr with ``ci.cost.count_jaxpr``; turns
+bandwidth; counts the pure-JAX kernels' forward + backward jaxpr with ``cost_model.count_jaxpr``; turns
 the counts into a roofline time (the slowest unit; memory bytes bracketed between the program's own
 inputs/outputs and every unfused intermediate written and read once) and prints it beside the median
 measured time. The ratio measured / estimate is how far the model is off on a machine we can time.
@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci import cost
+from gdn2_oracle.ci.commands.cost import parse_shape
+from gdn2_oracle.ci.running import cost_model as cost
 from gdn2_oracle.ci.benchmarks.bench_kernels import median_time
 from gdn2_oracle.kernels.contract import MATMUL_PRECISION
 
@@ -71,7 +72,9 @@ def unfused_bytes(jaxpr) -> float:
 def inputs(shape, seed=0):
     B, T, H, K, V = shape
     ks = jax.random.split(jax.random.PRNGKey(seed), 7)
-    nrm = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    def nrm(x):
+        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
     q = nrm(jax.random.normal(ks[0], (B, T, H, K)))
     k = nrm(jax.random.normal(ks[1], (B, T, H, K)))
     v = jax.random.normal(ks[2], (B, T, H, V))
@@ -106,12 +109,13 @@ def compare(name, shape, rates, repeats=5) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", type=cost.parse_shape, default=(1, 1024, 2, 128, 128), metavar="B,T,H,K,V")
+    ap.add_argument("--shape", type=parse_shape, default=(1, 1024, 2, 128, 128), metavar="B,T,H,K,V")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     rates = machine_rates(args.repeats)
     print(f"device {jax.devices()[0].device_kind}: matmul {rates['matmul'] / 1e9:.1f} GFLOP/s, vector "
-          f"{rates['vector'] / 1e9:.2f} Gop/s, exp {rates['exp'] / 1e9:.2f} G/s, memory {rates['memory'] / 1e9:.1f} GB/s")
+          f"{rates['vector'] / 1e9:.2f} Gop/s, exp {rates['exp'] / 1e9:.2f} G/s, "
+          f"memory {rates['memory'] / 1e9:.1f} GB/s")
     print(f"{'kernel':<11} {'GFLOP':>7} {'Gvec':>7} {'Gexp':>7} {'roofline ms':>12} {'serial ms':>10} "
           f"{'measured ms':>12} {'meas/roof':>9} {'meas/serial':>11}")
     for name in ("pairwise", "factorized"):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci import bench
-from gdn2_oracle.ci.report import environment, source_sha256
+from gdn2_oracle.ci.commands import bench
+from gdn2_oracle.ci.commands.provenance import environment, source_sha256
 
 # CPU-sized: B, T, H, K, V (several chunks of the default chunk size, plus a tail).
 SHAPE = (1, 320, 2, 64, 64)
@@ -30,10 +30,10 @@ KERNELS = {
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", list(KERNELS))
 def test_forward_backward_latency(benchmark, name, dtype):
-    cache = bench.OracleCache()  # the problem: bench.recipe(SHAPE, dtype, SEED)
+    cases = bench.Cases()  # the problem: bench.recipe(SHAPE, dtype, SEED)
     fn = kernels.get(name, **KERNELS[name])
-    compiled = bench.Compiled(fn, *cache.problem(SHAPE, dtype, SEED), dtype)
-    verdict = bench.validate_config(fn, SHAPE, dtype, SEED, cache, compiled)
+    compiled = bench.Compiled(fn, *cases(SHAPE, dtype, SEED).data(), dtype)
+    verdict = bench.validate_config(fn, SHAPE, dtype, SEED, cases, compiled)
     if not verdict["passed"]:
         pytest.fail(f"{name} ({dtype}) is not benchmarked: it failed validation against the float64 oracle:\n"
                     + "\n".join(verdict["failures"]), pytrace=False)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-from gdn2_oracle.ci import bench, cli
-from gdn2_oracle.ci.report import KernelSpec, UsageError, jsonable, source_sha256
+from gdn2_oracle.ci.commands import bench
+from gdn2_oracle.ci.commands.output import UsageError, jsonable
+from gdn2_oracle.ci.commands.provenance import source_sha256
+from gdn2_oracle.kernels import KernelSpec
 from gdn2_oracle.oracle import RESULTS
 
 WRONG = "gdn2_oracle.kernels.testing"
@@ -21,25 +22,20 @@ TINY_BENCH = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--r
 ONE_CASE = ["--cases", "golden", "--case", "decay_moderate", "--dtype", "float32", "--no-progress"]
 
 
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 # --- exit codes -----------------------------------------------------------------------------
 
-def test_validate_passing_kernel_exits_0(capsys, tmp_path):
+def test_validate_passing_kernel_exits_0(cli, tmp_path):
     path = tmp_path / "v.json"
-    code, out, _ = run(capsys, "validate", "--kernel", f"{WRONG}:correct", *ONE_CASE, "--json", str(path))
+    code, out, _ = cli("validate", "--kernel", f"{WRONG}:correct", *ONE_CASE, "--json", str(path))
     assert code == 0, out
     assert "overall: PASS" in out
     assert path.exists()
 
 
-def test_validate_perturbed_kernel_exits_1(capsys, tmp_path):
+def test_validate_perturbed_kernel_exits_1(cli, tmp_path):
     path = tmp_path / "v.json"
-    code, out, _ = run(capsys, "validate", "--kernel", f"{WRONG}:perturbed", *ONE_CASE, "--json", str(path))
+    code, out, _ = cli("validate", "--kernel", f"{WRONG}:perturbed", *ONE_CASE, "--json", str(path))
     assert code == 1, out
     assert "FAIL" in out and "decay_moderate" in out
     report = json.loads(path.read_text())
@@ -50,8 +46,8 @@ def test_validate_perturbed_kernel_exits_1(capsys, tmp_path):
     assert verdicts["o"]["err_ratio"] > 5e-4  # the 1e-3 perturbation is seen, not hidden
 
 
-def test_validate_raising_kernel_exits_1_with_the_error(capsys):
-    code, out, _ = run(capsys, "validate", "--kernel", f"{WRONG}:broken", *ONE_CASE)
+def test_validate_raising_kernel_exits_1_with_the_error(cli):
+    code, out, _ = cli("validate", "--kernel", f"{WRONG}:broken", *ONE_CASE)
     assert code == 1
     assert "this kernel always fails" in out
 
@@ -70,24 +66,24 @@ def test_validate_raising_kernel_exits_1_with_the_error(capsys):
     (["frobnicate"], "invalid choice"),
     ([], "required"),
 ])
-def test_usage_errors_exit_2_with_a_clear_message(capsys, argv, needle):
-    code, _, err = run(capsys, *argv)
+def test_usage_errors_exit_2_with_a_clear_message(cli, argv, needle):
+    code, _, err = cli(*argv)
     assert code == 2
     assert needle in err
     assert "error:" in err
     assert "Traceback" not in err
 
 
-def test_help_exits_0(capsys):
-    code, out, _ = run(capsys, "validate", "--help")
+def test_help_exits_0(cli):
+    code, out, _ = cli("validate", "--help")
     assert code == 0 and "--kernel" in out
 
 
 # --- the JSON report ------------------------------------------------------------------------
 
-def test_validate_json_schema(capsys, tmp_path):
+def test_validate_json_schema(cli, tmp_path):
     path = tmp_path / "v.json"
-    code, _, _ = run(capsys, "validate", "--kernel", "pairwise", "--kernel", f"{WRONG}:perturbed",
+    code, _, _ = cli("validate", "--kernel", "pairwise", "--kernel", f"{WRONG}:perturbed",
                      "--cases", "golden", "--case", "decay_moderate", "--case", "bf16_moderate",
                      "--dtype", "float32,bfloat16", "--no-progress", "--json", str(path))
     assert code == 1
@@ -119,20 +115,20 @@ def test_jsonable_maps_non_finite_to_strings():
 
 
 def test_generated_quick_cases_are_oracle_checked():
-    from gdn2_oracle.ci.validate import build_trials, run_trial
+    from gdn2_oracle.ci.commands.validate import build_cases, run_case
     from gdn2_oracle import kernels
 
-    [trial] = build_trials("quick", ("float32",), only=["gen_strong_negative_T100"])
-    assert trial.source == "generated" and trial.regime["decay"] == "strong"
-    res = run_trial(kernels.get("factorized"), trial)
+    [case] = build_cases("quick", ("float32",), only=["gen_strong_negative_T100"])
+    assert case.source == "generated" and case.regime["decay"] == "strong"
+    res = run_case(kernels.get("factorized"), case)
     assert res["passed"], res
 
 
 # --- bench ----------------------------------------------------------------------------------
 
-def test_bench_refuses_to_time_a_failing_kernel(capsys, tmp_path):
+def test_bench_refuses_to_time_a_failing_kernel(cli, tmp_path):
     path = tmp_path / "b.json"
-    code, out, _ = run(capsys, "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", f"{WRONG}:perturbed",
+    code, out, _ = cli("bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", f"{WRONG}:perturbed",
                        *TINY_BENCH, "--json", str(path))
     assert code == 1
     assert "REJECTED" in out and "Rejected (not timed)" in out
@@ -144,9 +140,9 @@ def test_bench_refuses_to_time_a_failing_kernel(capsys, tmp_path):
     assert "median_s" not in bad and all("median_s" not in e for e in bad["sweep"])
 
 
-def test_bench_records_metadata_and_speedup(capsys, tmp_path):
+def test_bench_records_metadata_and_speedup(cli, tmp_path):
     path, png = tmp_path / "b.json", tmp_path / "b.png"
-    code, out, _ = run(capsys, "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", "factorized[chunk_size=16,leaf=8]",
+    code, out, _ = cli("bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", "factorized[chunk_size=16,leaf=8]",
                        *TINY_BENCH, "--json", str(path), "--plot", str(png))
     assert code == 0, out
     report = json.loads(path.read_text())
@@ -169,9 +165,9 @@ def test_bench_records_metadata_and_speedup(capsys, tmp_path):
     assert "speedup" in out and "validated" in out
 
 
-def test_bench_tile_sweep_validates_each_config_and_keeps_a_valid_one(capsys, tmp_path):
+def test_bench_tile_sweep_validates_each_config_and_keeps_a_valid_one(cli, tmp_path):
     path = tmp_path / "b.json"
-    code, out, _ = run(capsys, "bench", "--kernel", "factorized", "--tiles", "chunk_size=16,32;leaf=8,16",
+    code, out, _ = cli("bench", "--kernel", "factorized", "--tiles", "chunk_size=16,32;leaf=8,16",
                        *TINY_BENCH, "--json", str(path))
     assert code == 0, out
     [r] = json.loads(path.read_text())["results"]
@@ -206,8 +202,21 @@ def test_source_hash_covers_the_kernel_modules():
 
 # --- golden wrapper -------------------------------------------------------------------------
 
-def test_golden_list_and_bad_case(capsys):
-    code, out, _ = run(capsys, "golden", "list")
+def test_golden_list_and_bad_case(cli):
+    code, out, _ = cli("golden", "list")
     assert code == 0 and "decay_moderate" in out
-    code, _, err = run(capsys, "golden", "check", "--case", "no_such_case")
+    code, _, err = cli("golden", "check", "--case", "no_such_case")
     assert code == 2
+
+
+def test_kernel_lists_with_bracketed_options_are_two_kernels(cli, tmp_path):
+    """``--kernel 'factorized[chunk_size=32,leaf=8],pairwise'``: the spec grammar the plugin's GDN2_KERNEL uses."""
+    path = tmp_path / "v.json"
+    code, out, err = cli("validate", "--kernel", "factorized[chunk_size=32,leaf=8],pairwise", "--cases", "golden",
+                         "--case", "decay_moderate", "--dtype", "float32", "--no-progress", "--json", path)
+    assert code == 0, out + err
+    report = json.loads(path.read_text())
+    assert [(k["name"], k["options"]) for k in report["kernels"]] == [
+        ("factorized[chunk_size=32,leaf=8]", {"chunk_size": 32, "leaf": 8}), ("pairwise", {})]
+    code, _, err = cli("validate", "--kernel", "factorized[chunk_size=32,chunk_size=64]", "--no-progress")
+    assert code == 2 and "'chunk_size' is given twice" in err, err

@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache for the CLI (ci/compile_cache.py): on by default, off by flag or env."""
+"""JAX's persistent compilation cache for the CLI (ci/running/compile_cache.py): on by default, off by flag or env."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gdn2_oracle.ci import compile_cache
+from gdn2_oracle.ci.running import compile_cache
 
 CLI = str(Path(sys.executable).with_name("gdn2-oracle"))
 CASE = ["validate", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick", "--case", "len_c16_plus1",

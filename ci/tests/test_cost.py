@@ -1,4 +1,5 @@
-"""``ci.cost``: the counter against hand counts, the roofline's arithmetic, and ``gdn2-oracle cost``."""
+"""The TPU cost model (ci/running/cost_model.py): the counter against hand counts, the roofline's arithmetic, and
+``gdn2-oracle cost``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from gdn2_oracle.ci import cost
+from gdn2_oracle.ci.running import cost_model as cost
 from gdn2_oracle.ci.cli import main
+from gdn2_oracle.ci.commands.bench import format_predictions
 from gdn2_oracle.kernels.pallas import SWEEP, TileConfig, make_kernel
 
 TINY = (1, 128, 1, 128, 128)  # B, T, H, K, V: two chunks of 64, one head
@@ -144,8 +146,8 @@ def test_bench_report_shows_prediction_beside_measurement():
                 "median_s": 5e-3, "prediction": pred},
                {"kernel": "pairwise", "status": "ok", "shape": shape, "dtype": "float32", "median_s": 1e-3,
                 "prediction": None}]
-    lines = cost.format_predictions(results)
+    lines = format_predictions(results)
     assert len(lines) == 3 and "ESTIMATE" in lines[1]
     assert "pallas-factorized B1 T128 H1 K128 V128 float32 on v6e: predicted 2.00 ms (vpu-bound), " \
            "measured 5.00 ms = 2.50x the estimate" in lines[2]
-    assert cost.format_predictions(results[1:]) == []
+    assert format_predictions(results[1:]) == []

@@ -14,8 +14,10 @@ import json
 import numpy as np
 import pytest
 
-from gdn2_oracle.ci import cli, domain
-from gdn2_oracle.ci.domain import Axis, Grid, Point
+from gdn2_oracle.ci import cli
+from gdn2_oracle.ci.commands import domain
+from gdn2_oracle.ci.commands.domain import Axis, Grid, Point
+from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION
 from gdn2_oracle.oracle import RESULTS
 
 CLIPPED = "gdn2_oracle.kernels.testing:clipped_log_decay[limit=0.5]"
@@ -61,8 +63,8 @@ def test_domain_finds_the_planted_decay_boundary(run):
     report = json.loads((out / "domain.json").read_text())
     cells = _panel(report, "strength")["cells"]
     grades = [{n: c["results"][n]["grade"] for n in RESULTS} for c in cells]
-    assert all(g == domain.PASS for row in grades[:3] for g in row.values())  # |g| <= 0.45: exact
-    assert all(g["o"] == domain.FAIL for g in grades[3:])  # clipped at 1.0, 3.0 and under resets
+    assert all(g == PASS for row in grades[:3] for g in row.values())  # |g| <= 0.45: exact
+    assert all(g["o"] == FAIL for g in grades[3:])  # clipped at 1.0, 3.0 and under resets
     assert all(c["results"]["o"]["ratio"] > 100 for c in cells[3:])
     [b] = [b for b in report["boundaries"] if b["panel"] == "strength" and "o" in b["results"]]
     span = cells[2]["span"]
@@ -95,17 +97,17 @@ def _graded(field, values, grades):
 
 @pytest.mark.parametrize("field, grades, text", [
     ("erase", "PPFF", "{leaves} PASS once erase exceeds ~1: FAIL from 2"),
-    ("erase", "PMMF", f"{{leaves}} PASS once erase exceeds ~0: {domain.MIDDLE} from 1, FAIL from 3"),
-    ("strength", "PMPP", f"{{leaves}} PASS once the 64-token log-decay span exceeds ~0 (s = 0): {domain.MIDDLE} "
+    ("erase", "PMMF", f"{{leaves}} PASS once erase exceeds ~0: {PRECISION} from 1, FAIL from 3"),
+    ("strength", "PMPP", f"{{leaves}} PASS once the 64-token log-decay span exceeds ~0 (s = 0): {PRECISION} "
                          "from 10 (s = 1), PASS again from 20 (s = 2)"),
     ("erase", "FFPP", "{is} FAIL along erase up to 1, PASS from 2"),
-    ("erase", "MFFF", f"{{is}} {domain.MIDDLE} at erase 0, FAIL from 1"),
+    ("erase", "MFFF", f"{{is}} {PRECISION} at erase 0, FAIL from 1"),
     ("erase", "FFFF", "{is} FAIL at every erase (0-3)"),
     ("qk", "PFPF", "{is} not PASS along qk: FAIL at 1, 3"),
     ("erase", "PPPP", None),
 ])
 def test_boundary_sentences(field, grades, text):
-    names = {"P": domain.PASS, "M": domain.MIDDLE, "F": domain.FAIL}
+    names = {"P": PASS, "M": PRECISION, "F": FAIL}
     panel = _graded(field, (0, 1, 2, 3), [names[g] for g in grades])
     assert domain.result_boundary(panel, "o", 64) == text
 

@@ -31,7 +31,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gdn2_oracle import kernels, oracle
-from gdn2_oracle.ci import bench, cli, harness
+from gdn2_oracle.ci import cli
+from gdn2_oracle.ci.commands import bench
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.golden import regenerate
 
 CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
@@ -297,8 +299,9 @@ def test_fuzzed_recurrence_dtypes_run_or_raise_a_value_error_naming_dtype(dtype)
 
 # --- kernels.get and kernel calls ----------------------------------------------------------------
 
-OPTION_VALUES = st.one_of(st.integers(-5, 300), st.sampled_from([None, True, False, 1.5, "xla", "auto", "tpu", "",
-                                                                  [8], (64,), 10**30, float("nan")]), st.text(max_size=5))
+OPTION_VALUES = st.one_of(st.integers(-5, 300),
+                          st.sampled_from([None, True, False, 1.5, "xla", "auto", "tpu", "", [8], (64,), 10**30,
+                                           float("nan")]), st.text(max_size=5))
 OPTION_NAMES = ("name", "options", "chunk_size", "split", "leaf", "interpret", "method")
 
 

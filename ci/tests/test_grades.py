@@ -1,4 +1,5 @@
-"""Graded verdicts (PASS / PRECISION / FAIL) and diagnoses (ci/tolerance.py, ci/diagnose.py, docs/DESIGN.md §4).
+"""Graded verdicts (PASS / PRECISION / FAIL) and diagnoses (ci/grading/tolerance.py, ci/grading/diagnose.py,
+docs/DESIGN.md §4).
 
 The model part judges synthetic results built from the oracle's own arrays (no kernel): an error
 between the tolerance and the precision-loss bound is PRECISION, beyond it FAIL, and each planted
@@ -16,8 +17,11 @@ import warnings
 import numpy as np
 import pytest
 
-from gdn2_oracle.ci import cli, diagnose, harness, tolerance
-from gdn2_oracle.ci.tolerance import FAIL, FLOOR, MULTIPLE, PASS, PRECISION, RESULTS, PrecisionLossWarning
+from gdn2_oracle.ci import cli
+from gdn2_oracle.ci.grading import diagnose, references, tolerance
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION, PrecisionLossWarning, Verdict, worst_grade
+from gdn2_oracle.ci.grading.tolerance import FLOOR, MULTIPLE, RESULTS
 from gdn2_oracle.kernels import testing
 from gdn2_oracle.oracle import Recipe
 from gdn2_oracle.property_tests import grading
@@ -33,7 +37,7 @@ def spec(decay, shape=(1, 65, 2, 32, 16), seed=7, **kw):
 def setup(s):
     """``(problem, do, dfs, ref, base)`` of a recipe."""
     p, do, dfs = s.build()
-    return p, do, dfs, harness.reference_results(p, do, dfs), tolerance.baseline(p, do, dfs)
+    return p, do, dfs, references.reference_results(p, do, dfs), tolerance.baseline(p, do, dfs)
 
 
 def never():
@@ -84,12 +88,12 @@ def test_the_baseline_is_computed_only_when_a_result_exceeds_the_tolerance():
 
 
 def test_grade_defaults_and_validation():
-    assert tolerance.Verdict("o", 0, 0, 1, 1, "floor", True).grade == PASS
-    assert tolerance.Verdict("o", 2, 2, 1, 1, "floor", False).grade == FAIL
+    assert Verdict("o", 0, 0, 1, 1, "floor", True).grade == PASS
+    assert Verdict("o", 2, 2, 1, 1, "floor", False).grade == FAIL
     with pytest.raises(ValueError, match="grade"):
-        tolerance.Verdict("o", 2, 2, 1, 1, "floor", False, grade="MAYBE")
-    assert tolerance.worst_grade([PASS, PRECISION, PASS]) == PRECISION
-    assert tolerance.worst_grade([PRECISION, FAIL]) == FAIL and tolerance.worst_grade([]) == PASS
+        Verdict("o", 2, 2, 1, 1, "floor", False, grade="MAYBE")
+    assert worst_grade([PASS, PRECISION, PASS]) == PRECISION
+    assert worst_grade([PRECISION, FAIL]) == FAIL and worst_grade([]) == PASS
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,16 +16,16 @@ import subprocess
 import sys
 import time
 from io import StringIO
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gdn2_oracle import golden, kernels, oracle
-from gdn2_oracle.ci import cli, validate
-from gdn2_oracle.ci.report import KernelSpec, UsageError
+from gdn2_oracle.ci import cli as cli_module
+from gdn2_oracle.ci.commands import validate
+from gdn2_oracle.kernels import KernelSpec, split_specs
 from gdn2_oracle.golden import regenerate
-from gdn2_oracle.kernels import registry
+from gdn2_oracle.kernels import spec as kernel_spec
 
 golden_load = importlib.import_module("gdn2_oracle.golden.load")  # the module (golden.load is the function)
 
@@ -34,11 +34,6 @@ TINY_BENCH = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--r
 # cheap golden cases (mpmath: ~1 s each, float32, distinct shapes)
 SMALL = ("len_c16_minus1", "len_c16")
 
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def corpus_copy(tmp_path, names=(), drop_entries=()):
@@ -61,13 +56,13 @@ def corrupt(path, text='{"cases": {"len_1": {"sha256": '):
 
 # --- 1. a missing golden file is an input error of that case; the rest are judged ----------------
 
-def test_missing_golden_file_is_an_input_error_and_the_other_cases_are_judged(capsys, tmp_path, monkeypatch):
+def test_missing_golden_file_is_an_input_error_and_the_other_cases_are_judged(cli, tmp_path, monkeypatch):
     root = corpus_copy(tmp_path, names=["len_1"])  # len_c16_minus1.npz is missing
     monkeypatch.setattr(golden_load, "DATA_DIR", root / "data")
     path = tmp_path / "v.json"
-    code, out, err = run(capsys, "validate", "--cases", "golden", "--case", "len_1", "--case", "len_c16_minus1",
+    code, out, err = cli("validate", "--cases", "golden", "--case", "len_1", "--case", "len_c16_minus1",
                          "--kernel", "gdn2_oracle.kernels.testing:correct", *ONE_F32, "--json", str(path))
-    assert code == cli.EXIT["input-error"] == 3, out + err
+    assert code == cli_module.EXIT["input-error"] == 3, out + err
     assert "Traceback" not in out + err
     report = json.loads(path.read_text())
     assert report["outcome"] == "input-error" and report["passed"] is False and report["interrupted"] is False
@@ -93,7 +88,7 @@ def test_outcome_precedence_kernel_failure_over_input_error():
     assert validate.outcome([k("pass", "input-error"), k("fail", "pass")]) == "fail"
     assert validate.outcome([k("error", "input-error")]) == "fail"
     assert validate.outcome([k("pass")], interrupted=True) == "interrupted"
-    assert [cli.EXIT[o] for o in ("pass", "fail", "usage", "input-error", "interrupted")] == [0, 1, 2, 3, 130]
+    assert [cli_module.EXIT[o] for o in ("pass", "fail", "usage", "input-error", "interrupted")] == [0, 1, 2, 3, 130]
 
 
 # --- 2. output paths are checked before any work ---------------------------------------------
@@ -101,7 +96,7 @@ def test_outcome_precedence_kernel_failure_over_input_error():
 @pytest.fixture
 def no_work(monkeypatch):
     """Make any start of real work fail the test."""
-    from gdn2_oracle.ci import bench
+    from gdn2_oracle.ci.commands import bench
 
     def refuse(*a, **kw):
         raise AssertionError("work started before the output paths were checked")
@@ -117,16 +112,16 @@ def no_work(monkeypatch):
     (["bench", "--json", "{tmp}/afile/x.json"], "cannot write"),  # the "directory" is a file
     (["validate", "--json", "{tmp}/afile"], "expected a .json file"),
 ])
-def test_bad_output_paths_exit_2_before_any_work(capsys, tmp_path, no_work, argv, needle):
+def test_bad_output_paths_exit_2_before_any_work(cli, tmp_path, no_work, argv, needle):
     (tmp_path / "afile").write_text("not a directory")
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    code, out, err = run(capsys, *argv)
+    code, out, err = cli(*argv)
     assert code == 2, out + err
     assert needle in err and "error:" in err and "Traceback" not in err
 
 
-def test_output_options_given_a_directory_write_into_it(capsys, tmp_path, monkeypatch):
-    from gdn2_oracle.ci import bench
+def test_output_options_given_a_directory_write_into_it(cli, tmp_path, monkeypatch):
+    from gdn2_oracle.ci.commands import bench
 
     def timed(spec, shape, dtype, **kw):  # a benchmark record without the benchmark (paths are the point)
         B, T, H, K, V = shape
@@ -137,7 +132,7 @@ def test_output_options_given_a_directory_write_into_it(capsys, tmp_path, monkey
     monkeypatch.setattr(bench, "bench_one", timed)
     out_dir = tmp_path / "reports"
     out_dir.mkdir()
-    code, out, err = run(capsys, "bench", "--kernel", "pairwise[chunk_size=16]", *TINY_BENCH,
+    code, out, err = cli("bench", "--kernel", "pairwise[chunk_size=16]", *TINY_BENCH,
                          "--json", str(out_dir), "--plot", str(out_dir))
     assert code == 0, out + err
     assert json.loads((out_dir / "bench.json").read_text())["results"][0]["status"] == "ok"
@@ -148,23 +143,24 @@ def test_output_options_given_a_directory_write_into_it(capsys, tmp_path, monkey
 # --- 3. --kernel takes comma-separated lists ---------------------------------------------------
 
 def test_kernel_option_splits_on_commas_outside_brackets():
-    parse = cli.build_parser().parse_args
-    args = parse(["bench", "--kernel", "pallas-pairwise,pallas-factorized", "--kernel", "factorized[chunk_size=32,leaf=8]"])
+    parse = cli_module.build_parser().parse_args
+    args = parse(["bench", "--kernel", "pallas-pairwise,pallas-factorized",
+                  "--kernel", "factorized[chunk_size=32,leaf=8]"])
     assert args.kernel == ["pallas-pairwise", "pallas-factorized", "factorized[chunk_size=32,leaf=8]"]
     args = parse(["validate", "--kernel", "pairwise[chunk_size=16] , mod.sub:fn[a=1,b='x'],factorized"])
     assert args.kernel == ["pairwise[chunk_size=16]", "mod.sub:fn[a=1,b='x']", "factorized"]
     assert [KernelSpec.parse(k).options for k in args.kernel] == [{"chunk_size": 16}, {"a": 1, "b": "x"}, {}]
     for bad in ("pairwise,,factorized", "pairwise[chunk_size=16", "pairwise]", ","):
-        with pytest.raises(UsageError):
-            KernelSpec.split(bad)
+        with pytest.raises(ValueError):
+            KernelSpec.parse(split_specs(bad)[0]) if split_specs(bad) else None
 
 
 @pytest.mark.parametrize("argv, needle", [
     (["bench", "--kernel", "pairwise,", "--repeats", "1"], "empty kernel name"),
     (["validate", "--kernel", "pairwise[chunk_size=16"], "unbalanced"),
 ])
-def test_malformed_kernel_lists_are_usage_errors(capsys, argv, needle):
-    code, _, err = run(capsys, *argv)
+def test_malformed_kernel_lists_are_usage_errors(cli, argv, needle):
+    code, _, err = cli(*argv)
     assert code == 2 and needle in err and "Traceback" not in err
 
 
@@ -184,18 +180,18 @@ def test_corrupt_manifest_in_golden_load(tmp_path, data):
     assert str(path) in msg and all(r in msg for r in RECOVERY)
 
 
-def test_corrupt_manifest_in_regenerate_check_and_cli(capsys, tmp_path):
+def test_corrupt_manifest_in_regenerate_check_and_cli(cli, tmp_path):
     root = corpus_copy(tmp_path, names=["len_1"])
     corrupt(root / "MANIFEST.json")
     for argv in (["golden", "regenerate", "--case", "len_1", "--root", str(root)],
                  ["golden", "check", "--case", "len_1", "--root", str(root)],
                  ["golden", "check", "--root", str(root)]):
-        code, out, err = run(capsys, *argv)
+        code, out, err = cli(*argv)
         assert code == 1, (argv, out, err)
         assert str(root / "MANIFEST.json") in err and all(r in err for r in RECOVERY), err
         assert "Traceback" not in out + err
     # the recovery it names works: --force rebuilds the manifest
-    code, out, err = run(capsys, "golden", "regenerate", "--force", "--case", "len_1", "--root", str(root))
+    code, out, err = cli("golden", "regenerate", "--force", "--case", "len_1", "--root", str(root))
     assert code == 0, err
     assert "starting a new manifest" in err
     rebuilt = golden.read_manifest(root / "MANIFEST.json")
@@ -203,10 +199,10 @@ def test_corrupt_manifest_in_regenerate_check_and_cli(capsys, tmp_path):
     assert golden.load("len_1", data_dir=root / "data", manifest=root / "MANIFEST.json").name == "len_1"
 
 
-def test_corrupt_manifest_in_validate_is_an_input_error(capsys, tmp_path, monkeypatch):
+def test_corrupt_manifest_in_validate_is_an_input_error(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(golden_load, "MANIFEST", corrupt(tmp_path / "MANIFEST.json"))
     path = tmp_path / "v.json"
-    code, out, err = run(capsys, "validate", "--cases", "golden", "--case", "len_1", "--kernel", "pairwise",
+    code, out, err = cli("validate", "--cases", "golden", "--case", "len_1", "--kernel", "pairwise",
                          *ONE_F32, "--json", str(path))
     assert code == 3, out + err
     [case] = json.loads(path.read_text())["kernels"][0]["cases"]
@@ -353,15 +349,15 @@ def test_recurrence_rejects_a_bogus_dtype_with_value_error():
     (["bench", "--kernel", "factorized", "--tiles", "leaf=abc"], "leaf='abc' is rejected"),
     (["bench", "--kernel", "pairwise", "--batch", "1000000", "--seq", "1000000"], "cannot allocate"),
 ])
-def test_bad_tiles_and_unallocatable_shapes_are_usage_errors(capsys, no_work_in_bench, argv, needle):
-    code, out, err = run(capsys, *argv, "--no-progress")
+def test_bad_tiles_and_unallocatable_shapes_are_usage_errors(cli, no_work_in_bench, argv, needle):
+    code, out, err = cli(*argv, "--no-progress")
     assert code == 2, out + err
     assert needle in err and "Traceback" not in err
 
 
 @pytest.fixture
 def no_work_in_bench(monkeypatch):
-    from gdn2_oracle.ci import bench
+    from gdn2_oracle.ci.commands import bench
 
     def refuse(*a, **kw):
         raise AssertionError("benchmark work started")
@@ -370,7 +366,7 @@ def no_work_in_bench(monkeypatch):
 
 
 def test_tile_keys_one_kernel_lacks_are_dropped_for_it_only():
-    from gdn2_oracle.ci import bench
+    from gdn2_oracle.ci.commands import bench
 
     specs = [KernelSpec.parse("pairwise"), KernelSpec.parse("factorized")]
     bench.check_tiles(specs, "chunk_size=32;leaf=8,16")  # leaf: factorized only -- fine
@@ -409,28 +405,28 @@ def test_regenerate_progress_in_a_log_is_lines_not_a_bar(capsys, tmp_path):
     (["golden", "regenerate", "--case", "no_such_case"], "gdn2-oracle golden regenerate: error: --case"),
     (["golden", "list", "--frob"], "gdn2-oracle golden list: error"),
 ])
-def test_golden_usage_errors_name_the_gdn2_oracle_golden_command(capsys, argv, needle):
-    code, _, err = run(capsys, *argv)
+def test_golden_usage_errors_name_the_gdn2_oracle_golden_command(cli, argv, needle):
+    code, _, err = cli(*argv)
     assert code == 2 and needle in err and "python -m" not in err
 
 
-def test_a_factorys_own_type_error_is_not_reported_as_bad_options(capsys, monkeypatch):
+def test_a_factorys_own_type_error_is_not_reported_as_bad_options(cli, monkeypatch):
     def factory(chunk_size=64):
         return None + chunk_size  # a bug inside the factory: TypeError
 
-    monkeypatch.setitem(registry._FACTORIES, "buggy-factory", factory)
+    monkeypatch.setitem(kernel_spec._REGISTERED, "buggy-factory", factory)
     with pytest.raises(TypeError, match="unsupported operand"):
         kernels.get("buggy-factory")
     with pytest.raises(ValueError, match="does not accept"):  # a real bad option still is one
         kernels.get("buggy-factory", leaf=8)
-    code, _, err = run(capsys, "validate", "--kernel", "buggy-factory")
+    code, _, err = cli("validate", "--kernel", "buggy-factory")
     assert code == 2 and "TypeError: unsupported operand" in err and "does not accept" not in err
 
 
-def test_a_kernel_module_calling_sys_exit_on_import_is_a_usage_error(capsys, tmp_path, monkeypatch):
+def test_a_kernel_module_calling_sys_exit_on_import_is_a_usage_error(cli, tmp_path, monkeypatch):
     (tmp_path / "exits_on_import_mod.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    code, _, err = run(capsys, "validate", "--kernel", "exits_on_import_mod:kernel")
+    code, _, err = cli("validate", "--kernel", "exits_on_import_mod:kernel")
     assert code == 2
     assert "cannot import module 'exits_on_import_mod'" in err and "sys.exit(3)" in err
     sys.modules.pop("exits_on_import_mod", None)

@@ -14,19 +14,15 @@ import re
 import numpy as np
 import pytest
 
-from gdn2_oracle.ci import cli, harness, hunt
-from gdn2_oracle.ci.domain import FAIL, PASS, grade_of
-from gdn2_oracle.ci.validate import build_trials
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.commands import hunt
+from gdn2_oracle.ci.grading.grades import FAIL, PASS
+from gdn2_oracle.ci.commands.validate import build_cases
 from gdn2_oracle.kernels import testing
 
 WRONG = "gdn2_oracle.kernels.testing"
 NARROW = f"{WRONG}:narrow"
 
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _fires(problem):
@@ -37,14 +33,14 @@ def _fires(problem):
 
 
 def test_the_quick_set_misses_the_planted_bug():
-    trials = build_trials("quick")
+    trials = build_cases("quick")
     assert len(trials) > 40
     assert not any(_fires(t.data()[0]) for t in trials)
 
 
 @pytest.mark.slow
-def test_hunt_finds_the_planted_narrow_failure_within_its_default_budget(capsys):
-    code, out, _ = run(capsys, "hunt", "--kernel", NARROW, "--seed", "0", "--no-progress")
+def test_hunt_finds_the_planted_narrow_failure_within_its_default_budget(cli):
+    code, out, _ = cli("hunt", "--kernel", NARROW, "--seed", "0", "--no-progress")
     assert code == 1, out
     assert "hunt: FAIL found" in out and f"budget {hunt.DEFAULT_BUDGET}" in out
     first = int(re.search(r"first at recipe (\d+)", out).group(1))
@@ -61,11 +57,11 @@ def test_hunt_finds_the_planted_narrow_failure_within_its_default_budget(capsys)
     assert _fires(problem)
     assert recipe.seed == 0 and recipe.cot_seed == 0 and recipe.decay == "none"  # shrunk
     report = harness.validate(testing.narrow, problem, do, dfs, dtype=recipe.dtype)
-    assert grade_of(report["final_state"]) == FAIL and grade_of(report["o"]) == PASS
+    assert report["final_state"].grade == FAIL and report["o"].grade == PASS
 
 
-def test_hunt_on_a_correct_kernel_exits_0_with_the_worst_ratio(capsys):
-    code, out, _ = run(capsys, "hunt", "--kernel", f"{WRONG}:correct", "--budget", "4", "--seed", "1",
+def test_hunt_on_a_correct_kernel_exits_0_with_the_worst_ratio(cli):
+    code, out, _ = cli("hunt", "--kernel", f"{WRONG}:correct", "--budget", "4", "--seed", "1",
                        "--result", "dh0", "--no-progress")
     assert code == 0, out
     assert "hunt: no FAIL found" in out and "targeting result dh0" in out
@@ -74,8 +70,8 @@ def test_hunt_on_a_correct_kernel_exits_0_with_the_worst_ratio(capsys):
     assert 0 < float(worst.group(1)) <= 1
 
 
-def test_hunt_on_a_raising_kernel_exits_1_with_the_error(capsys):
-    code, out, _ = run(capsys, "hunt", "--kernel", f"{WRONG}:broken", "--budget", "3", "--seed", "0", "--no-progress")
+def test_hunt_on_a_raising_kernel_exits_1_with_the_error(cli):
+    code, out, _ = cli("hunt", "--kernel", f"{WRONG}:broken", "--budget", "3", "--seed", "0", "--no-progress")
     assert code == 1
     assert "error: RuntimeError: this kernel always fails" in out and "reproduce: python -c" in out
 
@@ -92,6 +88,6 @@ def test_hunt_rejects_bad_arguments(kwargs, field):
     (["hunt", "--kernel", "pairwise", "--budget", "0"], "positive integer"),
     (["hunt", "--kernel", "pairwise", "--result", "dx"], "invalid choice"),
 ])
-def test_hunt_usage_errors_exit_2(capsys, argv, needle):
-    code, _, err = run(capsys, *argv)
+def test_hunt_usage_errors_exit_2(cli, argv, needle):
+    code, _, err = cli(*argv)
     assert code == 2 and needle in err

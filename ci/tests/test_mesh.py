@@ -1,4 +1,4 @@
-"""Validation on a device mesh (ci/mesh.py): ``--mesh`` parsing and building, and ``validate --mesh``,
+"""Validation on a device mesh (ci/running/mesh.py): ``--mesh`` parsing and building, and ``validate --mesh``,
 ``bench --mesh`` and the plugin's ``--gdn2-mesh`` on 8 host devices (subprocesses started with
 XLA_FLAGS=--xla_force_host_platform_device_count=8, from a directory outside the repository)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from jax.sharding import PartitionSpec
 
-from gdn2_oracle.ci.mesh import build_mesh, format_mesh, parse_mesh, sequence_spec, state_spec
+from gdn2_oracle.ci.running.mesh import build_mesh, format_mesh, parse_mesh, sequence_spec, state_spec
 
 HOST_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
 CLI = str(Path(sys.executable).with_name("gdn2-oracle"))

@@ -1,6 +1,6 @@
 """Two processes as two hosts (``gdn2-oracle --distributed`` on this CPU: a local coordinator, 4 host devices
 each, Gloo collectives): ``validate --mesh`` across both, and the float64 oracle split over the hosts
-(ci/multihost.py)."""
+(ci/running/multihost.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ import pytest
 HOST = """
 import json, sys
 import numpy as np
-from gdn2_oracle.ci import harness, multihost, parallel_oracle
+from gdn2_oracle.ci.running import harness, multihost
+from gdn2_oracle.ci.grading import references
 from gdn2_oracle.ci.cli import main
 from gdn2_oracle.oracle import make_problem, random_cotangents
 
-asked, oracle_share = [], parallel_oracle.reference_results
-parallel_oracle.reference_results = lambda p, *a, **k: (asked.append(list(p.shape)), oracle_share(p, *a, **k))[1]
+asked, oracle_share = [], references.reference_results
+references.reference_results = lambda p, *a, **k: (asked.append(list(p.shape)), oracle_share(p, *a, **k))[1]
 out = {"validate": main(["--distributed", "--coordinator", sys.argv[1], "--num-processes", "2",
                          "--process-id", sys.argv[2], "validate", "--mesh", "data=2,seq=4",
                          "--kernel", "cp-factorized[chunk_size=16,leaf=4]", "--cases", "quick",
@@ -34,7 +35,7 @@ out["devices"], out["identical"] = [jax.device_count(), jax.local_device_count()
 for shape in [(3, 24, 2, 4, 4), (1, 24, 3, 4, 4)]:  # split over the batch; over the heads
     p = make_problem(*shape, decay="resets", initial_state=True, seed=2)
     do, dfs = random_cotangents(p, seed=1)
-    got, want = multihost.reference_results(p, do, dfs), harness.reference_results(p, do, dfs)
+    got, want = multihost.reference_results(p, do, dfs), oracle_share(p, do, dfs)
     out["identical"][str(shape)] = sorted(got) == sorted(want) and all(np.array_equal(got[n], want[n]) for n in want)
 out["asked"] = list(asked)
 print("RESULT", json.dumps(out), flush=True)

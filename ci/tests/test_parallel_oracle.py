@@ -1,4 +1,4 @@
-"""The float64 oracle in worker processes (ci/parallel_oracle.py): bit for bit the one-process results."""
+"""The float64 oracle in worker processes (ci/grading/references.py): bit for bit the one-process results."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gdn2_oracle.ci import harness, parallel_oracle
+from gdn2_oracle.ci.grading import references
 from gdn2_oracle.oracle import make_problem, random_cotangents
 
 
 @pytest.mark.parametrize("shape", [(3, 40, 2, 8, 8), (1, 40, 3, 8, 16)])  # split over the batch, over the heads
 def test_workers_reproduce_one_process_bit_for_bit(monkeypatch, shape):
-    monkeypatch.setattr(parallel_oracle, "MIN_WORK", 0)
+    monkeypatch.setattr(references, "MIN_WORK", 0)
     problem = make_problem(*shape, decay="resets", initial_state=True)
     do, dfs = random_cotangents(problem, seed=1)
-    one = harness.reference_results(problem, do, dfs)
-    two = parallel_oracle.reference_results(problem, do, dfs, jobs=2)
+    one = references.reference_results(problem, do, dfs)
+    two = references.reference_results(problem, do, dfs, jobs=2)
     assert set(one) == set(two)
     for name in one:
         np.testing.assert_array_equal(two[name], one[name], err_msg=name)
@@ -27,17 +27,17 @@ def test_workers_reproduce_one_process_bit_for_bit(monkeypatch, shape):
 
 @pytest.mark.parametrize("in_memory", [True, False])  # /dev/shm, or the temp dir when /dev/shm lacks room
 def test_scratch_files_are_removed_and_results_are_plain_arrays(monkeypatch, tmp_path, in_memory):
-    monkeypatch.setattr(parallel_oracle, "MIN_WORK", 0)
+    monkeypatch.setattr(references, "MIN_WORK", 0)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     if not in_memory:
-        monkeypatch.setattr(parallel_oracle, "_scratch_dir", lambda nbytes: None)
-    scratch = Path(parallel_oracle._scratch_dir(1) or tmp_path)
+        monkeypatch.setattr(references, "_scratch_dir", lambda nbytes: None)
+    scratch = Path(references._scratch_dir(1) or tmp_path)
     before = set(scratch.glob("gdn2-oracle-*"))
     problem = make_problem(2, 8, 1, 4, 4)
     do, dfs = random_cotangents(problem, seed=1)
-    results = parallel_oracle.reference_results(problem, do, dfs, jobs=2)
+    results = references.reference_results(problem, do, dfs, jobs=2)
     assert set(scratch.glob("gdn2-oracle-*")) == before
-    np.testing.assert_array_equal(results["o"], harness.reference_results(problem, do, dfs)["o"])
+    np.testing.assert_array_equal(results["o"], references.reference_results(problem, do, dfs)["o"])
     for name, a in results.items():
         assert type(a) is np.ndarray and a.dtype == np.float64, name
         a[...] = 0.0  # writable
@@ -48,23 +48,23 @@ def test_bad_jobs_name_the_argument(jobs):
     problem = make_problem(1, 4, 1, 4, 4)
     do, dfs = random_cotangents(problem, seed=1)
     with pytest.raises(ValueError, match="jobs"):
-        parallel_oracle.reference_results(problem, do, dfs, jobs=jobs)
+        references.reference_results(problem, do, dfs, jobs=jobs)
 
 
 def test_cli_jobs_sets_the_oracle_workers(monkeypatch):
     from gdn2_oracle.ci.cli import main
 
-    monkeypatch.setattr(parallel_oracle, "JOBS", None)
+    monkeypatch.setattr(references, "JOBS", None)
     assert main(["validate", "--jobs", "0"]) == 2
     assert main(["validate", "--jobs", "3", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick",
                  "--case", "len_1", "--dtype", "float32", "--no-progress"]) == 0
-    assert parallel_oracle.JOBS == 3
+    assert references.JOBS == 3
     assert main(["validate", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick", "--case", "len_1",
                  "--dtype", "float32", "--no-progress"]) == 0
-    assert parallel_oracle.JOBS is None  # the next command without --jobs: one a core again
+    assert references.JOBS is None  # the next command without --jobs: one a core again
 
 
 def test_float64_and_mpmath_oracles_default_to_one_worker_a_core():
     from gdn2_oracle.golden import regenerate
 
-    assert regenerate._parser().parse_args([]).jobs == parallel_oracle.default_jobs() == len(os.sched_getaffinity(0))
+    assert regenerate._parser().parse_args([]).jobs == references.default_jobs() == len(os.sched_getaffinity(0))

@@ -1,4 +1,4 @@
-"""The tolerance model (ci/tolerance.py) rejects wrong kernels and accepts right ones.
+"""The tolerance model (ci/grading/tolerance.py) rejects wrong kernels and accepts right ones.
 
 Kernel-independent: these tests run once whatever ``--kernel`` selects. Mutants wrap our correct
 pairwise kernel (or its chunked machinery) and break one thing each; every mutant must be rejected
@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import oracle
-from gdn2_oracle.ci import harness, tolerance
-from gdn2_oracle.ci.tolerance import FAIL, FLOOR, MULTIPLE, RESULTS
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.grading import references, tolerance
+from gdn2_oracle.ci.grading.grades import FAIL
+from gdn2_oracle.ci.grading.tolerance import FLOOR, MULTIPLE, RESULTS
 from gdn2_oracle.kernels.testing import anchored_kernel, clipped_kernel, damped_kernel
 
 from gdn2_oracle.property_tests import strategies
@@ -54,7 +56,9 @@ def grad_mutant(fn, mutate):
     """``fn`` with its forward unchanged and its seven gradients passed through ``mutate(dict) -> dict``."""
 
     def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
-        h0 = initial_state if initial_state is not None else jnp.zeros(q.shape[:1] + q.shape[2:] + v.shape[-1:], jnp.float32)
+        if initial_state is None:
+            initial_state = jnp.zeros(q.shape[:1] + q.shape[2:] + v.shape[-1:], jnp.float32)
+        h0 = initial_state
 
         @jax.custom_vjp
         def call(q, k, v, g, b, w, h0):
@@ -217,7 +221,7 @@ def test_zeroed_dg_under_extreme_decay_documents_the_envelope_blind_spot():
     # dg = 0 is within the envelope's tolerance iff rms(dg_ref) is below it: both outcomes are by design.
     p = spec("extreme").problem()
     do, dfs = spec("extreme").cotangents(p)
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     s_rms, _ = tolerance.scales("dg", p, ref)
     assert report["dg"].err_ratio == pytest.approx(tolerance.rms(ref["dg"]) / s_rms, rel=1e-6)
 
@@ -246,7 +250,7 @@ def test_chunk_start_anchoring_overflows_under_strong_decay(decay):
 def _ref_and_base(s):
     p = s.problem()
     do, dfs = s.cotangents(p)
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     return p, do, dfs, ref, tolerance.baseline(p, do, dfs)
 
 

@@ -16,7 +16,7 @@ from gdn2_oracle.golden.load import ARRAY_ORDER, DATA_DIR, MANIFEST, decode, enc
 from gdn2_oracle.golden.regenerate import main as regenerate_main
 from gdn2_oracle.oracle import RESULTS, recurrence, reductions
 from gdn2_oracle.oracle.generate import DECAYS
-from gdn2_oracle.ci.tolerance import normalised_error
+from gdn2_oracle.ci.grading.tolerance import normalised_error
 
 NAMES = golden.names()
 MANIFEST_DATA = read_manifest()

@@ -7,7 +7,7 @@ Tile options, named as the pure-JAX kernels' options: ``chunk_size`` (64/128/256
 ``split`` (top-level boundary, a multiple of ``leaf``), ``leaf`` (8/16/32), ``interpret``
 (``None``/"auto" = Mosaic on a TPU backend, else the TPU interpreter; ``True``/"tpu" = TPU
 interpreter; "xla" = the fast generic interpreter; ``False`` = Mosaic; or a
-``pltpu.InterpretParams``). ``REGISTRY`` maps the registry names to these factories.
+``pltpu.InterpretParams``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import functools
 from .api import check_interpret, gdn2, resolve_interpret
 from .config import SWEEP, TileConfig, vmem_footprint, vmem_limit_bytes
 
-__all__ = ["gdn2", "check_interpret", "pallas_pairwise", "pallas_factorized", "make_kernel", "REGISTRY", "SWEEP",
+__all__ = ["gdn2", "check_interpret", "pallas_pairwise", "pallas_factorized", "make_kernel", "SWEEP",
            "TileConfig", "vmem_footprint", "vmem_limit_bytes", "resolve_interpret"]
 
 
@@ -43,24 +43,3 @@ def make_kernel(method, *, chunk_size=64, split=None, leaf=16, interpret=None):
 
 pallas_pairwise = functools.partial(make_kernel, "pairwise")
 pallas_factorized = functools.partial(make_kernel, "factorized")
-
-REGISTRY = {"pallas-pairwise": pallas_pairwise, "pallas-factorized": pallas_factorized}
-
-
-def _register():
-    """Register with ``kernels.registry`` when it offers ``register`` (it imports this module lazily)."""
-    try:
-        from .. import registry
-    except Exception:  # noqa: BLE001 - the registry is optional for this package
-        return
-    register = getattr(registry, "register", None)
-    if register is None:
-        return
-    for name, factory in REGISTRY.items():
-        try:
-            register(name, factory)
-        except ValueError:
-            pass
-
-
-_register()

@@ -76,7 +76,7 @@ class TileConfig:
         s = "" if self.split is None else f"-s{self.split}"
         return f"{self.method}-c{self.chunk_size}{s}-l{self.leaf}"
 
-    def replace(self, **changes) -> "TileConfig":
+    def replace(self, **changes) -> TileConfig:
         return dataclasses.replace(self, **changes)
 
     def levels(self):

@@ -14,16 +14,17 @@ import jax
 import pytest
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci import harness, tolerance
-from gdn2_oracle.ci.mesh import build_mesh, using
-from gdn2_oracle.ci.tolerance import RESULTS
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.grading import references, tolerance
+from gdn2_oracle.ci.running.mesh import build_mesh, using
+from gdn2_oracle.ci.grading.tolerance import RESULTS
 from gdn2_oracle.oracle import make_problem, random_cotangents
 
 DEVICES = 8
 SHAPE = dict(B=2, H=4, K=8, V=8)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(spec):
     """One kernel object per spec, so the harness compiles once per shape and mesh."""
     return kernels.get(spec)
@@ -33,7 +34,7 @@ def _judge(cp_spec, plain_spec, mesh_spec, T, decay):
     """(oracle report, agreement report) of the sharded kernel on a mesh vs the oracle and the unsharded kernel."""
     problem = make_problem(T=T, decay=decay, initial_state=True, seed=T, **SHAPE)
     do, dfs = random_cotangents(problem, seed=1)
-    ref = harness.reference_results(problem, do, dfs)
+    ref = references.reference_results(problem, do, dfs)
     with using(build_mesh(mesh_spec)):
         sharded = harness.kernel_results(_kernel(cp_spec), problem, do, dfs)
     plain = harness.kernel_results(_kernel(plain_spec), problem, do, dfs)

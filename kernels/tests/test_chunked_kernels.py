@@ -21,18 +21,23 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci import harness, tolerance
-from gdn2_oracle.ci.tolerance import RESULTS
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.grading import tolerance
+from gdn2_oracle.ci.grading.tolerance import RESULTS
+from gdn2_oracle.ci.testing import assert_matches_oracle, oracle_case
 from gdn2_oracle.kernels.testing import without_initial_state
-from gdn2_oracle.oracle import DECAYS, make_problem, random_cotangents
+from gdn2_oracle.oracle import DECAYS, Recipe
 
 
-@functools.lru_cache(maxsize=None)
+def recipe(shape, precision="float32", **kw):
+    """The recipe of an oracle problem (cotangent seed 1)."""
+    return Recipe(*shape, precision=precision, cot_seed=1, **kw)
+
+
 def reference(shape, precision="float32", **kw):
-    """Problem, cotangents and float64 oracle results (cached across kernels)."""
-    problem = make_problem(*shape, precision=precision, **kw)
-    do, dfs = random_cotangents(problem, seed=1, precision=precision)
-    return problem, do, dfs, harness.reference_results(problem, do, dfs)
+    """Problem, cotangents and float64 oracle results (cached by recipe across kernels)."""
+    case = oracle_case(recipe(shape, precision, **kw))
+    return (*case.data(), case.reference())
 
 
 def agreement(problem, do, dfs, a, b, ref, what, dtype="float32"):
@@ -41,18 +46,15 @@ def agreement(problem, do, dfs, a, b, ref, what, dtype="float32"):
     return tolerance.agreement(problem, a, b, ref, base, dtype, what=what)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel(name, options):
     """One kernel object per configuration, so the harness's jitted runner is compiled once per shape."""
     return kernels.get(name, **dict(options))
 
 
 def check(name, shape, options=(), precision="float32", **kw):
-    """Judge a kernel on an oracle problem with the tolerance model; print the report on failure."""
-    problem, do, dfs, ref = reference(shape, precision, **kw)
-    report = harness.validate(_kernel(name, tuple(options)), problem, do, dfs, dtype=precision, ref=ref)
-    assert report.passed, f"{name}{dict(options)} {shape} {precision} {kw}:\n{report.format()}"
-    return report
+    """Judge a kernel on an oracle problem with the tolerance model; the report on failure."""
+    return assert_matches_oracle(_kernel(name, tuple(options)), recipe(shape, precision, **kw))
 
 
 # --- decay regimes: (B, T, H, K, V) = (2, 3C+5, 2, 16, 24), C = 32, with an initial state ---------------------
@@ -233,43 +235,6 @@ def test_output_dtype_follows_v():
     args = _inputs(T=20, dtype=jnp.bfloat16)
     o, S = kernels.get("factorized", chunk_size=16)(*args)
     assert o.dtype == jnp.bfloat16 and o.shape == (1, 20, 1, 3) and S.dtype == jnp.float32 and S.shape == (1, 1, 4, 3)
-
-
-# --- registry ----------------------------------------------------------------------------------------------------
-def external_kernel(q, k, v, g, b, w, *, scale=None, initial_state=None, chunk_size=16):
-    """A stand-in external kernel for ``kernels.get("module:attr")``."""
-    return kernels.get("pairwise", chunk_size=chunk_size)(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
-
-
-def test_registry_names_and_external():
-    assert {"pairwise", "factorized"} <= set(kernels.names())
-    fn = kernels.get(f"{__name__}:external_kernel", chunk_size=32)
-    o, _ = fn(*_inputs())
-    o_ref, _ = kernels.get("pairwise", chunk_size=32)(*_inputs())
-    np.testing.assert_array_equal(np.asarray(o), np.asarray(o_ref))
-    with pytest.raises(ValueError, match="no_such_module_xyz"):
-        kernels.get("no_such_module_xyz.sub:fn")
-    with pytest.raises(ValueError, match="no attribute 'nope'"):
-        kernels.get("kernels:nope")
-    with pytest.raises(ValueError, match="unknown kernel 'nope'"):
-        kernels.get("nope")
-
-
-def test_registry_register():
-    from gdn2_oracle.kernels import registry
-
-    factory = functools.partial(kernels.get, "factorized")
-    try:
-        kernels.register("test-factorized", factory)
-        kernels.register("test-factorized", factory)  # idempotent
-        assert "test-factorized" in kernels.names()
-        assert kernels.get("test-factorized", chunk_size=16).chunk_size == 16
-        with pytest.raises(ValueError, match="already registered"):
-            kernels.register("test-factorized", kernels.get)
-        with pytest.raises(ValueError, match="name"):
-            kernels.register("a:b", factory)
-    finally:
-        registry._FACTORIES.pop("test-factorized", None)
 
 
 def test_pallas_names_are_lazy_and_fail_cleanly():

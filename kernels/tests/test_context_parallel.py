@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci import harness
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.kernels import context_parallel as cp
 from gdn2_oracle.oracle import make_problem, random_cotangents
 
@@ -71,7 +71,9 @@ def test_explicit_mesh_is_refused_by_name():
 
 def _tpu_export(fn, mesh, B=2, T=40, H=2, K=8, V=8):
     """``jax.export`` of ``fn(q, k, v, g, b, w, h0, do, dS)`` for TPU on ``mesh``, inputs replicated."""
-    sd = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
+    def sd(*s):
+        return jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
+
     args = [sd(B, T, H, K)] * 2 + [sd(B, T, H, V), sd(B, T, H, K), sd(B, T, H, K), sd(B, T, H, V),
                                    sd(B, H, K, V), sd(B, T, H, V), sd(B, H, K, V)]
     return jax.export.export(jax.jit(fn), platforms=["tpu"])(*args)

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import kernels, oracle
-from gdn2_oracle.ci import harness, tolerance
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.grading import references, tolerance
 from gdn2_oracle.kernels.contract import LOG_DECAY_FLOOR
 from gdn2_oracle.kernels.testing import without_initial_state
 from gdn2_oracle.oracle.generate import round_to
@@ -52,16 +53,16 @@ def with_extremes(g, dtype):
     return g
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(dtype, initial_state):
     """(problem with extreme g, cotangents, float64 oracle results)."""
     p = oracle.make_problem(1, T, 2, 8, 12, decay="moderate", initial_state=initial_state, precision=dtype, seed=5)
     p = p.replace(g=with_extremes(p.g, dtype))
     do, dfs = oracle.random_cotangents(p, seed=6, precision=dtype)
-    return p, do, dfs, harness.reference_results(p, do, dfs)
+    return p, do, dfs, references.reference_results(p, do, dfs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernel(name, initial_state):
     """One kernel object per configuration (the harness compiles once per kernel object and shape)."""
     fn = kernels.get(name, **KERNELS[name])
@@ -101,7 +102,7 @@ def test_mp_oracle_at_extremes():
     p = p.replace(g=g)
     do, dfs = oracle.random_cotangents(p, seed=1, precision="float64")
     fwd, grads = oracle.mp.forward_and_vjp(p, do, dfs)
-    ref = harness.reference_results(p, do, dfs)
+    ref = references.reference_results(p, do, dfs)
     got = {"o": fwd.o, "final_state": fwd.final_state, **grads._asdict()}
     for name in oracle.RESULTS:
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-13, atol=1e-15, err_msg=name)

@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import kernels, oracle
-from gdn2_oracle.ci import harness, tolerance
-from gdn2_oracle.ci.tolerance import RESULTS
-from gdn2_oracle.kernels.pallas import (REGISTRY, SWEEP, TileConfig, make_kernel, pallas_factorized, pallas_pairwise,
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.grading import references, tolerance
+from gdn2_oracle.ci.grading.tolerance import RESULTS
+from gdn2_oracle.ci.testing import assert_matches_oracle, oracle_case
+from gdn2_oracle.kernels.pallas import (SWEEP, TileConfig, make_kernel, pallas_factorized, pallas_pairwise,
                                         resolve_interpret, vmem_footprint)
 from gdn2_oracle.kernels.pallas.config import DEFAULT_SCOPED_VMEM, VMEM_BUDGET
 from gdn2_oracle.kernels.testing import without_initial_state
@@ -32,33 +34,32 @@ def _kernel(method, options=(), interpret="xla"):
     return _build(method, tuple(options), interpret)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build(method, options, interpret):
     return kernels.get(f"pallas-{method}", interpret=interpret, **dict(options))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jax_kernel(method):
     """The pure-JAX kernel of the same method (defaults: chunk_size 64, leaf 16, as the Pallas ones)."""
     return kernels.get(method)
 
 
-@functools.lru_cache(maxsize=None)
-def reference(B, T, H, K, V, decay, initial_state, precision, seed=0):
-    """(problem, do, dfs, float64 oracle results)."""
-    p = oracle.make_problem(B, T, H, K, V, decay=decay, initial_state=initial_state, precision=precision,
-                            seed=seed)
-    do, dfs = oracle.random_cotangents(p, seed=seed + 1, precision=precision)
-    return p, do, dfs, harness.reference_results(p, do, dfs)
+def recipe(B, T, H, K, V, decay, initial_state, precision, seed=0):
+    """The recipe of an oracle problem (cotangent seed = data seed + 1)."""
+    return oracle.Recipe(B, T, H, K, V, decay=decay, initial_state=initial_state, precision=precision, seed=seed,
+                         cot_seed=seed + 1)
+
+
+def reference(*case):
+    """(problem, do, dfs, float64 oracle results), cached by recipe."""
+    c = oracle_case(recipe(*case))
+    return (*c.data(), c.reference())
 
 
 def check(method, case, options=(), interpret="xla"):
-    """Judge a Pallas kernel on ``reference(*case)`` with the suite's tolerance model."""
-    p, do, dfs, ref = reference(*case)
-    dtype = case[7]
-    report = harness.validate(_kernel(method, options, interpret), p, do, dfs, dtype=dtype, ref=ref)
-    assert report.passed, f"pallas-{method}{dict(options)} on {case}:\n{report.format()}"
-    return report
+    """Judge a Pallas kernel on ``recipe(*case)`` with the suite's tolerance model."""
+    return assert_matches_oracle(_kernel(method, options, interpret), recipe(*case))
 
 
 SHAPE = (1, 150, 2, 128, 128)  # T = 2 full chunks of 64 + a partial one
@@ -77,7 +78,7 @@ def test_without_initial_state_and_custom_scale(method):
     p, do, dfs, _ = reference(1, 100, 1, 128, 128, "mixed", False, "float32")
     p = p.replace(scale=0.3)
     got = harness.kernel_results(without_initial_state(_kernel(method)), p, do, dfs)
-    report = tolerance.compare(p, do, dfs, got, harness.reference_results(p, do, dfs))
+    report = tolerance.compare(p, do, dfs, got, references.reference_results(p, do, dfs))
     assert not [v for v in report.failures() if v.name != "dh0"], f"{method}/no-h0:\n{report.format()}"
     assert not np.any(got["dh0"])
 
@@ -158,14 +159,14 @@ def test_config_rejects_impossible(kwargs, field):
 
 def test_config_is_frozen_and_hashable():
     cfg = TileConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(AttributeError):
         cfg.chunk_size = 128  # type: ignore[misc]
     assert hash(cfg) == hash(TileConfig("factorized", 64, None, 16))
     assert len(set(SWEEP)) == len(SWEEP)
 
 
-@pytest.mark.parametrize("cfg", [TileConfig("factorized", c, s, l) for c in (64, 128, 256) for l in (8, 16, 32)
-                                 for s in (None, l, c - l)])
+@pytest.mark.parametrize("cfg", [TileConfig("factorized", c, s, leaf) for c in (64, 128, 256)
+                                 for leaf in (8, 16, 32) for s in (None, leaf, c - leaf)])
 def test_split_tree_covers_lower_triangle(cfg):
     C = cfg.chunk_size
     covered = np.zeros((C, C), int)
@@ -204,8 +205,9 @@ def test_vmem_footprint_grows_with_chunk():
 
 
 def test_registry_and_factories():
-    assert set(REGISTRY) == {"pallas-pairwise", "pallas-factorized"}
-    assert REGISTRY["pallas-pairwise"] is pallas_pairwise
+    from gdn2_oracle.kernels import spec
+
+    assert spec.factory("pallas-pairwise") is pallas_pairwise and spec.factory("pallas-factorized") is pallas_factorized
     f = kernels.get("pallas-factorized", chunk_size=128, leaf=32, interpret="xla")
     assert f.config == TileConfig("factorized", 128, None, 32)
     assert f.config == TileConfig(method="factorized", chunk_size=128, leaf=32)

@@ -12,13 +12,13 @@ import functools
 import pytest
 
 from gdn2_oracle import golden, kernels
-from gdn2_oracle.ci import harness
+from gdn2_oracle.ci.running import harness
 
 PALLAS_CASES = ["tpu128_len1", "tpu128_moderate", "tpu128_bf16_strong", "decay_resets",
                 "len_c64_x2_tail_extreme", "decay_mixed", "kv_8x64_negative"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pallas(name):
     return kernels.get(name, interpret="xla")
 

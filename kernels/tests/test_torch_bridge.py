@@ -16,7 +16,7 @@ import pytest
 import torch  # the test environment installs it (Makefile): these tests never skip
 
 from gdn2_oracle import golden, kernels
-from gdn2_oracle.ci import harness
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.kernels import torch_bridge
 from gdn2_oracle.kernels.torch_bridge import TorchContractError
 from gdn2_oracle.oracle import RESULTS, Recipe
@@ -54,7 +54,7 @@ def test_arrays_cross_bit_for_bit(dtype):
 
 def test_gradients_are_torch_autograd_exactly():
     """The bridge's nine results are bit for bit what torch computes on the same values."""
-    from gdn2_oracle.kernels import testing_torch  # noqa: PLC0415
+    from gdn2_oracle.kernels import testing_torch
 
     p, do, dfs = recipe().build()
     got = harness.kernel_results(kernels.get(CORRECT), p, do, dfs)
@@ -202,7 +202,8 @@ def test_fla_references_load_without_importing_fla_or_triton():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fla', 'triton')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
-    assert {"fla-gdn2-naive-recurrent", "fla-kda-naive-recurrent", "fla-gdn2-chunk"} <= set(kernels.names(optional=True))
+    names = set(kernels.names(optional=True))
+    assert {"fla-gdn2-naive-recurrent", "fla-kda-naive-recurrent", "fla-gdn2-chunk"} <= names
 
 
 @pytest.mark.parametrize("name", ["fla-gdn2-naive-recurrent", "fla-gdn2-naive-chunk[chunk_size=16]"])

@@ -13,7 +13,7 @@ import pytest
 from gdn2_oracle import oracle
 from gdn2_oracle.oracle import RESULTS, chunked32, recurrence
 
-from gdn2_oracle.ci.tolerance import MULTIPLE, metrics, normalised_error, scales
+from gdn2_oracle.ci.grading.tolerance import MULTIPLE, metrics, normalised_error, scales
 
 
 def _results(out):

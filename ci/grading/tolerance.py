@@ -1,45 +1,14 @@
-"""The tolerance model (docs/DESIGN.md §4): how a kernel's result is judged against the exact reference.
+"""The tolerance model (docs/DESIGN.md §4): a kernel's results judged against the exact reference.
 
-Metrics, per output and gradient, against the float64 reference ``ref``:
-
-* ``err_ratio = rms(got - ref) / scale_rms`` and
-* ``max_err   = max|got - ref| / scale_max``,
-
-where the scale is the reference's own size (``rms(ref)``, ``max|ref|``) unless the quantity is
-formed from much larger terms that cancel — then it is the size of those terms (the *envelope*,
-below). NaN or inf in a result is always a failure.
-
-Allowed error (the rule a verdict names):
-
-* ``recurrence``: ``MULTIPLE[dtype] x`` the same metric achieved by the plain token-by-token
-  recurrence in the kernel's working precision on the same inputs (:mod:`oracle.recurrence` in
-  float32; for bfloat16 the inputs are already bf16-rounded and the recurrence's results are
-  rounded to the dtype the kernel returned them in, as a bf16 kernel must);
-* ``floor``: ``FLOOR[dtype]`` when that is larger (a recurrence can be exact by luck, e.g. g = 0
-  with zero gates).
-
-The envelope (the extreme-decay trap). Under extreme decay the true ``dg`` can be ~1e-11 while a
-correct chunked kernel, which forms ``dg`` as a reverse cumulative sum of O(1) terms
-(``q*dq``, ``k*dk``, ``b*db`` per channel: the partial derivatives through the decayed scores),
-has absolute error ~1e-9 — error relative to the terms, not to their tiny sum. So ``dg`` is
-judged on ``max(rms(dg), rms(E))`` with ``E = |q*dq| + |k*dk| + |b*db|`` computed from the
-float64 reference gradients. In every regime without cancellation ``rms(E)`` is within a small
-factor of ``rms(dg)``, so a kernel whose ``dg`` is wrong by more than a few ulps of its terms
-still fails. Quantities that underflow entirely (``dh0`` after hundreds of extreme decays) are
-judged against ``ABS_FLOOR`` instead of an exact zero.
-
-Grades (docs/DESIGN.md §4, "Grades and the precision-loss bound"). ``PASS``: within the tolerance above.
-``PRECISION``: over it, but within ``MULTIPLE[dtype] x max(e_rec, e_cum)`` (floored like the
-tolerance), where ``e_cum`` is the same metric achieved by the standard float32 chunked algorithm
-with decay exponents formed as differences of float32 cumulative sums (:mod:`oracle.chunked32`,
-chunk 64) on the same inputs: the algorithm is right, precision is lost of a known kind (exponent
-cancellation). ``FAIL``: beyond that bound, or not finite. ``e_cum`` is computed only when some
-result exceeds the tolerance. Every non-PASS report carries a diagnosis (:mod:`ci.diagnose`).
+Per result: ``err_ratio = rms(got - ref) / scale_rms`` and ``max_err = max|got - ref| / scale_max``, the
+tolerance ``max(MULTIPLE x`` the plain working-precision recurrence's error``, FLOOR)``, the ``dg`` envelope,
+the precision-loss bound that separates PRECISION from FAIL, and the tight agreement bound for two results
+that should agree. The derivations are in docs/DESIGN.md §4.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +16,9 @@ from gdn2_oracle import oracle
 from gdn2_oracle.oracle import RESULTS, chunked32
 from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
 from gdn2_oracle.oracle.recurrence import forward_and_vjp
+
+from . import diagnose
+from .grades import FAIL, PRECISION, Verdict, worst_grade
 
 # Allowed error: this many times the plain working-precision recurrence's error ...
 MULTIPLE = {"float32": 32.0, "bfloat16": 8.0}
@@ -56,16 +28,8 @@ FLOOR = {"float32": 2.0 ** -20, "bfloat16": 2.0 ** -8}
 # Scale used when a reference is (numerically) zero: below float32's normal range.
 ABS_FLOOR = 1e-30
 
-# Grades, best first. PRECISION: over the tolerance but within the precision-loss bound
-# MULTIPLE x max(e_rec, e_cum) (e_cum: oracle.chunked32, float32 cumulative-sum exponents).
-PASS, PRECISION, FAIL = "PASS", "PRECISION", "FAIL"
-GRADES = (PASS, PRECISION, FAIL)
 # Results with one row per token (their per-token error profiles feed the diagnosis).
 PER_TOKEN = ("o", "dq", "dk", "dv", "dg", "db", "dw")
-
-
-class PrecisionLossWarning(UserWarning):
-    """A result graded PRECISION: over the working-precision tolerance, within the precision-loss bound."""
 
 
 def rms(x):
@@ -74,38 +38,12 @@ def rms(x):
     return float(np.sqrt(np.mean(np.square(x)))) if x.size else 0.0
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The judgement of one output or gradient."""
-
-    name: str
-    err_ratio: float
-    max_err: float
-    tol_ratio: float
-    tol_max: float
-    rule: str
-    passed: bool
-    note: str = ""
-    grade: str = ""  # PASS | PRECISION | FAIL; defaults to PASS / FAIL from ``passed``
-    bound_ratio: float | None = None  # the precision-loss bound, when it was computed
-    bound_max: float | None = None
-
-    def __post_init__(self):
-        if not self.grade:
-            object.__setattr__(self, "grade", PASS if self.passed else FAIL)
-        if self.grade not in GRADES:
-            raise ValueError(f"grade: {self.grade!r} not one of {GRADES}")
-
-    def as_dict(self):
-        return asdict(self)
-
-
 @dataclass
 class Report:
     """All verdicts for one kernel call; ``passed`` when every verdict passed (grade PASS).
 
     ``profiles``: per-token error profiles of the non-PASS per-token results (see :func:`token_profile`);
-    ``diagnosis``: :class:`ci.diagnose.Finding` s of a non-PASS report.
+    ``diagnosis``: :class:`diagnose.Finding` s of a non-PASS report.
     """
 
     verdicts: list = field(default_factory=list)
@@ -139,11 +77,6 @@ class Report:
         if self.diagnosis:
             rows += ["diagnosis:"] + [f"  - {f}" for f in self.diagnosis]
         return "\n".join(rows)
-
-
-def worst_grade(grades):
-    """The worst of some grades (PASS < PRECISION < FAIL); PASS when there are none."""
-    return max(grades, key=GRADES.index, default=PASS)
 
 
 def envelope(name, problem: oracle.Problem, ref):
@@ -272,8 +205,6 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
             report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
         report.verdicts.append(v)
     if not report.passed:
-        from . import diagnose  # noqa: PLC0415 - diagnose reads tolerance's names
-
         report.diagnosis = diagnose.diagnose_case(report, problem)
     return report
 

@@ -3,7 +3,7 @@
 For every (kernel, shape, dtype):
 
 1. the tile configurations to try: the kernel's defaults, or a sweep (``--tiles``: an explicit
-   ``key=v1,v2;key2=...`` grid, or ``sweep``: the Pallas ``SWEEP`` for ``pallas-*`` kernels and
+   ``key=v1,v2;key2=...`` grid (``args.tiles``), or ``sweep``: the Pallas ``SWEEP`` for ``pallas-*`` kernels and
    :data:`DEFAULT_SWEEP` for the others). Keys a kernel does not accept are dropped for that kernel;
    a key no kernel of the run accepts, or a value every kernel taking the key rejects, is a usage
    error (:func:`check_tiles`, before any work);
@@ -24,21 +24,23 @@ computed once per (shape, dtype, seed) and shared by every kernel and configurat
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
 import time
+from dataclasses import asdict, dataclass, field
 
 import jax
 import numpy as np
 
-from gdn2_oracle.kernels import parse_value
 from gdn2_oracle.oracle import RESULTS, Recipe
 
-from . import harness
-from . import mesh as mesh_lib
-from . import multihost
-from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
-from .tolerance import baseline, compare, dtype_name
+from ..grading.case import Case
+from ..running import harness, multihost
+from ..running import mesh as mesh_lib
+from . import args as cli_args
+from .output import EXIT, UsageError, fmt_err, progress, say_interrupted, table, write_json
+from .provenance import environment, kernel_notes, source_sha256
 
 SCHEMA = "gdn2-oracle/bench/1"
 DEFAULT_SWEEP = "chunk_size=32,64,128;leaf=4,8,16"
@@ -48,27 +50,18 @@ SMALL_T = 512
 # --- tile sweeps ----------------------------------------------------------------------------
 
 def parse_tiles(spec):
-    """``"chunk_size=32,64;leaf=8,16"`` -> ``{"chunk_size": [32, 64], "leaf": [8, 16]}``; ``None``/``""`` -> ``{}``."""
-    grid = {}
+    """The grid of a ``--tiles`` value (``args.tiles``); ``None``/``""`` -> ``{}``; UsageError when malformed."""
     if spec is None or not spec.strip():
-        return grid
-    for part in spec.split(";"):
-        if not part.strip():
-            continue
-        key, eq, values = part.partition("=")
-        key = key.strip()
-        if not eq or not key.isidentifier() or not values.strip():
-            raise UsageError(f"--tiles: {part!r} is not of the form key=v1,v2,...")
-        grid[key] = [parse_value(v.strip()) for v in values.split(",")]
-    return grid
-
-
-def _accepts(spec, key, value):
+        return {}
     try:
-        spec.build(**{key: value})
-    except UsageError as exc:
-        return "does not accept" not in str(exc) and "unexpected keyword" not in str(exc)
-    return True
+        return cli_args.tiles(spec)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"--tiles: {exc}") from None
+
+
+def _accepts(spec, key):
+    """Whether the kernel of ``spec`` takes option ``key`` (the kernel declares it: ``kernels.accepts``)."""
+    return spec.accepts(key)
 
 
 def check_tiles(specs, tiles):
@@ -79,14 +72,14 @@ def check_tiles(specs, tiles):
     grid = parse_tiles(tiles)
     labels = ", ".join(s.label() for s in specs)
     for key, values in grid.items():
-        takers = [s for s in specs if key not in s.options and _accepts(s, key, values[0])]
+        takers = [s for s in specs if key not in s.options and _accepts(s, key)]
         if not takers and not any(key in s.options for s in specs):
             raise UsageError(f"--tiles: no kernel of this run ({labels}) accepts the option {key!r}")
         for value in values:
             errors = []
             for s in takers:
                 try:
-                    s.build(**{key: value})
+                    cli_args.build(s, **{key: value})
                     break
                 except UsageError as exc:
                     errors.append(str(exc))
@@ -104,7 +97,8 @@ def check_allocatable(shape):
         np.empty(elements, dtype=np.float64)
     except (MemoryError, ValueError, OverflowError) as exc:
         raise UsageError(f"shape B={B} T={T} H={H} K={K} V={V}: cannot allocate its "
-                         f"{8 * elements / 2**30:.3g} GiB of float64 inputs on this host ({type(exc).__name__})") from None
+                         f"{8 * elements / 2**30:.3g} GiB of float64 inputs on this host "
+                         f"({type(exc).__name__})") from None
 
 
 def configurations(spec, tiles):
@@ -113,14 +107,14 @@ def configurations(spec, tiles):
         return [{}]
     if tiles == "sweep":
         if spec.name.startswith("pallas-"):
-            from gdn2_oracle.kernels.pallas.config import SWEEP  # noqa: PLC0415
+            from gdn2_oracle.kernels.pallas.config import SWEEP
             method = spec.name.split("-", 1)[1]
             return [dict(chunk_size=c.chunk_size, split=c.split, leaf=c.leaf)
                     for c in SWEEP if c.method == method] or [{}]
         grid = parse_tiles(DEFAULT_SWEEP)
     else:
         grid = parse_tiles(tiles)
-    grid = {k: v for k, v in grid.items() if k not in spec.options and _accepts(spec, k, v[0])}
+    grid = {k: v for k, v in grid.items() if k not in spec.options and _accepts(spec, k)}
     if not grid:
         return [{}]
     keys = list(grid)
@@ -133,43 +127,31 @@ def small_shape(shape):
     return (1, min(T, SMALL_T), min(H, 2), K, V)
 
 
-# --- oracle cache ---------------------------------------------------------------------------
+# --- the cases ---------------------------------------------------------------------------------
 
 def recipe(shape, dtype, seed) -> Recipe:
     """The benchmark problem: moderate decay, uniform gates, an initial state; cotangents from ``seed``."""
     return Recipe(*shape, decay="moderate", gates="uniform", initial_state=True, precision=dtype, seed=seed)
 
 
-class OracleCache:
-    """Problems, float64 references and working-precision baselines per (shape, dtype, seed)."""
+class Cases:
+    """The :class:`Case` of each (shape, dtype, seed), built once and shared by every kernel and configuration."""
 
-    def __init__(self, log=None):
-        self._problems, self._refs, self._bases = {}, {}, {}
-        self.log = log or (lambda msg: None)
-        self.seconds = 0.0
+    def __init__(self):
+        self._cases = {}
 
-    def problem(self, shape, dtype, seed):
+    def __call__(self, shape, dtype, seed) -> Case:
         key = (tuple(shape), dtype, seed)
-        if key not in self._problems:
-            self._problems[key] = recipe(shape, dtype, seed).build()
-        return self._problems[key]
+        if key not in self._cases:
+            name = f"bench_{'x'.join(map(str, shape))}_{dtype}"
+            self._cases[key] = Case.from_recipe(name, recipe(shape, dtype, seed),
+                                                reference_fn=multihost.reference_results)
+        return self._cases[key]
 
-    def reference(self, shape, dtype, seed):
-        key = (tuple(shape), dtype, seed)
-        if key not in self._refs:
-            self.log(f"float64 oracle for shape {tuple(shape)} {dtype} (once per shape) ...")
-            t0 = time.perf_counter()
-            self._refs[key] = multihost.reference_results(*self.problem(shape, dtype, seed))
-            self.seconds += time.perf_counter() - t0
-        return self._refs[key]
-
-    def baseline(self, shape, dtype, seed, result_dtypes):
-        key = (tuple(shape), dtype, seed, tuple(result_dtypes[n] for n in RESULTS))
-        if key not in self._bases:
-            t0 = time.perf_counter()
-            self._bases[key] = baseline(*self.problem(shape, dtype, seed), result_dtypes)
-            self.seconds += time.perf_counter() - t0
-        return self._bases[key]
+    @property
+    def seconds(self):
+        """Time spent on references and baselines."""
+        return sum(c.seconds for c in self._cases.values())
 
 
 # --- one configuration ----------------------------------------------------------------------
@@ -188,30 +170,33 @@ class Compiled:
         return jax.block_until_ready(self.exe(*self.args))
 
 
-def judge(out, shape, dtype, seed, cache):
-    """Compare a runner output tuple against the cached oracle: ``{"passed", "verdicts", "failures"}``."""
+def judge(out, shape, dtype, seed, cases):
+    """Judge a runner output tuple on its case: ``{"passed", "verdicts", "failures"}``."""
     got = {n: mesh_lib.to_host(x) for n, x in zip(RESULTS, out)}
-    p, do, dfs = cache.problem(shape, dtype, seed)
-    base = cache.baseline(shape, dtype, seed, {n: dtype_name(got[n]) for n in RESULTS})
-    report = compare(p, do, dfs, got, cache.reference(shape, dtype, seed), dtype=dtype, base=base)
+    report = cases(shape, dtype, seed).judge(got)
     failures = [f"{v.name}: err_ratio {fmt_err(v.err_ratio)} (tol {v.tol_ratio:.1e}), max_err {fmt_err(v.max_err)} "
                 f"(tol {v.tol_max:.1e}) [{v.rule}]" for v in report.failures()]
     return {"passed": report.passed, "shape": list(shape), "verdicts": [v.as_dict() for v in report.verdicts],
             "failures": failures}
 
 
-def validate_config(fn, shape, dtype, seed, cache, compiled=None):
+def validate_config(fn, shape, dtype, seed, cases, compiled=None):
     """Validate ``fn`` at ``shape`` (using ``compiled`` when it is for that shape); errors are failures."""
     try:
         if compiled is None:
-            p, do, dfs = cache.problem(shape, dtype, seed)
-            compiled = Compiled(fn, p, do, dfs, dtype)
-        return judge(compiled.call(), shape, dtype, seed, cache)
+            compiled = Compiled(fn, *cases(shape, dtype, seed).data(), dtype)
+        return judge(compiled.call(), shape, dtype, seed, cases)
     except MemoryError as exc:  # the host cannot hold this shape: a usage error, not a verdict on the kernel
         raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # noqa: BLE001 - the reason is reported, the kernel is not timed
         return {"passed": False, "shape": list(shape), "verdicts": [],
-                "failures": [f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ''}"]}
+                "failures": [f"{type(exc).__name__}: {_first_line(exc, 400)}"]}
+
+
+def _first_line(exc, limit):
+    """The first line of an exception's message, at most ``limit`` characters ('' for an empty one)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else ""
 
 
 def time_calls(compiled, repeats):
@@ -232,7 +217,7 @@ def _reject(entry, reason):
     return None
 
 
-def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cache, log):
+def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases, log):
     """Build, validate, compile and time one configuration, recording it in ``rec["sweep"]``.
 
     Swept configurations are validated at :func:`small_shape` before compiling (the fastest is
@@ -243,19 +228,19 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cache,
     entry = {"options": opts, "label": label, "status": "rejected"}
     rec["sweep"].append(entry)
     try:
-        fn = spec.build(**opts)
+        fn = cli_args.build(spec, **opts)
     except UsageError as exc:
         return _reject(entry, f"invalid configuration: {exc}")
     if "source" not in rec:
         rec["source"], rec["notes"] = source_sha256(fn), kernel_notes(fn)
     if sweeping:
         log(f"{label} {dtype}: validating at small shape {small_shape(shape)}")
-        entry["small_validation"] = small = validate_config(fn, small_shape(shape), dtype, seed, cache)
+        entry["small_validation"] = small = validate_config(fn, small_shape(shape), dtype, seed, cases)
         if not small["passed"]:
             return _reject(entry, "failed validation at small shape: " + "; ".join(small["failures"]))
     try:
         log(f"{label} {dtype}: compiling at {tuple(shape)}")
-        compiled = Compiled(fn, *cache.problem(shape, dtype, seed), dtype)
+        compiled = Compiled(fn, *cases(shape, dtype, seed).data(), dtype)
     except MemoryError as exc:
         raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # noqa: BLE001
@@ -263,7 +248,7 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cache,
     entry["compile_s"] = compiled.compile_s
     if not sweeping:
         log(f"{label} {dtype}: validating at {tuple(shape)}")
-        entry["full_validation"] = full = validate_config(fn, shape, dtype, seed, cache, compiled)
+        entry["full_validation"] = full = validate_config(fn, shape, dtype, seed, cases, compiled)
         if not full["passed"]:
             return _reject(entry, "failed validation at the benchmark shape: " + "; ".join(full["failures"]))
     log(f"{label} {dtype}: timing {repeats} calls")
@@ -275,7 +260,7 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cache,
     return entry, fn, compiled
 
 
-def choose(candidates, shape, dtype, seed, cache, log):
+def choose(candidates, shape, dtype, seed, cases, log):
     """The fastest timed configuration that passes validation at the benchmark shape, or None.
 
     Candidates are tried fastest first; one that fails is marked rejected and loses its timings.
@@ -283,7 +268,7 @@ def choose(candidates, shape, dtype, seed, cache, log):
     for entry, fn, compiled in sorted(candidates, key=lambda c: c[0]["median_s"]):
         if "full_validation" not in entry:
             log(f"{entry['label']} {dtype}: validating the fastest configuration at {tuple(shape)}")
-            entry["full_validation"] = validate_config(fn, shape, dtype, seed, cache, compiled)
+            entry["full_validation"] = validate_config(fn, shape, dtype, seed, cases, compiled)
         if entry["full_validation"]["passed"]:
             return entry
         entry["status"] = "rejected"
@@ -293,7 +278,7 @@ def choose(candidates, shape, dtype, seed, cache, log):
     return None
 
 
-def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cache, log):
+def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cases, log):
     """Benchmark one (kernel, shape, dtype): try every configuration, keep the fastest valid one;
     returns its JSON record."""
     B, T, H, K, V = shape
@@ -301,9 +286,9 @@ def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cache, log):
            "status": "rejected", "reason": None, "sweep": []}
     configs = configurations(spec, tiles)
     tried = [try_config(spec, opts, rec, shape, dtype, sweeping=len(configs) > 1, repeats=repeats, seed=seed,
-                        cache=cache, log=log) for opts in configs]
+                        cases=cases, log=log) for opts in configs]
     candidates = [c for c in tried if c is not None]
-    chosen = choose(candidates, shape, dtype, seed, cache, log)
+    chosen = choose(candidates, shape, dtype, seed, cases, log)
     for _, _, compiled in candidates:
         compiled.exe = None  # free device executables
     if chosen is None:
@@ -314,7 +299,7 @@ def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cache, log):
     rec.update(status="ok", reason=None, options=chosen["options"], label=chosen["label"],
                compile_s=chosen["compile_s"], median_s=chosen["median_s"], min_s=chosen["min_s"],
                times_s=chosen["times_s"], validation=chosen["full_validation"])
-    from .cost import prediction  # noqa: PLC0415 - only a TPU run of a Pallas kernel gets one
+    from ..running.cost_model import prediction  # only a TPU run of a Pallas kernel gets one
 
     rec["prediction"] = prediction(spec.name, chosen["options"], shape, dtype, jax.devices()[0].device_kind)
     return rec
@@ -322,11 +307,11 @@ def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cache, log):
 
 def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dtypes=("float32",),
               tiles=None, repeats=20, seed=0, show_progress=True, env=None, mesh=None):
-    """Benchmark every kernel spec at every shape and dtype; returns the JSON-ready report (with
-    ``"interrupted": true`` and the results finished so far after Ctrl-C); with a ``mesh`` (ci/mesh.py)
+    """Benchmark every kernel spec at every shape and dtype; returns the :class:`BenchReport` (``interrupted``
+    and the results finished so far after Ctrl-C); with a ``mesh`` (ci/mesh.py)
     every kernel is compiled and timed inside it on sharded inputs."""
     for spec in specs:  # unknown kernels / import failures are usage errors, before any work
-        spec.build()
+        cli_args.build(spec)
     check_tiles(specs, tiles)
     shapes = [(B, T, H, D, D) for D in dims for H in heads for T in seqs for B in batches]
     for shape in shapes:
@@ -337,7 +322,7 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
         if bar is not None:
             bar.set_postfix_str(msg[:80])
 
-    cache = OracleCache(log)
+    cases = Cases()
     t0 = time.perf_counter()
     results, interrupted = [], False
     in_mesh = mesh_lib.using(mesh)  # kernels compile and run inside the mesh (a no-op without one)
@@ -348,7 +333,7 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
                 group = []
                 for spec in specs:
                     group.append(bench_one(spec, shape, dtype, tiles=tiles, repeats=repeats, seed=seed,
-                                           cache=cache, log=log))
+                                           cases=cases, log=log))
                     results.append(group[-1])
                     if bar is not None:
                         bar.update(1)
@@ -364,23 +349,38 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
         if bar is not None:
             bar.close()
     passed = not interrupted and all(r["status"] == "ok" for r in results)
-    return {
-        "schema": SCHEMA,
-        "command": "bench",
-        "environment": env or environment(),
-        "repeats": repeats,
-        "seed": seed,
-        "tiles": tiles,
-        "mesh": mesh_lib.format_mesh(mesh) if mesh is not None else None,
-        "problem": "oracle.make_problem(decay='moderate', gates='uniform', initial_state=True), random cotangents",
-        "timed": "jit(vjp forward + pullback of all seven inputs), block_until_ready, median of repeats",
-        "oracle_seconds": cache.seconds,
-        "seconds": time.perf_counter() - t0,
-        "passed": passed,
-        "interrupted": interrupted,
-        "outcome": "interrupted" if interrupted else ("pass" if passed else "fail"),
-        "results": results,
-    }
+    return BenchReport(environment=env or environment(), repeats=repeats, seed=seed, tiles=tiles,
+                       mesh=mesh_lib.format_mesh(mesh) if mesh is not None else None,
+                       oracle_seconds=cases.seconds, seconds=time.perf_counter() - t0, passed=passed,
+                       interrupted=interrupted,
+                       outcome="interrupted" if interrupted else ("pass" if passed else "fail"),
+                       results=results)
+
+
+@dataclass
+class BenchReport:
+    """What ``bench`` measured: one record (a plain JSON dict) per (kernel, shape, dtype), timed or rejected."""
+
+    environment: dict
+    repeats: int
+    seed: int
+    tiles: str | None
+    mesh: str | None
+    oracle_seconds: float
+    seconds: float
+    passed: bool
+    interrupted: bool
+    outcome: str  # pass | fail | interrupted
+    results: list = field(default_factory=list)
+    problem: str = "oracle.make_problem(decay='moderate', gates='uniform', initial_state=True), random cotangents"
+    timed: str = "jit(vjp forward + pullback of all seven inputs), block_until_ready, median of repeats"
+
+    def to_json(self):
+        """The JSON report (schema :data:`SCHEMA`), keys in their documented order."""
+        d = asdict(self)
+        order = ("environment", "repeats", "seed", "tiles", "mesh", "problem", "timed", "oracle_seconds", "seconds",
+                 "passed", "interrupted", "outcome", "results")
+        return {"schema": SCHEMA, "command": "bench", **{k: d[k] for k in order}}
 
 
 def _shape_label(s):
@@ -388,12 +388,12 @@ def _shape_label(s):
 
 
 def format_bench(report):
-    env = report["environment"]
+    env = report.environment
     lines = [f"gdn2-oracle bench: device {env['device_kind']} ({env['platform']}), jax {env['jax_version']}, "
              f"commit {(env['git']['commit'] or 'unknown')[:12]}{'+dirty' if env['git']['dirty'] else ''}, "
-             f"median of {report['repeats']} synchronized forward+backward calls", ""]
+             f"median of {report.repeats} synchronized forward+backward calls", ""]
     rows = []
-    for r in report["results"]:
+    for r in report.results:
         if r["status"] == "ok":
             sp = r.get("speedup_vs_baseline")
             rows.append([r["kernel"], _shape_label(r["shape"]), r["dtype"], r.get("label", r["kernel"]),
@@ -403,7 +403,7 @@ def format_bench(report):
             rows.append([r["kernel"], _shape_label(r["shape"]), r["dtype"], "-", "-", "-", "-", "-", "REJECTED"])
     lines.append(table(["kernel", "shape", "dtype", "config", "compile s", "median ms", "min ms", "speedup",
                         "status"], rows, "<<<<>>>><"))
-    sweeps = [r for r in report["results"] if len(r["sweep"]) > 1]
+    sweeps = [r for r in report.results if len(r["sweep"]) > 1]
     if sweeps:
         lines += ["", "Tile sweeps (median ms; validated at small shape; * = chosen, validated at full shape):"]
         for r in sweeps:
@@ -414,45 +414,58 @@ def format_bench(report):
                 else:
                     parts.append(f"{e['label']}=rejected")
             lines.append(f"  {r['kernel']} {_shape_label(r['shape'])} {r['dtype']}: " + ", ".join(parts))
-    rejected = [r for r in report["results"] if r["status"] != "ok"]
+    rejected = [r for r in report.results if r["status"] != "ok"]
     if rejected:
         lines += ["", "Rejected (not timed):"]
         for r in rejected:
             lines.append(f"  {r['kernel']} {_shape_label(r['shape'])} {r['dtype']}: {r['reason']}")
-    notes = sorted({(r["kernel"], n) for r in report["results"] for n in r.get("notes", [])})
+    notes = sorted({(r["kernel"], n) for r in report.results for n in r.get("notes", [])})
     if notes:
         lines += ["", "Notes:"] + [f"  {k}: {n}" for k, n in notes]
-    from .cost import format_predictions  # noqa: PLC0415
-
-    lines += format_predictions(report["results"])
+    lines += format_predictions(report.results)
     lines.append("")
-    lines.append(f"float64 oracle + baselines: {report['oracle_seconds']:.1f} s; total {report['seconds']:.1f} s")
-    if report.get("interrupted"):
-        lines.append(f"INTERRUPTED: {len(report['results'])} result(s) finished before Ctrl-C are reported")
+    lines.append(f"float64 oracle + baselines: {report.oracle_seconds:.1f} s; total {report.seconds:.1f} s")
+    if report.interrupted:
+        lines.append(f"INTERRUPTED: {len(report.results)} result(s) finished before Ctrl-C are reported")
     return "\n".join(lines)
+
+
+def format_predictions(results) -> list[str]:
+    """Lines comparing each timed result's measured median with its roofline prediction (when it has one)."""
+    rows = [r for r in results if r.get("status") == "ok" and r.get("prediction")]
+    if not rows:
+        return []
+    lines = ["", "Predicted (roofline ESTIMATE from the traced kernel, docs/DESIGN.md §8) vs measured:"]
+    for r in rows:
+        p = r["prediction"]
+        lines.append(f"  {r['kernel']} {_shape_label(r['shape'])} {r['dtype']} on {p['chip']}: "
+                     f"predicted {1e3 * p['seconds']:.2f} ms ({p['bound']}-bound), "
+                     f"measured {1e3 * r['median_s']:.2f} ms "
+                     f"= {r['median_s'] / p['seconds']:.2f}x the estimate")
+    return lines
 
 
 def plot_bench(report, path):
     """A PNG bar chart of median forward+backward time per (shape, dtype) and kernel (rejected: marked)."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     groups = []
-    for r in report["results"]:
+    for r in report.results:
         key = f"{_shape_label(r['shape'])}\n{r['dtype']}"
         if key not in groups:
             groups.append(key)
     kernels = []
-    for r in report["results"]:
+    for r in report.results:
         if r["kernel"] not in kernels:
             kernels.append(r["kernel"])
     width = 0.8 / max(1, len(kernels))
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups) * max(1, len(kernels)) / 2), 4.5))
     for i, kname in enumerate(kernels):
         xs, ys = [], []
-        for r in report["results"]:
+        for r in report.results:
             if r["kernel"] != kname:
                 continue
             x = groups.index(f"{_shape_label(r['shape'])}\n{r['dtype']}") + (i - (len(kernels) - 1) / 2) * width
@@ -469,9 +482,57 @@ def plot_bench(report, path):
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, fontsize=8)
     ax.set_ylabel("median forward+backward (ms)")
-    env = report["environment"]
+    env = report.environment
     ax.set_title(f"GDN-2 kernels on {env['device_kind']} (validated against the float64 oracle)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def add_parser(sub):
+    """``gdn2-oracle bench``."""
+    b = sub.add_parser("bench", help="validated forward+backward latency",
+                       description="Validate each kernel at the exact shape on this device against the float64 "
+                                   "oracle, then time forward+backward (rejected kernels are not timed).")
+    cli_args.add_kernels(b)
+    b.add_argument("--batch", type=cli_args.positive_ints, default=[4], metavar="LIST")
+    b.add_argument("--seq", type=cli_args.positive_ints, default=[4096], metavar="LIST")
+    b.add_argument("--heads", type=cli_args.positive_ints, default=[6], metavar="LIST")
+    b.add_argument("--dim", type=cli_args.positive_ints, default=[128], metavar="LIST",
+                   help="head width K = V (default 128)")
+    b.add_argument("--dtype", type=cli_args.dtypes, default=["float32"], metavar="LIST",
+                   help="input dtypes, comma-separated (default float32)")
+    b.add_argument("--tiles", metavar="SPEC",
+                   help="tile sweep: 'key=v1,v2;key2=...' (e.g. 'chunk_size=32,64,128;leaf=8,16') or 'sweep' "
+                        "(the Pallas SWEEP for pallas-* kernels, a default grid for the others)")
+    b.add_argument("--repeats", type=int, default=20, help="timed calls per figure (median; default 20)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/bench.json)")
+    b.add_argument("--plot", metavar="PATH", help="write a PNG bar chart here (a directory: PATH/bench.png)")
+    cli_args.add_run_options(b)
+
+
+def run(args):
+    """Validate and time, print the table, write ``--json``/``--plot``; the exit status."""
+    if args.repeats < 1:
+        raise UsageError(f"gdn2-oracle bench: error: --repeats must be positive, got {args.repeats}")
+    out = cli_args.outputs(args, json="bench.json", plot="bench.png")
+    if out["plot"]:
+        try:
+            import matplotlib  # noqa: F401 - checked before any work
+        except ImportError as exc:
+            raise UsageError(f"gdn2-oracle bench: error: --plot needs matplotlib ({exc})") from None
+    report = run_bench(cli_args.specs(args.kernel), batches=args.batch, seqs=args.seq, heads=args.heads,
+                       dims=args.dim, dtypes=args.dtype, tiles=args.tiles, repeats=args.repeats, seed=args.seed,
+                       show_progress=not args.no_progress, mesh=cli_args.built_mesh(args))
+    print(format_bench(report), flush=True)
+    if out["json"]:
+        write_json(out["json"], report.to_json())
+        print(f"report: {out['json']}", flush=True)
+    if out["plot"] and report.results:
+        plot_bench(report, out["plot"])
+        print(f"plot: {out['plot']}", flush=True)
+    if report.interrupted:
+        say_interrupted(len(report.results), "benchmark result(s)", out["json"])
+    return EXIT[report.outcome]

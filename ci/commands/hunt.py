@@ -10,11 +10,10 @@ reported with the one-line reproducer and the ``@example`` line that pins it.
 
 from __future__ import annotations
 
-import math
-import sys
+import random
 import time
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings, target
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
@@ -22,9 +21,10 @@ from hypothesis.errors import Flaky
 from gdn2_oracle.oracle import RESULTS
 from gdn2_oracle.property_tests import strategies
 
-from . import harness
-from .domain import FAIL, grade_of, grade_rank, tolerance_ratio
-from .report import progress
+from ..grading.grades import FAIL, grade_rank
+from ..running import harness
+from . import args as cli_args
+from .output import EXIT, progress
 
 SHAPES = ("core", "all")
 DEFAULT_BUDGET = 500  # recipes drawn (shrinking a FAIL comes on top); half of them go to targeting
@@ -32,17 +32,6 @@ DEFAULT_BUDGET = 500  # recipes drawn (shrinking a FAIL comes on top); half of t
 
 class Found(Exception):
     """A recipe with a FAIL (raised inside the search so that Hypothesis shrinks it)."""
-
-
-def target_ratios(report, result=None):
-    """``hypothesis.target`` error / tolerance of each result (label: its name), or of ``result`` only;
-    return ``{name: ratio}`` (a non-finite ratio is targeted as the largest float)."""
-    ratios = {}
-    for v in report.verdicts:
-        if result is None or v.name == result:
-            ratios[v.name] = tolerance_ratio(v)
-            target(ratios[v.name] if math.isfinite(ratios[v.name]) else sys.float_info.max, label=v.name)
-    return ratios
 
 
 def recipes(shapes="core"):
@@ -79,13 +68,13 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
             state["found"] = {"recipe": spec, "report": None, "failed": [f"error: {type(exc).__name__}: {exc}"]}
             state["first_fail"] = state["first_fail"] or state["examples"]
             raise Found(str(exc)) from None
-        ratios = target_ratios(report, result)
+        ratios = strategies.target_ratios(report, result)
         name = max(ratios, key=ratios.get)
-        grade = grade_of(report[name])
+        grade = report[name].grade
         if state["worst"] is None or (grade_rank(grade), ratios[name]) > (grade_rank(state["worst"]["grade"]),
                                                                           state["worst"]["ratio"]):
             state["worst"] = {"ratio": ratios[name], "result": name, "grade": grade, "recipe": spec}
-        failed = [n for n in ratios if grade_of(report[n]) == FAIL]
+        failed = [n for n in ratios if report[n].grade == FAIL]
         if failed:
             state["found"] = {"recipe": spec, "report": report, "failed": failed}
             state["first_fail"] = state["first_fail"] or state["examples"]
@@ -134,3 +123,37 @@ def format_hunt(out):
                       f"on {worst['recipe']!r}"]
     lines.append("hunt: FAIL found" if found is not None else "hunt: no FAIL found")
     return "\n".join(lines)
+
+
+def _count(text):
+    import argparse
+
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def add_parser(sub):
+    """``gdn2-oracle hunt``."""
+    h = sub.add_parser("hunt", help="Hypothesis search for a FAIL, targeting error / tolerance",
+                       description="Search the conformance suite's recipes with hypothesis.target on error / "
+                                   "tolerance; shrink a FAIL to a minimal recipe and print its reproducer. Exit 1 on "
+                                   "a FAIL.")
+    cli_args.add_kernels(h, one=True)
+    h.add_argument("--budget", type=_count, default=DEFAULT_BUDGET, metavar="N",
+                   help=f"recipes drawn (default {DEFAULT_BUDGET}; shrinking a FAIL comes on top)")
+    h.add_argument("--result", choices=RESULTS, help="target and judge only this result (default: all)")
+    h.add_argument("--seed", type=int, help="search seed (default: random, printed)")
+    h.add_argument("--shapes", choices=SHAPES, default="core",
+                   help="core (default: the conformance suite's CORE configs) or all (its small sets' cross product)")
+    cli_args.add_run_options(h, mesh_jobs=False)
+
+
+def run(args):
+    """Search, print the shrunk FAIL (if any) and the worst ratio reached; exit 1 on a FAIL."""
+    [spec] = cli_args.specs(args.kernel)
+    seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
+    out = hunt(cli_args.build(spec), spec.spec, budget=args.budget, result=args.result, seed=seed,
+               shapes=args.shapes, show_progress=not args.no_progress)
+    print(format_hunt(out), flush=True)
+    return EXIT["fail"] if out["found"] is not None else EXIT["pass"]

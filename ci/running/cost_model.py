@@ -44,7 +44,7 @@ class Counts:
     depth: float = 0.0  # sequential dependent steps
     loops: list = field(default_factory=list)  # (primitive, trip count or None)
 
-    def add(self, other: "Counts", times: float = 1.0) -> None:
+    def add(self, other: Counts, times: float = 1.0) -> None:
         """Accumulate ``times`` copies of ``other`` (its work only; depth is handled by the walker)."""
         for k, v in other.mxu_flops.items():
             self.mxu_flops[k] = self.mxu_flops.get(k, 0.0) + times * v
@@ -56,7 +56,7 @@ class Counts:
     def flops(self) -> float:
         return float(sum(self.mxu_flops.values()))
 
-    def scaled(self, times: float) -> "Counts":
+    def scaled(self, times: float) -> Counts:
         out = Counts(depth=self.depth * times, loops=list(self.loops))
         out.add(Counts(dict(self.mxu_flops), self.vector_ops, self.transcendentals), times)
         return out
@@ -308,7 +308,7 @@ def summary(calls: list[CallCost]) -> dict:
 
 def pallas_fn(method: str, tiles: dict | None = None):
     """The Pallas kernel of ``method`` built for TPU (Mosaic) with tile options ``tiles``."""
-    from gdn2_oracle.kernels.pallas import make_kernel  # noqa: PLC0415
+    from gdn2_oracle.kernels.pallas import make_kernel
 
     return make_kernel(method, interpret=False, **(tiles or {}))
 
@@ -342,113 +342,3 @@ def prediction(kernel: str, options: dict, shape, dtype, device_kind: str) -> di
     tiles = {k: v for k, v in (options or {}).items() if k != "interpret"}
     e = estimate(kernel.removeprefix("pallas-"), shape, dtype, chip, tiles)
     return {"chip": chip, "seconds": e["seconds"]["max"], "bound": e["seconds"]["bound"]}
-
-
-def format_predictions(results) -> list[str]:
-    """Lines comparing each timed result's measured median with its prediction (when it has one)."""
-    rows = [r for r in results if r.get("status") == "ok" and r.get("prediction")]
-    if not rows:
-        return []
-    lines = ["", "Predicted (roofline ESTIMATE from the traced kernel, docs/DESIGN.md §8) vs measured:"]
-    for r in rows:
-        p = r["prediction"]
-        s = r["shape"]
-        lines.append(f"  {r['kernel']} B{s['B']} T{s['T']} H{s['H']} K{s['K']} V{s['V']} {r['dtype']} on {p['chip']}: "
-                     f"predicted {1e3 * p['seconds']:.2f} ms ({p['bound']}-bound), measured {1e3 * r['median_s']:.2f} ms "
-                     f"= {r['median_s'] / p['seconds']:.2f}x the estimate")
-    return lines
-
-
-def format_row(e: dict) -> str:
-    c, s = e["counts"], e["seconds"]
-    tiles = ",".join(f"{k}={v}" for k, v in e["tiles"].items()) or "default"
-    return (f"{e['method']:<10} {tiles:<22} {e['chip']:<4} {e['dtype']:<8} "
-            f"{sum(c['mxu_flops'].values()) / 1e9:9.1f} {c['vector_ops'] / 1e9:9.2f} {c['transcendentals'] / 1e9:8.3f} "
-            f"{(c['hbm_read'] + c['hbm_write']) / 1e6:8.1f} {c['vmem_bytes'] / 2**20:6.1f} "
-            f"{c['depth_per_chunk']:6.0f} {s['max'] * 1e3:9.3f} {s['serial'] * 1e3:9.3f} {s['bound']:>4}")
-
-
-HEADER = (f"{'method':<10} {'tiles':<22} {'chip':<4} {'dtype':<8} {'MXU GF':>9} {'VPU Gop':>9} {'exp G':>8} "
-          f"{'HBM MB':>8} {'VMEM':>6} {'steps':>6} {'est ms':>9} {'serial':>9} {'bnd':>4}")
-
-
-def add_cost_parser(sub) -> None:
-    """Register ``gdn2-oracle cost`` on an argparse subparsers object."""
-    p = sub.add_parser("cost", help="operation counts and a roofline TPU time ESTIMATE of a Pallas kernel",
-                       description="Walk the kernel's traced forward+backward program (pallas_call bodies and "
-                                   "grids): MXU FLOPs by dtype, vector and transcendental ops, dependent steps, "
-                                   "HBM bytes, VMEM; a roofline ESTIMATE per chip (figures: docs/DESIGN.md §8) "
-                                   "and the factorized / pairwise ratio.")
-    p.add_argument("--kernel", default="pallas-factorized", choices=("pallas-factorized", "pallas-pairwise"))
-    p.add_argument("--chip", action="append", choices=tuple(CHIPS), help="repeatable (default: all)")
-    p.add_argument("--shape", type=parse_shape, default=(4, 4096, 6, 128, 128), metavar="B,T,H,K,V",
-                   help="default 4,4096,6,128,128")
-    p.add_argument("--dtype", default="float32,bfloat16", help="input dtypes, comma-separated")
-    p.add_argument("--tiles", type=parse_tiles, default={}, metavar="key=v,...",
-                   help="tile options, e.g. chunk_size=128,leaf=32 (default: the kernel's defaults)")
-
-
-def parse_shape(text: str):
-    """``B,T,H,K,V`` -> a 5-tuple of positive ints."""
-    import argparse  # noqa: PLC0415
-
-    try:
-        vals = tuple(int(t) for t in text.split(","))
-    except ValueError:
-        vals = ()
-    if len(vals) != 5 or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected B,T,H,K,V (five positive ints), got {text!r}")
-    return vals
-
-
-def parse_tiles(text: str) -> dict:
-    """``key=v,key2=v2`` -> tile options (ints, or ``None`` for ``split=none``)."""
-    import argparse  # noqa: PLC0415
-
-    out = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        key, eq, val = item.partition("=")
-        if not eq or key not in ("chunk_size", "split", "leaf"):
-            raise argparse.ArgumentTypeError(f"expected chunk_size=/split=/leaf= items, got {item!r}")
-        try:
-            out[key] = None if val.lower() == "none" else int(val)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{key}: expected an int, got {val!r}") from None
-    return out
-
-
-PAIRWISE = "pallas-pairwise"
-
-
-def cmd_cost(args) -> int:
-    """Print the cost table of ``args.kernel`` and the estimated factorized / pairwise ratio."""
-    from .report import UsageError  # noqa: PLC0415
-
-    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
-    for d in dtypes:
-        if d not in ("float32", "bfloat16"):
-            raise UsageError(f"--dtype: {d!r} not one of float32, bfloat16")
-    method = args.kernel.removeprefix("pallas-")
-    try:
-        from gdn2_oracle.kernels.pallas import TileConfig  # noqa: PLC0415
-
-        TileConfig(method=method, **args.tiles)
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"--tiles: {exc}") from None
-    print("ESTIMATE (roofline from published chip figures, not a measurement; docs/DESIGN.md §8)")
-    print(f"shape B,T,H,K,V = {','.join(map(str, args.shape))}; forward + backward")
-    print(HEADER)
-    for chip in args.chip or tuple(CHIPS):
-        for dt in dtypes:
-            e = estimate(method, args.shape, dt, chip, args.tiles)
-            print(format_row(e))
-            if method == "factorized":
-                base = estimate("pairwise", args.shape, dt, chip)
-                print(f"{'':<10} estimated factorized / pairwise ({chip}, {dt}): "
-                      f"{e['seconds']['max'] / base['seconds']['max']:.3f} "
-                      f"(pairwise {base['seconds']['max'] * 1e3:.3f} ms)")
-    return 0
-
-
-__all__ = ["CHIPS", "Chip", "CallCost", "Counts", "add_cost_parser", "call_cost", "cmd_cost", "count_jaxpr",
-           "estimate", "fwd_bwd_jaxpr", "kernel_cost", "roofline", "summary"]

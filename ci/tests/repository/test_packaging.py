@@ -47,7 +47,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OURS = ("oracle", "kernels", "golden", "ci", "property_tests")  # the subpackages, top-level folders here
 HUB = "kernels"  # the PyPI package (Hugging Face kernel hub); import name also ``kernels``
 # Not copied into the build tree: VCS data, caches, build outputs, reports (and any virtual environment).
@@ -226,7 +226,8 @@ _IMPORTS = textwrap.dedent("""
     import importlib, importlib.metadata as md, importlib.util, json, os, sys
     ours_first = sys.argv[1] == "ours-first"
     ours = ["gdn2_oracle.oracle", "gdn2_oracle.kernels", "gdn2_oracle.golden", "gdn2_oracle.ci.cli",
-            "gdn2_oracle.ci.harness", "gdn2_oracle.property_tests.plugin", "gdn2_oracle.property_tests.strategies"]
+            "gdn2_oracle.ci.running.harness", "gdn2_oracle.property_tests.plugin",
+            "gdn2_oracle.property_tests.strategies"]
     out = {}
     if ours_first:
         for m in ours:
@@ -349,3 +350,9 @@ def test_installed_suite_registers_the_markers_it_uses(env, kernel_module):
     suite must work under a kernel author's ``--strict-markers`` too."""
     code, out = _suite(env, "correct", "--strict-markers", "--collect-only", "-q", name="(c) collect, strict markers")
     assert code == 0 and "PytestUnknownMarkWarning" not in out, _tail(out, 1500)
+
+
+def test_the_clone_holds_no_build_outputs():
+    """The editable install of ``make test`` writes its metadata out of the tree (pyproject.toml
+    [tool.distutils.egg_info]); a ``*.egg-info`` here would be taken by pip for an installed gdn2-oracle."""
+    assert not sorted(ROOT.glob("*.egg-info")) and not (ROOT / "build").exists(), sorted(ROOT.iterdir())

@@ -29,7 +29,7 @@ def enable(directory=None):
     directory = cache_dir() if directory is None else Path(directory)
     if directory is None:
         return None
-    import jax  # noqa: PLC0415 - only commands that compile import JAX
+    import jax  # only commands that compile import JAX
 
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)

@@ -40,11 +40,14 @@ from pathlib import Path
 import pytest
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci import bench, cli, domain, parallel_oracle
-from gdn2_oracle.ci.report import KernelSpec, output_path
+from gdn2_oracle.ci import cli
+from gdn2_oracle.ci.commands import bench, domain
+from gdn2_oracle.ci.grading import references
+from gdn2_oracle.ci.commands.output import output_path
+from gdn2_oracle.kernels import KernelSpec
 from gdn2_oracle.golden import regenerate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 README = REPO / "README.md"
 PROGRAMS = ("gdn2-oracle", "make", "pytest", ".venv/bin/pytest", "python")
 PLACEHOLDER_MODULE = "mypkg.gdn"  # README's example of a user's kernel module
@@ -271,7 +274,7 @@ def test_python_module_command_parses(argv):
 
 @pytest.mark.parametrize("argv", [p for p in PYTHON_MODULES if p.values[0][2] in SMALL])
 def test_python_module_command_runs_at_a_small_size(argv, capsys, monkeypatch):
-    monkeypatch.setattr(parallel_oracle, "MIN_WORK", 0)  # --jobs N: really spawn the workers
+    monkeypatch.setattr(references, "MIN_WORK", 0)  # --jobs N: really spawn the workers
     extra, expected = SMALL[argv[2]]
     importlib.import_module(argv[2]).main(argv[3:] + extra)
     out = capsys.readouterr().out

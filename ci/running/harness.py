@@ -14,8 +14,9 @@ import numpy as np
 from gdn2_oracle import oracle
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 
+from ..grading.case import Case
+from ..grading.tolerance import Report
 from . import mesh as mesh_lib
-from .tolerance import Report, baseline, compare, dtype_name
 
 
 def _check_dtype(dtype):
@@ -35,7 +36,7 @@ class KernelError(RuntimeError):
 
 def check_results(out, q, v):
     """ContractError unless ``out`` is ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype, the final state
-    ``[B, H, K, V]`` float32, for inputs ``q`` ``[B, T, H, K]`` and ``v`` (NaN/inf is judged by ci.tolerance)."""
+    ``[B, H, K, V]`` float32, for inputs ``q`` ``[B, T, H, K]`` and ``v`` (NaN/inf is judged by the tolerance)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     want = {"o": ((B, T, H, V), jnp.dtype(v.dtype), " (v's dtype)"),
@@ -54,7 +55,7 @@ def check_results(out, q, v):
             raise ContractError(f"returned {name} of dtype {jnp.dtype(x.dtype).name}, expected {dtype.name}{why}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def runner(fn):
     """A jitted ``(inputs, h0, do, dfs, scale) -> results`` for kernel ``fn`` (compiled once per shape);
     a result that breaks the contract raises ContractError while tracing."""
@@ -96,7 +97,7 @@ def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="floa
         with _quiet_callback_failures(), mesh_lib.using(mesh):
             out = runner(fn)(tuple(inputs), h0, jdo, jdfs, problem.scale)
             out = jax.block_until_ready(out)
-    except Exception as exc:  # noqa: BLE001 - JAX raises a callback's failure as JaxRuntimeError or ValueError
+    except Exception as exc:
         line = host_callback_error(exc)
         if line is None:
             raise
@@ -133,11 +134,6 @@ def host_callback_error(exc):
     return f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}" if m else text.splitlines()[-1].strip()
 
 
-def reference_results(problem: oracle.Problem, do, dfinal_state):
-    """The NumPy float64 oracle's results as a mapping over RESULTS."""
-    return oracle.named_results(*oracle.recurrence.forward_and_vjp(problem, do, dfinal_state))
-
-
 def check_representable(problem: oracle.Problem, dtype):
     """Raise ValueError if the problem's inputs are not exactly representable in ``dtype``."""
     jdt = _check_dtype(dtype)
@@ -151,7 +147,4 @@ def validate(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="float32", 
     """Run ``fn`` and judge it against the float64 oracle (or a given reference, e.g. a golden)."""
     check_representable(problem, dtype)
     got = kernel_results(fn, problem, do, dfinal_state, dtype=dtype)
-    if ref is None:
-        ref = reference_results(problem, do, dfinal_state)
-    base = baseline(problem, do, dfinal_state, {n: dtype_name(got[n]) for n in RESULTS})
-    return compare(problem, do, dfinal_state, got, ref, dtype=dtype, base=base)
+    return Case.of(problem, do, dfinal_state, dtype=dtype, ref=ref).judge(got)

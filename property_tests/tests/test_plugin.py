@@ -15,8 +15,6 @@ WRONG = "gdn2_oracle.kernels.testing:perturbed"
 ONE_GOLDEN = ["-k", "test_kernel_matches_golden and len_1"]
 
 
-
-
 def test_options_are_registered(tmp_path):
     code, out = pytest_run(tmp_path, "--help")
     assert code == 0, out
@@ -61,3 +59,18 @@ def test_gdn2_xfails_missing_file_is_a_usage_error(tmp_path):
     code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-xfails",
                            str(tmp_path / "nope.txt"), "--collect-only", "-q")
     assert code == 4 and "--gdn2-xfails" in out and "nope.txt" in out, out
+
+
+def test_gdn2_kernel_lists_split_at_commas_outside_brackets(tmp_path):
+    """``GDN2_KERNEL='factorized[chunk_size=32,leaf=8],pairwise'`` (or the option) is two kernels, not three
+    broken names; an unbalanced bracket is a usage error."""
+    specs = "factorized[chunk_size=32,leaf=8],pairwise"
+    for how, env in ((["--gdn2-kernel", specs], None), ([], {"GDN2_KERNEL": specs})):
+        code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", *how, *ONE_GOLDEN,
+                               "--collect-only", "-q", env=env)
+        ids = sorted(line.split("::", 1)[1] for line in out.splitlines() if "::" in line)
+        assert code == 0 and ids == ["test_kernel_matches_golden[factorized[chunk_size=32,leaf=8]-len_1]",
+                                     "test_kernel_matches_golden[pairwise-len_1]"], out
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--collect-only", "-q",
+                           env={"GDN2_KERNEL": "factorized[chunk_size=32"})
+    assert code == 4 and "unbalanced" in out, out

@@ -76,7 +76,9 @@ def state_spec(mesh, shape):
 
 def place(mesh, inputs, h0):
     """``(inputs, h0)`` placed on the mesh with NamedSharding (``inputs`` are ``[B, T, H, dim]`` arrays)."""
-    put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))  # noqa: E731
+    def put(x, spec):
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
     return (tuple(put(x, sequence_spec(mesh, x.shape)) for x in inputs), put(h0, state_spec(mesh, h0.shape)))
 
 
@@ -89,7 +91,7 @@ def to_host(x):
     """``x`` as a NumPy array on this process: gathered from every process when it spans several hosts."""
     if getattr(x, "is_fully_addressable", True):
         return np.asarray(x)
-    from jax.experimental import multihost_utils  # noqa: PLC0415 - only on multi-process runs
+    from jax.experimental import multihost_utils  # only on multi-process runs
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 

@@ -1,6 +1,6 @@
 """``gdn2-oracle validate``: every kernel on the golden corpus and on generated, oracle-checked problems.
 
-A *case* (a :class:`Trial`) is one problem -- a golden, or an :class:`oracle.Recipe` -- with its
+A *case* (:class:`ci.grading.case.Case`) is one problem -- a golden, or an :class:`oracle.Recipe` -- with its
 cotangents and exact reference, fed to the kernels in one input dtype. Sources:
 
 * ``golden`` -- every case of the golden corpus (256-bit mpmath references), in its own precision;
@@ -8,27 +8,28 @@ cotangents and exact reference, fed to the kernels in one input dtype. Sources:
 * ``full``   -- the golden corpus plus every decay x gate regime at several lengths per dtype.
 
 Each kernel result (forward output, final state, seven gradients) is judged by the tolerance model
-(:mod:`ci.tolerance`) and graded PASS / PRECISION / FAIL; the oracle reference and the working-precision
+(docs/DESIGN.md §4) and graded PASS / PRECISION / FAIL; the oracle reference and the working-precision
 baselines are computed once per case and shared by all kernels. A kernel that raises on a case fails
-that case (rule ``error``). Every non-PASS case carries a diagnosis (:mod:`ci.diagnose`), and each
+that case (rule ``error``). Every non-PASS case carries a diagnosis (docs/DESIGN.md §4), and each
 kernel one across its cases.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-
+from dataclasses import asdict, dataclass, field
 
 from gdn2_oracle import oracle
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS, Recipe
 
-from . import harness
-from .report import UsageError, environment, fmt_err, kernel_notes, progress, source_sha256, table
-from .diagnose import diagnose_kernel
-from . import multihost
-from .mesh import format_mesh
-from .tolerance import FAIL, PASS, PRECISION, baseline, compare, cumulative_baseline, dtype_name, worst_grade
+from ..grading.case import Case
+from ..grading.diagnose import diagnose_kernel
+from ..grading.grades import FAIL, PASS, PRECISION, Verdict, worst_grade
+from ..running import harness, multihost
+from ..running.mesh import format_mesh
+from . import args as cli_args
+from .output import EXIT, UsageError, fmt_err, progress, say_interrupted, table, write_json
+from .provenance import environment, kernel_notes, source_sha256
 
 CASE_SETS = ("golden", "quick", "full")
 SCHEMA = "gdn2-oracle/validate/1"
@@ -50,85 +51,10 @@ FULL_LENGTHS = (1, 63, 65, 200)
 FULL_SHAPE = (1, None, 2, 32, 32)
 
 
-@dataclass
-class Trial:
-    """One recipe or golden run in one dtype: its problem built lazily, reference and baselines cached.
-
-    ``_build()`` returns ``((problem, do, dfinal_state), reference or None)``.
-    """
-
-    name: str
-    source: str  # "golden" | "generated"
-    dtype: str
-    shape: tuple
-    regime: dict = field(default_factory=dict)
-    _build: object = None
-    _data: tuple | None = None
-    _ref: dict | None = None
-    _base: dict = field(default_factory=dict)
-    _cum: dict = field(default_factory=dict)
-
-    def data(self):
-        """``(problem, do, dfinal_state)``."""
-        if self._data is None:
-            self._data, self._ref = self._build()
-        return self._data
-
-    def reference(self):
-        if self._ref is None:
-            problem, do, dfs = self.data()
-            if self._ref is None:
-                self._ref = multihost.reference_results(problem, do, dfs)
-        return self._ref
-
-    def baseline(self, result_dtypes):
-        key = tuple(result_dtypes[n] for n in RESULTS)
-        if key not in self._base:
-            self._base[key] = baseline(*self.data(), result_dtypes)
-        return self._base[key]
-
-    def cum_baseline(self, result_dtypes):
-        """The cumulative-sum-exponent chunked baseline (``tolerance.cumulative_baseline``), cached."""
-        key = tuple(result_dtypes[n] for n in RESULTS)
-        if key not in self._cum:
-            self._cum[key] = cumulative_baseline(*self.data(), result_dtypes)
-        return self._cum[key]
-
-    def release(self):
-        """Drop cached arrays (kept small when many cases run)."""
-        self._data = self._ref = None
-        self._base, self._cum = {}, {}
-
-    def describe(self):
-        return {"case": self.name, "source": self.source, "dtype": self.dtype, "shape": list(self.shape),
-                **({"regime": self.regime} if self.regime else {})}
-
-
-def golden_trial(name):
-    """The golden case ``name`` (loaded and hash-checked when first used), in its own precision."""
-    from gdn2_oracle import golden  # noqa: PLC0415
-
-    def build():
-        g = golden.load(name)
-        return (g.problem(), *g.cotangents()), g.reference()
-
-    c = golden.catalogue.get(name)
-    r = c.recipe
-    regime = {"decay": r.decay, "gates": r.gates, "qk": r.qk, "initial_state": r.initial_state,
-              "reduction": r.reduction, "purpose": c.purpose}
-    return Trial(name, "golden", r.precision, r.shape, regime, build)
-
-
-def recipe_trial(name, recipe: Recipe):
-    """A generated problem from ``recipe``, in the recipe's precision (reference: the float64 oracle)."""
-
-    def build():
-        return recipe.build(), None
-
-    regime = {"decay": recipe.decay, "gates": recipe.gates, "initial_state": recipe.initial_state,
-              "seed": recipe.seed}
-    return Trial(name if recipe.precision == "float32" else f"{name}_bf16", "generated", recipe.precision,
-                 recipe.shape, regime, build)
+def recipe_case(name, recipe: Recipe):
+    """A generated case from ``recipe`` (a ``_bf16`` suffix for bfloat16), its reference split over the hosts."""
+    return Case.from_recipe(name if recipe.precision == "float32" else f"{name}_bf16", recipe,
+                            reference_fn=multihost.reference_results)
 
 
 def generated(kind):
@@ -146,17 +72,17 @@ def generated(kind):
     return gen
 
 
-def build_trials(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None):
-    """The trials of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given)."""
+def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None):
+    """The cases of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given)."""
     if kind not in CASE_SETS:
         raise ValueError(f"cases: {kind!r} not one of {CASE_SETS}")
-    from gdn2_oracle import golden  # noqa: PLC0415
+    from gdn2_oracle import golden  # the corpus is read only when validating
 
-    cases = [c for c in (golden_trial(n) for n in golden.names()) if c.dtype in dtypes]
+    cases = [c for c in (Case.golden(n) for n in golden.names()) if c.dtype in dtypes]
     for dtype in dtypes:
         for j, (n, s, d, g, h) in enumerate(generated(kind)):
             recipe = Recipe(*s, decay=d, gates=g, initial_state=h, precision=dtype, seed=seed + 1000 + j)
-            cases.append(recipe_trial(n, recipe))
+            cases.append(recipe_case(n, recipe))
     if only:
         unknown = sorted(set(only) - {c.name for c in cases})
         if unknown:
@@ -165,8 +91,8 @@ def build_trials(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None):
     return cases
 
 
-def run_trial(fn, case: Trial, mesh=None):
-    """Judge kernel ``fn`` on one trial: ``{"passed", "outcome", "verdicts", "error", "seconds"}``.
+def run_case(fn, case: Case, mesh=None):
+    """Judge kernel ``fn`` on one case: ``{"passed", "outcome", "verdicts", "error", "seconds"}``.
 
     ``outcome``: ``pass``, ``fail`` (over tolerance), ``error`` (the kernel raised) or ``input-error``
     (the case's own data could not be loaded, e.g. a missing or damaged golden file: nothing is
@@ -185,9 +111,7 @@ def run_trial(fn, case: Trial, mesh=None):
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
         return {"passed": False, "outcome": "error", "verdicts": [], "error": msg,
                 "seconds": time.perf_counter() - t0}
-    result_dtypes = {n: dtype_name(got[n]) for n in RESULTS}
-    report = compare(problem, do, dfs, got, case.reference(), dtype=case.dtype, base=case.baseline(result_dtypes),
-                     cum=lambda: case.cum_baseline(result_dtypes))
+    report = case.judge(got)
     return {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
             "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
             "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}
@@ -205,12 +129,8 @@ def case_grade(c):
 
 
 def severity(v):
-    """How far a verdict is from its tolerance (>1 fails): max of the two metric ratios."""
-    def ratio(err, tol):
-        if err != err or err == float("inf"):
-            return float("inf")
-        return err / tol if tol > 0 else (0.0 if err == 0 else float("inf"))
-    return max(ratio(v["err_ratio"], v["tol_ratio"]), ratio(v["max_err"], v["tol_max"]))
+    """Error / tolerance of a verdict dict (``Verdict.ratio``; >1 is over the tolerance)."""
+    return Verdict.from_dict(v).ratio
 
 
 def summarize(case_results):
@@ -228,7 +148,7 @@ def summarize(case_results):
         for v in cr["verdicts"]:
             s = per.setdefault(v["name"], {"cases": 0, "failed": 0, "precision": 0, "worst": None})
             s["cases"] += 1
-            grade = v.get("grade") or (PASS if v["passed"] else FAIL)
+            grade = v["grade"]
             s["failed"] += grade == FAIL
             s["precision"] += grade == PRECISION
             if s["worst"] is None or severity(v) > severity(s["worst"]):
@@ -236,16 +156,39 @@ def summarize(case_results):
     return out
 
 
+@dataclass
+class ValidationReport:
+    """What ``validate`` found: per kernel its case records (plain JSON dicts), summary and diagnosis."""
+
+    cases: str
+    dtypes: list
+    seed: int
+    only: list | None
+    mesh: str | None
+    environment: dict
+    n_cases: int
+    seconds: float
+    passed: bool
+    interrupted: bool
+    outcome: str  # pass | precision | fail | input-error | interrupted (``cli.EXIT`` maps it)
+    grade: str
+    kernels: list = field(default_factory=list)
+
+    def to_json(self):
+        """The JSON report (schema :data:`SCHEMA`)."""
+        return {"schema": SCHEMA, "command": "validate", **asdict(self)}
+
+
 def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=None,
                    show_progress=True, env=None, mesh=None):
-    """Validate every kernel spec (:class:`ci.report.KernelSpec`); returns the JSON-ready report.
+    """Validate every kernel spec (:class:`kernels.KernelSpec`); returns the :class:`ValidationReport`.
 
     With a ``mesh`` (a ``jax.sharding.Mesh``, ci/mesh.py) every kernel runs inside it on sharded inputs.
 
     Kernels are built first, so an unknown name or import failure raises ``UsageError`` before any work.
     """
-    built = [(spec, spec.build()) for spec in specs]
-    case_list = build_trials(cases, dtypes, seed=seed, only=only)
+    built = [(spec, cli_args.build(spec)) for spec in specs]
+    case_list = build_cases(cases, dtypes, seed=seed, only=only)
     # Group by shape and dtype so each kernel compiles once per group while the arrays are warm.
     case_list.sort(key=lambda c: (c.dtype, c.shape))
     kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
@@ -259,7 +202,7 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
             for (spec, fn), kout in zip(built, kernels_out):
                 if bar is not None:
                     bar.set_postfix_str(f"{spec.label()} {case.name}")
-                res = run_trial(fn, case, mesh)
+                res = run_case(fn, case, mesh)
                 res.setdefault("grade", case_grade(res))
                 res.setdefault("diagnosis", [{"kind": res["outcome"], "text": res["error"], "token": None}]
                                if res["error"] else [])
@@ -281,23 +224,12 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
         kout["grade"] = worst_grade(g for g in map(case_grade, kout["cases"]) if g is not None)
         kout["summary"] = summarize(kout["cases"])
         kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(kout["cases"])]
-    return {
-        "schema": SCHEMA,
-        "command": "validate",
-        "cases": cases,
-        "dtypes": list(dtypes),
-        "seed": seed,
-        "only": list(only) if only else None,
-        "mesh": format_mesh(mesh) if mesh is not None else None,
-        "environment": env or environment(),
-        "n_cases": len(case_list),
-        "seconds": time.perf_counter() - t0,
-        "passed": not interrupted and all(k["passed"] for k in kernels_out),
-        "interrupted": interrupted,
-        "outcome": outcome(kernels_out, interrupted),
-        "grade": worst_grade(k["grade"] for k in kernels_out),
-        "kernels": kernels_out,
-    }
+    return ValidationReport(cases=cases, dtypes=list(dtypes), seed=seed, only=list(only) if only else None,
+                            mesh=format_mesh(mesh) if mesh is not None else None, environment=env or environment(),
+                            n_cases=len(case_list), seconds=time.perf_counter() - t0,
+                            passed=not interrupted and all(k["passed"] for k in kernels_out), interrupted=interrupted,
+                            outcome=outcome(kernels_out, interrupted),
+                            grade=worst_grade(k["grade"] for k in kernels_out), kernels=kernels_out)
 
 
 def outcome(kernels_out, interrupted=False):
@@ -316,14 +248,14 @@ def outcome(kernels_out, interrupted=False):
 
 def format_validation(report, *, max_failures=60):
     """The verdict table (kernel x dtype x result: worst case), per-case failures and the verdict line."""
-    env = report["environment"]
-    n_gold = sum(1 for c in report["kernels"][0]["cases"] if c["source"] == "golden") if report["kernels"] else 0
-    lines = [f"gdn2-oracle validate: {report['n_cases']} cases ({n_gold} golden, {report['n_cases'] - n_gold} generated; "
-             f"set {report['cases']!r}), dtypes {','.join(report['dtypes'])}; device {env['device_kind']} "
+    env = report.environment
+    n_gold = sum(1 for c in report.kernels[0]["cases"] if c["source"] == "golden") if report.kernels else 0
+    lines = [f"gdn2-oracle validate: {report.n_cases} cases ({n_gold} golden, {report.n_cases - n_gold} generated; "
+             f"set {report.cases!r}), dtypes {','.join(report.dtypes)}; device {env['device_kind']} "
              f"({env['platform']}), jax {env['jax_version']}"
-             + (f"; mesh {report['mesh']}" if report.get("mesh") else ""), ""]
+             + (f"; mesh {report.mesh}" if report.mesh else ""), ""]
     rows = []
-    for k in report["kernels"]:
+    for k in report.kernels:
         for dtype, per in k["summary"].items():
             for name in RESULTS:
                 s = per.get(name)
@@ -343,7 +275,7 @@ def format_validation(report, *, max_failures=60):
     lines.append(table(["kernel", "dtype", "result", "err_ratio", "tol", "max_err", "tol", "rule",
                         "worst case", "failed", "verdict"], rows, "<<<>>>><<><"))
     failures = []
-    for k in report["kernels"]:
+    for k in report.kernels:
         for c in k["cases"]:
             if c["passed"]:
                 continue
@@ -359,36 +291,74 @@ def format_validation(report, *, max_failures=60):
                                 f"over tolerance (error/tolerance): {desc}")
                 failures += [f"      diagnosis {f['kind']}: {f['text']}" for f in c.get("diagnosis") or []]
     if failures:
-        n_bad = sum(not c["passed"] for k in report["kernels"] for c in k["cases"])
+        n_bad = sum(not c["passed"] for k in report.kernels for c in k["cases"])
         lines += ["", f"Cases not graded PASS ({n_bad}):"]
         lines += failures[:max_failures]
         if len(failures) > max_failures:
             lines.append(f"  ... {len(failures) - max_failures} more lines in the JSON report")
-    diagnoses = [(k["name"], f) for k in report["kernels"] for f in k.get("diagnosis") or []]
+    diagnoses = [(k["name"], f) for k in report.kernels for f in k.get("diagnosis") or []]
     if diagnoses:
         lines += ["", "Diagnosis (across cases):"] + [f"  {name}: {f['kind']}: {f['text']}" for name, f in diagnoses]
-    n_prec = sum(k.get("n_precision", 0) for k in report["kernels"])
+    n_prec = sum(k.get("n_precision", 0) for k in report.kernels)
     if n_prec:
         lines += ["", f"WARNING: {n_prec} case(s) graded PRECISION: over the working-precision tolerance but within "
                       "the precision-loss bound (docs/DESIGN.md §4): the algorithm is right, precision is lost of a "
                       "known kind. Not a failure (exit 0) unless --strict."]
-    notes = [(k["name"], n) for k in report["kernels"] for n in k["notes"]]
+    notes = [(k["name"], n) for k in report.kernels for n in k["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"  {name}: {n}" for name, n in notes]
     lines.append("")
     verdict = {"pass": "PASS", "fail": "FAIL", "input-error": "INPUT ERROR", "interrupted": "INTERRUPTED",
                "precision": "PRECISION (warning)"}
-    for k in report["kernels"]:
+    for k in report.kernels:
         kinds = outcome([k])
         n_in = k.get("n_input_errors", 0)
         lines.append(f"{k['name']}: {'PASS' if k['passed'] else verdict[kinds]}"
-                     f"{' so far' if report.get('interrupted') else ''} "
+                     f"{' so far' if report.interrupted else ''} "
                      f"({k['n_cases'] - k['n_failed']}/{k['n_cases']} cases pass"
                      f"{f', {n_p} graded PRECISION' if (n_p := k.get('n_precision', 0)) else ''}"
                      f"{f', {n_in} not judged: input error' if n_in else ''})")
-    what = report.get("outcome", "pass" if report["passed"] else "fail")
+    what = report.outcome
     why = {"input-error": "; some cases could not be loaded (see above), every other case passed",
-           "interrupted": f"; {max((k['n_cases'] for k in report['kernels']), default=0)} of {report['n_cases']} "
+           "interrupted": f"; {max((k['n_cases'] for k in report.kernels), default=0)} of {report.n_cases} "
                           "cases were run"}.get(what, "")
-    lines.append(f"overall: {verdict[what]}{why} ({report['seconds']:.0f} s)")
+    lines.append(f"overall: {verdict[what]}{why} ({report.seconds:.0f} s)")
     return "\n".join(lines)
+
+
+def add_parser(sub):
+    """``gdn2-oracle validate``."""
+    v = sub.add_parser("validate", help="judge kernels on the golden corpus and generated problems",
+                       description="Run kernels on the golden corpus and on oracle-checked generated problems; "
+                                   "judge the forward output, final state and all seven gradients.")
+    cli_args.add_kernels(v)
+    v.add_argument("--dtype", type=cli_args.dtypes, default=list(KERNEL_DTYPES), metavar="LIST",
+                   help=f"input dtypes, comma-separated (default {','.join(KERNEL_DTYPES)})")
+    v.add_argument("--cases", choices=CASE_SETS, default="quick",
+                   help="golden corpus only; plus a few generated regimes (quick, default); plus every "
+                        "decay x gate regime at several lengths (full)")
+    v.add_argument("--case", action="append", metavar="NAME", help="only this case of the set (repeatable)")
+    v.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
+    v.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/validate.json)")
+    v.add_argument("--max-failures", type=int, default=60, metavar="N", help="failing cases printed (default 60)")
+    v.add_argument("--strict", action="store_true",
+                   help="fail (exit 1) on cases graded PRECISION too: over the working-precision tolerance but within "
+                        "the precision-loss bound (default: a warning, exit 0)")
+    cli_args.add_run_options(v)
+
+
+def run(args):
+    """Validate, print the verdict table, write ``--json``; the exit status."""
+    out = cli_args.outputs(args, json="validate.json")
+    report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
+                            only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args))
+    print(format_validation(report, max_failures=args.max_failures), flush=True)
+    if out["json"]:
+        write_json(out["json"], report.to_json())
+        print(f"report: {out['json']}", flush=True)
+    if report.interrupted:
+        say_interrupted(sum(len(k["cases"]) for k in report.kernels), "kernel x case result(s)", out["json"])
+    if args.strict and report.outcome == "precision":
+        print("--strict: cases graded PRECISION count as failures", flush=True)
+        return EXIT["fail"]
+    return EXIT[report.outcome]

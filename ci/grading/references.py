@@ -1,12 +1,10 @@
-"""The float64 oracle over slices of the batch (or heads) in worker processes, bit for bit the one-process result.
+"""The float64 oracle's results of a problem: the one ``reference_results``, in this process or in workers.
 
-Every (batch, head) pair is an independent recurrence, so contiguous batch ranges (heads when B is smaller
-than the number of jobs) are run by ``oracle.recurrence.forward_and_vjp`` in spawned worker processes.
-Inputs and results travel through memory-mapped files (in ``/dev/shm`` when it has room, else the temp dir):
-each worker reads its slice of the inputs and writes its slice of the results in place, so nothing but paths
-and shapes is pickled (at B=8, T=4096, H=6, K=V=128 the arrays are ~3 GB). Small problems (below ``MIN_WORK``
-multiply-adds a token step) stay in this process: spawning costs more. This module imports no JAX, so the
-workers start quickly.
+Every (batch, head) pair is an independent recurrence, so a large problem is split into contiguous batch
+ranges (heads when B is smaller than the number of jobs) run in spawned worker processes, bit for bit the
+one-process result. Inputs and results travel through memory-mapped files (``/dev/shm`` when it has room),
+so nothing but paths and shapes is pickled. No JAX here, so workers start quickly; the multi-host variant
+is ``ci/running/multihost.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ def _check_jobs(jobs):
 
 
 def _solve(problem, do, dfs):
-    """The float64 oracle's results of one problem as a dict of arrays (``oracle.RESULTS``)."""
+    """The float64 oracle's forward and VJP of one problem in this process, by name (``oracle.RESULTS``)."""
     return oracle.named_results(*oracle.recurrence.forward_and_vjp(problem, do, dfs))
 
 
@@ -122,7 +120,8 @@ def _solve_slice(task):
 
 
 def reference_results(problem, do, dfinal_state, jobs=None):
-    """The float64 oracle's results (as ``ci.harness.reference_results``), computed by ``jobs`` processes."""
+    """The float64 oracle's results by name, computed by ``jobs`` worker processes (default :data:`JOBS`, else one a
+    core); small problems stay in this process."""
     jobs = (default_jobs() if JOBS is None else JOBS) if jobs is None else _check_jobs(jobs)
     B, T, H, K, V = problem.shape
     axis, n = split_axis(problem.shape, jobs)

@@ -5,7 +5,7 @@ oracle's ``resets`` regime), reported with the within-chunk log-decay span it pr
 write-gate magnitude; q/k norm (normalised, or raw at several norms); initial state; sequence length;
 each sweep in the dtypes its :class:`Axis` names. Problems are built here from seeds (never by a
 kernel) and every cell is judged by the tolerance model against the float64 oracle: its value is the
-worst error / tolerance (``validate.severity``: the larger of the rms and max metrics' ratios) over its
+worst error / tolerance (``Verdict.ratio``: the larger of the rms and max metrics' ratios) over its
 seeds and its grade the worst grade. Output: heat maps (PNG), JSON and a one-paragraph summary stating
 where each result leaves PASS along each sweep.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,31 +27,18 @@ from gdn2_oracle import oracle
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 from gdn2_oracle.oracle.generate import log_decay, round_to
 
-from . import harness, tolerance
-from .report import environment, progress, write_json
-from .validate import severity
+from ..grading.diagnose import chunk_log_decay
+from ..grading.grades import FAIL, PASS, PRECISION, grade_rank
+from ..grading.references import reference_results
+from ..running import harness
+from . import args as cli_args
+from .output import EXIT, UsageError, progress, write_json
+from .provenance import environment
 
 SCHEMA = "gdn2-oracle/domain/1"
-PASS, FAIL = tolerance.PASS, tolerance.FAIL
-MIDDLE = getattr(tolerance, "PRECISION", "between PASS and FAIL")  # the grade between them (docs/DESIGN.md §4)
 RESETS = "resets"  # the oracle's resets regime, as a value of the decay-strength sweep
 SHAPE = (1, 2, 16, 16)  # (B, H, K, V): small and fixed, so a kernel compiles once per (T, dtype)
 DEFAULT_CHUNK = 64  # the span is measured over chunks of the kernel's chunk_size, else of this many tokens
-
-
-def grade_of(verdict):
-    """A verdict's grade: the tolerance model's ``grade`` when it has one, else PASS / FAIL."""
-    return getattr(verdict, "grade", PASS if verdict.passed else FAIL)
-
-
-def grade_rank(grade):
-    """0 for PASS, 2 for FAIL, 1 for any grade between them."""
-    return 0 if grade == PASS else 2 if grade == FAIL else 1
-
-
-def tolerance_ratio(verdict):
-    """Error / tolerance of a verdict: the larger of the rms and max metrics' ratios (>1: over tolerance)."""
-    return severity(dataclasses.asdict(verdict))
 
 
 @dataclass(frozen=True)
@@ -120,12 +108,8 @@ def build(point: Point, seed=0, shape=SHAPE):
 
 
 def decay_span(g, chunk):
-    """The largest within-chunk log-decay span: max over chunks [jC, (j+1)C), rows and channels of sum |g|."""
-    B, T, H, K = g.shape
-    n = -(-T // chunk)
-    padded = np.zeros((B, n * chunk, H, K))
-    padded[:, :T] = np.abs(g)
-    return float(padded.reshape(B, n, chunk, H, K).sum(axis=2).max())
+    """The largest within-chunk log-decay span ``max |G|`` over chunks of ``chunk`` tokens, rows and channels."""
+    return float(np.max(chunk_log_decay(g, chunk)))
 
 
 # --- grids ------------------------------------------------------------------------------------
@@ -193,7 +177,7 @@ def evaluate(fn, point: Point, seed, shape=SHAPE, chunk=DEFAULT_CHUNK):
     problem, do, dfs = build(point, seed, shape)
     cell = {"span": decay_span(problem.g, chunk), "results": None, "note": "", "diagnosis": []}
     with np.errstate(all="ignore"):
-        ref = harness.reference_results(problem, do, dfs)
+        ref = reference_results(problem, do, dfs)
     if not all(np.all(np.isfinite(ref[n])) for n in RESULTS):
         cell["note"] = "float64 reference not finite"
         return cell
@@ -207,10 +191,10 @@ def evaluate(fn, point: Point, seed, shape=SHAPE, chunk=DEFAULT_CHUNK):
     if not all(math.isfinite(v.tol_ratio) and math.isfinite(v.tol_max) for v in report.verdicts):
         cell["note"] = "working-precision baseline not finite"
         return cell
-    cell["results"] = {v.name: {"ratio": tolerance_ratio(v), "grade": grade_of(v), "err_ratio": v.err_ratio,
+    cell["results"] = {v.name: {"ratio": v.ratio, "grade": v.grade, "err_ratio": v.err_ratio,
                                 "max_err": v.max_err, "tol_ratio": v.tol_ratio, "tol_max": v.tol_max}
                        for v in report.verdicts}
-    cell["diagnosis"] = [str(f) for f in getattr(report, "diagnosis", [])]
+    cell["diagnosis"] = [str(f) for f in report.diagnosis]
     return cell
 
 
@@ -439,11 +423,11 @@ def _panel_image(ax, panel, names, cmap, norm, chunk):
 
 def plot(report, path):
     """Heat maps (PNG): one panel per sweep, rows = results, colour = log10(error / tolerance), marks = grade."""
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    from matplotlib.colors import Normalize  # noqa: PLC0415
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import Normalize
 
     cmap = plt.get_cmap("RdYlGn_r").with_extremes(over="#3b0000", bad="#c8c8c8")
     norm = Normalize(vmin=-3, vmax=3)
@@ -456,7 +440,7 @@ def plot(report, path):
     fig, axes = plt.subplot_mosaic(rows, figsize=(width, 2.7 * len(rows) + 1.0), layout="constrained",
                                    empty_sentinel=".")
     images = [_panel_image(axes[i], p, report["results"], cmap, norm, report["chunk"]) for i, p in enumerate(ps)]
-    fig.suptitle(f"{report['kernel']}: error / tolerance ({report['grid']} grid; x = {FAIL}, ~ = {MIDDLE}, "
+    fig.suptitle(f"{report['kernel']}: error / tolerance ({report['grid']} grid; x = {FAIL}, ~ = {PRECISION}, "
                  "grey = not judged)", fontsize=10)
     fig.colorbar(images[0], ax=list(axes.values()), orientation="horizontal", fraction=0.03, aspect=60,
                  extend="both", label="log10(error / tolerance)   (0 = at tolerance)")
@@ -485,3 +469,36 @@ def format_domain(report):
         lines.append(f"  {b['label']} ({b['dtype']}): {b['text']}")
     lines += ["", report["summary"]]
     return "\n".join(lines)
+
+
+def add_parser(sub):
+    """``gdn2-oracle domain``."""
+    d = sub.add_parser("domain", help="heat maps of error / tolerance over decay, gates, q/k norms, length, dtype",
+                       description="Sweep the regimes that decide correctness (log-decay strength and the within-chunk "
+                                   "span it gives, resets, erase and write gates, q/k norms, initial state, length, "
+                                   "dtype) and write heat maps (PNG), JSON and a summary of where each result leaves "
+                                   "PASS.")
+    cli_args.add_kernels(d, one=True)
+    d.add_argument("--grid", choices=tuple(GRIDS), default="quick",
+                   help="quick (default: under a minute for a pure-JAX kernel on CPU) or full (finer, 3 seeds per "
+                        "cell, every sweep in both dtypes: a few minutes)")
+    d.add_argument("--out", metavar="DIR", help="output directory (default domain-NAME): domain.png, domain.json, "
+                                                "summary.txt")
+    d.add_argument("--seed", type=int, default=0, help="first data seed of every cell")
+    cli_args.add_run_options(d, mesh_jobs=False)
+
+
+def run(args):
+    """Sweep, write the heat maps, JSON and summary, print the summary; the exit status."""
+    [spec] = cli_args.specs(args.kernel)
+    fn = cli_args.build(spec)
+    out = args.out or "domain-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", spec.label())
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"gdn2-oracle domain: error: --out {out}: cannot create ({exc.strerror or exc})") from None
+    report = run_domain(fn, GRIDS[args.grid], kernel=spec.spec, seed=args.seed, show_progress=not args.no_progress)
+    paths = write(report, out)
+    print(format_domain(report), flush=True)
+    print(f"wrote: {paths['png']}, {paths['json']}, {paths['summary']}", flush=True)
+    return EXIT["pass"]

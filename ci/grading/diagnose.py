@@ -1,6 +1,6 @@
 """What a non-PASS judgement points at, from data the judgement already has (docs/DESIGN.md §4, "Diagnosis").
 
-Per case (:func:`diagnose_case`, from a :class:`ci.tolerance.Report` -- grades, bounds, per-token
+Per case (:func:`diagnose_case`, from a tolerance ``Report`` -- grades, bounds, per-token
 error profiles -- and the problem's log-decay):
 
 * ``non-finite``: NaN or inf in a result (first bad token);
@@ -27,7 +27,7 @@ import numpy as np
 
 from gdn2_oracle.oracle.chunked32 import CHUNK
 
-from .tolerance import FAIL, PASS, PRECISION
+from .grades import FAIL, PASS, PRECISION
 
 # err_ratio at or above this is an O(1) relative error: a logic error, not precision loss.
 LOGIC_ERROR = 0.1
@@ -72,7 +72,9 @@ def chunk_log_decay(g, chunk=CHUNK):
 
 def rank_correlation(x, y):
     """Spearman rank correlation of two equal-length sequences (0 when either is constant)."""
-    rank = lambda a: np.argsort(np.argsort(np.asarray(a, np.float64), kind="stable"), kind="stable")
+    def rank(a):
+        return np.argsort(np.argsort(np.asarray(a, np.float64), kind="stable"), kind="stable")
+
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return 0.0
     return float(np.corrcoef(rank(x), rank(y))[0, 1])
@@ -181,7 +183,7 @@ def _backward(report, bad, problem):
 
 
 def diagnose_case(report, problem):
-    """The findings of one non-PASS report (a :class:`ci.tolerance.Report` with its profiles) on ``problem``."""
+    """The findings of one non-PASS report (a tolerance ``Report`` with its profiles) on ``problem``."""
     finite_bad = [v for v in report.verdicts if v.grade != PASS and v.rule != "non-finite"]
     boundary = _boundary(report, finite_bad)  # explains an O(1) error after it: no separate logic finding then
     found = _non_finite(report) + boundary + (_logic(finite_bad) if not boundary else [])
@@ -218,7 +220,9 @@ def diagnose_kernel(cases):
     if all(c["dtype"] == "bfloat16" for c in bad) and f32 and all(c["grade"] == PASS for c in f32):
         out.append(Finding("bfloat16", f"only bfloat16 cases are off ({len(bad)}), every float32 case ({len(f32)}) "
                                        "passes: the bf16 path (upcast at load, result rounding, matmul precision)"))
-    h0 = lambda c: bool((c.get("regime") or {}).get("initial_state"))
+    def h0(c):
+        return bool((c.get("regime") or {}).get("initial_state"))
+
     without = [c for c in cases if not h0(c)]
     if all(h0(c) for c in bad) and without and all(c["grade"] == PASS for c in without):
         out.append(Finding("initial-state", f"only cases with an initial state are off ({len(bad)}), every case "

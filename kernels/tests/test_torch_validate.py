@@ -11,8 +11,7 @@ import json
 
 import pytest
 
-from gdn2_oracle.ci import cli
-from gdn2_oracle.kernels import registry
+from gdn2_oracle.kernels import spec as kernel_spec
 from gdn2_oracle.ci.testing import pytest_run
 
 T = "torch:gdn2_oracle.kernels.testing_torch"
@@ -21,21 +20,16 @@ WRONG = f"{T}:perturbed[output_final_state=True]"
 TWO_CASES = ["--cases", "golden", "--case", "decay_moderate", "--case", "bf16_moderate", "--no-progress"]
 
 
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out + err
 
-
-def test_validate_correct_torch_kernel_exits_0(capsys):
-    code, out = run(capsys, "validate", "--kernel", CORRECT, *TWO_CASES)
+def test_validate_correct_torch_kernel_exits_0(cli):
+    code, out, err = cli("validate", "--kernel", CORRECT, *TWO_CASES)
     assert code == 0, out
     assert "overall: PASS" in out and "through the torch bridge" in out  # the note names the bridge
 
 
-def test_validate_wrong_torch_kernel_exits_1(capsys, tmp_path):
+def test_validate_wrong_torch_kernel_exits_1(cli, tmp_path):
     path = tmp_path / "v.json"
-    code, out = run(capsys, "validate", "--kernel", WRONG, "--cases", "golden", "--case", "decay_moderate",
+    code, out, err = cli("validate", "--kernel", WRONG, "--cases", "golden", "--case", "decay_moderate",
                     "--no-progress", "--json", str(path))
     assert code == 1, out
     [k] = json.loads(path.read_text())["kernels"]
@@ -55,13 +49,13 @@ VIOLATIONS = {  # kernel -> the message its failing cases must show
 }
 
 
-def test_contract_violations_fail_their_cases_in_plain_words(capsys, tmp_path):
+def test_contract_violations_fail_their_cases_in_plain_words(cli, tmp_path):
     """One run: every violating kernel fails with its message and no traceback; the correct kernel and a
     kernel that fails only on some values still get every other case judged."""
     path = tmp_path / "v.json"
     kernels = [CORRECT, *(f"{T}:{n}[output_final_state=True]" for n in VIOLATIONS), f"{T}:nan_output"
                "[output_final_state=True]"]
-    code, out = run(capsys, "validate", *(a for k in kernels for a in ("--kernel", k)), "--cases", "golden",
+    code, out, err = cli("validate", *(a for k in kernels for a in ("--kernel", k)), "--cases", "golden",
                     "--case", "decay_moderate", "--case", "decay_extreme", "--dtype", "float32", "--no-progress",
                     "--json", str(path))
     assert code == 1, out
@@ -83,12 +77,12 @@ def test_contract_violations_fail_their_cases_in_plain_words(capsys, tmp_path):
 def _pairwise_returning(transform):
     """A JAX kernel factory: the pairwise kernel with its results passed through ``transform``."""
     def factory():
-        base = registry.get("pairwise", chunk_size=16)
+        base = kernel_spec.get("pairwise", chunk_size=16)
         return lambda *a, **kw: transform(*base(*a, **kw))
     return factory
 
 
-def test_jax_contract_violations_fail_their_cases_in_plain_words(capsys, monkeypatch):
+def test_jax_contract_violations_fail_their_cases_in_plain_words(cli, monkeypatch):
     bad = {"jax-wide-state": (_pairwise_returning(lambda o, s: (o, s[..., :-1])),
                               "ContractError: returned final_state of shape (1, 2, 16, 15), expected (1, 2, 16, 16)"),
            "jax-bf16-state": (_pairwise_returning(lambda o, s: (o, s.astype("bfloat16"))),
@@ -96,8 +90,8 @@ def test_jax_contract_violations_fail_their_cases_in_plain_words(capsys, monkeyp
            "jax-three": (_pairwise_returning(lambda o, s: (o, s, s)),
                          "ContractError: returned 3 results, expected 2 (o, final_state)")}
     for name, (factory, _) in bad.items():
-        monkeypatch.setitem(registry._FACTORIES, name, factory)
-    code, out = run(capsys, "validate", "--kernel", "pairwise", *(a for n in bad for a in ("--kernel", n)),
+        monkeypatch.setitem(kernel_spec._REGISTERED, name, factory)
+    code, out, err = cli("validate", "--kernel", "pairwise", *(a for n in bad for a in ("--kernel", n)),
                     "--cases", "golden", "--case", "decay_moderate", "--dtype", "float32", "--no-progress")
     assert code == 1 and "Traceback" not in out, out
     assert "pairwise: PASS" in out

@@ -2,10 +2,10 @@
 
 Under ``jax.distributed.initialize()`` every host holds the same seed-determined problem. Host ``i`` of ``n``
 computes the oracle of the ``i``-th contiguous range of batch entries (of heads when B is smaller than ``n``
-and than H) with its own worker processes (``ci.parallel_oracle``), and the hosts exchange their results with
+and than H) with its own worker processes (``ci.grading.references``), and the hosts exchange their results with
 ``multihost_utils.process_allgather`` (the float64 bits travel as uint32 pairs, so no precision is lost and
 x64 need not be on). Every host ends with the whole reference, bit for bit a one-process run's, at ``1/n``
-of the oracle's cost; on one process this is ``parallel_oracle.reference_results``.
+of the oracle's cost; on one process this is ``ci.grading.references.reference_results``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from . import parallel_oracle
+from ..grading import references
 
 
 def initialize(coordinator=None, num_processes=None, process_id=None):
@@ -31,30 +31,30 @@ def initialize(coordinator=None, num_processes=None, process_id=None):
 
 def _allgather_bits(a):
     """``[n, *a.shape]``: every process's float64 array ``a``, bit for bit."""
-    from jax.experimental import multihost_utils  # noqa: PLC0415
+    from jax.experimental import multihost_utils
 
     bits = np.ascontiguousarray(a, np.float64).view(np.uint32)
     return np.asarray(multihost_utils.process_allgather(bits, tiled=False)).view(np.float64)
 
 
 def reference_results(problem, do, dfinal_state):
-    """The float64 oracle's results (as ``ci.harness.reference_results``), each host computing its share."""
+    """The float64 oracle's results by name (as ``references.reference_results``), each host computing its share."""
     count = jax.process_count()
     if count == 1:
-        return parallel_oracle.reference_results(problem, do, dfinal_state)
-    axis, n = parallel_oracle.split_axis(problem.shape, count)
-    ranges = parallel_oracle.slices(n, count)
+        return references.reference_results(problem, do, dfinal_state)
+    axis, n = references.split_axis(problem.shape, count)
+    ranges = references.slices(n, count)
     lo, hi = ranges[jax.process_index()]
     width = max(b - a for a, b in ranges)  # every process sends the same shape; short shares are padded
-    mine = (parallel_oracle.reference_results(*parallel_oracle.sub_problem(problem, do, dfinal_state, axis, lo, hi))
+    mine = (references.reference_results(*references.sub_problem(problem, do, dfinal_state, axis, lo, hi))
             if hi > lo else None)
     results = {}
-    for name, shape in parallel_oracle.result_shapes(problem.shape).items():
-        dim = parallel_oracle.slice_dim(name, axis)
+    for name, shape in references.result_shapes(problem.shape).items():
+        dim = references.slice_dim(name, axis)
         padded = np.zeros(shape[:dim] + (width,) + shape[dim + 1:])
         if mine is not None:
-            padded[parallel_oracle.slice_index(name, axis, 0, hi - lo)] = mine[name]
+            padded[references.slice_index(name, axis, 0, hi - lo)] = mine[name]
         gathered = _allgather_bits(padded)
-        results[name] = np.concatenate([g[parallel_oracle.slice_index(name, axis, 0, b - a)]
+        results[name] = np.concatenate([g[references.slice_index(name, axis, 0, b - a)]
                                         for g, (a, b) in zip(gathered, ranges)], axis=dim)
     return results

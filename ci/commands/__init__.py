@@ -1,0 +1,1 @@
+"""The ``gdn2-oracle`` subcommands, one module each (``add_parser(sub)``, ``run(args)``), and their output."""

@@ -1,0 +1,163 @@
+"""Argument types and option groups the subcommands share: kernel specs, dtypes, lists, meshes, output paths."""
+
+from __future__ import annotations
+
+import argparse
+
+from gdn2_oracle.kernels import DEFAULTS, KernelSpec, known, parse_value, split_specs
+from gdn2_oracle.oracle import KERNEL_DTYPES
+
+from .output import UsageError, output_path
+
+PROG = "gdn2-oracle"
+MESH_HELP = ("run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, data, heads shard T, B, H; "
+             "inputs placed with NamedSharding)")
+JOBS_HELP = ("worker processes of the float64 oracle over batch/head slices of large problems (default: one a core; "
+             "results identical to one process)")
+SUFFIXES = {"json": (".json",), "plot": (".png",)}
+
+
+def csv(kind):
+    """An argparse type: a comma-separated list of ``kind``."""
+    def parse(text):
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        try:
+            return [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+    return parse
+
+
+def positive_ints(text):
+    """A comma-separated list of positive integers."""
+    values = csv(int)(text)
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {values}")
+    return values
+
+
+def dtypes(text):
+    """A comma-separated list of kernel input dtypes."""
+    out = csv(str)(text)
+    bad = [d for d in out if d not in KERNEL_DTYPES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {bad}; choose from {', '.join(KERNEL_DTYPES)}")
+    return list(dict.fromkeys(out))
+
+
+def kernels(text):
+    """The specs of a ``--kernel`` value (``kernels.split_specs``: commas inside ``[...]`` separate options)."""
+    try:
+        return split_specs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("name: ")) from None
+
+
+def one_kernel(text):
+    """A one-item kernel list (domain, hunt)."""
+    specs = kernels(text)
+    if len(specs) != 1:
+        raise argparse.ArgumentTypeError(f"expected one kernel, got {len(specs)}: {text!r}")
+    return specs
+
+
+def mesh(text):
+    """A ``--mesh`` value, checked now (the mesh is built from the devices when the command runs)."""
+    from gdn2_oracle.ci.running.mesh import parse_mesh  # JAX only once a command runs
+
+    try:
+        parse_mesh(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def kernel_help():
+    return (f"kernel(s) to run (repeatable, or comma-separated): a registered name ({', '.join(known())}), "
+            "or package.module:attr; options as NAME[key=value,...]; default: " + ", ".join(DEFAULTS))
+
+
+def add_kernels(p, *, one=False):
+    """``--kernel``: one spec (domain, hunt) or a repeatable list (validate, bench)."""
+    if one:
+        p.add_argument("--kernel", required=True, type=one_kernel, metavar="NAME",
+                       help="the kernel (a spec as for validate)")
+    else:
+        p.add_argument("--kernel", action="extend", type=kernels, metavar="NAME", help=kernel_help())
+
+
+def add_run_options(p, *, mesh_jobs=True):
+    """``--no-progress`` and, where a kernel runs at scale, ``--mesh`` and ``--jobs``."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if mesh_jobs:
+        p.add_argument("--mesh", type=mesh, metavar="AXIS=N,...", help=MESH_HELP)
+        p.add_argument("--jobs", type=int, metavar="N", help=JOBS_HELP)
+
+
+def specs(names):
+    """The :class:`KernelSpec` of each name (the defaults when none); UsageError naming a malformed one."""
+    out = []
+    for n in names or DEFAULTS:
+        try:
+            out.append(KernelSpec.parse(n))
+        except ValueError as exc:
+            raise UsageError(f"--kernel {n!r}: {str(exc).removeprefix('name: ')}") from None
+    return out
+
+
+def build(spec, **extra):
+    """The kernel of ``spec`` (with ``extra`` options); UsageError with the reason when it cannot be built."""
+    try:
+        return spec.build(**extra)
+    except ValueError as exc:
+        raise UsageError(f"--kernel {spec.spec}: {exc}") from None
+
+
+def outputs(args, **defaults):
+    """The output files of ``--json``/``--plot`` (default names per option), probed before any work."""
+    return {opt: output_path(getattr(args, opt), option=f"--{opt}", default_name=name, suffixes=SUFFIXES[opt])
+            if getattr(args, opt) else None for opt, name in defaults.items()}
+
+
+def built_mesh(args):
+    """The jax Mesh of ``--mesh`` over the available devices (None without it); UsageError if too few."""
+    if not getattr(args, "mesh", None):
+        return None
+    from gdn2_oracle.ci.running.mesh import build_mesh
+
+    try:
+        return build_mesh(args.mesh)
+    except ValueError as exc:
+        raise UsageError(f"{PROG} {args.command}: error: --{exc}") from None
+
+
+def tiles(text):
+    """The one ``--tiles`` grammar (bench, cost): ``key=v1,v2;key2=v3`` or ``key=v1,v2,key2=v3`` -> ``{key: [values]}``.
+
+    An item with ``=`` starts a key, an item without one adds a value to the key before it; ``;`` and ``,``
+    both separate items; ``none`` is None; a repeated key is an error.
+    """
+    grid, key = {}, None
+    for item in (t.strip() for t in text.replace(";", ",").split(",")):
+        if not item:
+            continue
+        name, eq, value = item.partition("=")
+        if eq:
+            key = name.strip()
+            if not key.isidentifier():
+                raise argparse.ArgumentTypeError(f"{item!r} is not of the form key=v1,v2,...")
+            if key in grid:
+                raise argparse.ArgumentTypeError(f"{key!r} is given twice in {text!r}")
+            grid[key] = []
+        elif key is None:
+            raise argparse.ArgumentTypeError(f"{item!r} is not of the form key=v1,v2,... "
+                                             f"(no key before it in {text!r})")
+        value = value if eq else item
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"{key!r} has an empty value in {text!r}")
+        grid[key].append(None if value.strip().lower() == "none" else parse_value(value.strip()))
+    if not grid:
+        raise argparse.ArgumentTypeError(f"expected key=v1,v2,...[;key2=...], got {text!r}")
+    return grid

@@ -1,0 +1,240 @@
+"""The one kernel-spec grammar and its resolution (docs/DESIGN.md §2, "Kernel specs").
+
+A spec is ``NAME``, ``package.module:attr`` or ``torch:package.module:attr``, optionally with options
+``[key=value,...]`` (values are Python literals, else strings). Several specs are separated by commas
+outside brackets: ``factorized[chunk_size=32,leaf=8],pairwise`` is two specs. The CLI, the pytest plugin,
+``GDN2_KERNEL``, bench and cost all parse with :func:`split_specs` and :func:`parse_spec`.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import inspect
+from dataclasses import dataclass, field
+
+from .registry import BUILTIN, DEFAULTS, OPTIONAL, TORCH_FACTORY, TORCH_PREFIX
+
+__all__ = ["DEFAULTS", "KernelSpec", "accepts", "get", "known", "names", "parse_spec", "parse_value", "register",
+           "resolve", "split_specs"]
+
+# Names registered at run time (``register``): name -> factory callable or "module:attr".
+_REGISTERED: dict = {}
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def parse_value(value):
+    """An option value: a Python literal (``8``, ``None``, ``'xla'``), else the string itself."""
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return value
+
+
+def _split_top(text, what):
+    """``text`` split at commas outside brackets; ValueError naming ``what`` for unbalanced brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth -= 1
+            if depth < 0:
+                break
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"{what}: {text!r} has unbalanced brackets")
+    return items + [text[start:]]
+
+
+def split_specs(text):
+    """The specs in a comma-separated list: ``"a,b[x=1,y=2]"`` -> ``["a", "b[x=1,y=2]"]``."""
+    if not isinstance(text, str):
+        raise ValueError(f"name: expected a string, got {type(text).__name__}")
+    items = [item.strip() for item in _split_top(text, "name")]
+    if not all(items):
+        raise ValueError(f"name: {text!r} has an empty kernel name in its comma-separated list")
+    return items
+
+
+def parse_options(text, what="options"):
+    """``"a=1,b=x"`` -> ``{"a": 1, "b": "x"}``; ValueError naming ``what`` for a malformed or repeated key."""
+    options = {}
+    for item in _split_top(text, what):
+        if not item.strip():
+            continue
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise ValueError(f"{what}: {item.strip()!r} is not of the form key=value")
+        if key in options:
+            raise ValueError(f"{what}: {key!r} is given twice in {text!r}")
+        options[key] = parse_value(value.strip())
+    return options
+
+
+def parse_spec(spec):
+    """``"NAME[key=value,...]"`` -> ``(NAME, {key: value})``; ValueError naming ``name`` when malformed."""
+    if not isinstance(spec, str):
+        raise ValueError(f"name: expected a string, got {type(spec).__name__}")
+    text = spec.strip()
+    name, bracket, rest = text.partition("[")
+    name = name.strip()
+    if bracket and not rest.endswith("]"):
+        raise ValueError(f"name: {spec!r} is not NAME, package.module:attr or NAME[key=value,...]")
+    if not name or "]" in name or (not bracket and "]" in text):
+        raise ValueError(f"name: {spec!r} is not NAME, package.module:attr or NAME[key=value,...]")
+    try:
+        options = parse_options(rest[:-1], "options") if bracket else {}
+    except ValueError as exc:
+        raise ValueError(f"name: {spec!r}: {str(exc).removeprefix('options: ')}") from None
+    return name, options
+
+
+def resolve(target):
+    """The callable named by ``"package.module:attr"`` (ValueError naming ``name`` if it cannot be loaded)."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"name: {target!r} is not of the form 'package.module:attr'")
+    try:
+        obj = importlib.import_module(module_name)
+    except SystemExit as exc:  # a module that calls sys.exit() on import is an import failure, not an exit
+        raise ValueError(f"name: cannot import module {module_name!r} (it called sys.exit({exc.code!r}))") from None
+    except Exception as exc:
+        raise ValueError(f"name: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"name: module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise ValueError(f"name: {target!r} is not callable ({type(obj).__name__})")
+    return obj
+
+
+def register(name, factory):
+    """Register ``factory(**options) -> kernel`` (a callable or ``"module:attr"``) under ``name``."""
+    if not isinstance(name, str) or not name or ":" in name or "[" in name or "," in name:
+        raise ValueError(f"name: expected a non-empty string without ':', '[' or ',', got {name!r}")
+    if not (callable(factory) or (isinstance(factory, str) and ":" in factory)):
+        raise ValueError(f"factory: expected a callable or 'module:attr' for {name!r}, got {type(factory).__name__}")
+    current = _REGISTERED.get(name, BUILTIN.get(name, OPTIONAL.get(name)))
+    if current is not None and current is not factory and current != factory:
+        raise ValueError(f"name: {name!r} is already registered to {current!r}")
+    _REGISTERED[name] = factory
+
+
+def unregister(name):
+    """Forget a name registered with :func:`register` (the built-in names stay)."""
+    _REGISTERED.pop(name, None)
+
+
+def known():
+    """Every name the registry can resolve, without importing anything."""
+    return sorted({*BUILTIN, *OPTIONAL, *_REGISTERED})
+
+
+def _table():
+    return {**BUILTIN, **OPTIONAL, **_REGISTERED}
+
+
+def factory(name):
+    """The factory registered under ``name``; ValueError naming ``name`` if unknown or its module fails to load."""
+    table = _table()
+    if name not in table:
+        raise ValueError(f"name: unknown kernel {name!r}; registered: {', '.join(known())}")
+    target = table[name]
+    if callable(target):
+        return target
+    try:
+        return resolve(target)
+    except ValueError as exc:
+        raise ValueError(f"name: kernel {name!r} is unavailable ({str(exc).removeprefix('name: ')})") from None
+
+
+def names(optional=False):
+    """Registered names whose module loads here; the optional peers only with ``optional=True``."""
+    out = []
+    for name in known():
+        if name in OPTIONAL and not optional:
+            continue
+        try:
+            factory(name)
+        except ValueError:
+            continue
+        out.append(name)
+    return out
+
+
+def _takes(fn, option):
+    """Whether ``fn``'s signature has a keyword parameter ``option`` (or ``**kwargs``); True if not introspectable."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is p.VAR_KEYWORD or (p.name == option and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+               for p in params)
+
+
+def accepts(name, option):
+    """Whether the kernel ``name`` takes ``option``: its factory declares it (for ``pkg.mod:attr``, the callable's
+    keyword; a ``torch:`` kernel passes unknown options to the torch function, so it takes any)."""
+    name = parse_spec(name)[0]
+    if name.startswith(TORCH_PREFIX):
+        return True
+    return _takes(resolve(name) if ":" in name else factory(name), option)
+
+
+def get(spec, **options):
+    """The kernel named by ``spec`` built with its options and ``options`` (which win); an external
+    ``"pkg.mod:attr"`` callable gets the options bound as keyword arguments of every call."""
+    name, parsed = parse_spec(spec)
+    options = {**parsed, **options}
+    if name.startswith(TORCH_PREFIX):
+        return resolve(TORCH_FACTORY)(name[len(TORCH_PREFIX):], **options)
+    if ":" in name:
+        fn = resolve(name)
+        return functools.partial(fn, **options) if options else fn
+    make = factory(name)
+    refused = sorted(o for o in options if not _takes(make, o))
+    if refused:
+        raise ValueError(f"options: {name!r} does not accept {refused}")
+    return make(**options)
+
+
+@dataclass
+class KernelSpec:
+    """One kernel named by a spec: ``spec`` as given, its ``name`` and ``options``."""
+
+    spec: str
+    name: str
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text):
+        """The spec of one kernel; ValueError naming ``name`` when malformed."""
+        name, options = parse_spec(text)
+        return cls(text.strip(), name, options)
+
+    def label(self, extra=None):
+        """``NAME[key=value,...]`` with the options (and ``extra``) spelled out."""
+        opts = {**self.options, **(extra or {})}
+        return f"{self.name}[{','.join(f'{k}={v}' for k, v in opts.items())}]" if opts else self.name
+
+    def accepts(self, option):
+        """Whether this kernel takes ``option`` (see :func:`accepts`)."""
+        return accepts(self.name, option)
+
+    def build(self, **extra):
+        """The kernel callable; ValueError with the reason for anything that stops building it."""
+        try:
+            return get(self.name, **{**self.options, **extra})
+        except ValueError:
+            raise
+        except SystemExit as exc:  # a kernel module that calls sys.exit() on import
+            raise ValueError(f"building it called sys.exit({exc.code!r})") from None
+        except Exception as exc:  # noqa: BLE001 - a broken external factory is reported, not raised
+            raise ValueError(f"{type(exc).__name__}: {exc}") from None
