@@ -15,6 +15,9 @@ BUILTIN = {
     "pallas-factorized": "gdn2_oracle.kernels.pallas:pallas_factorized",
     "cp-pairwise": "gdn2_oracle.kernels.context_parallel:cp_pairwise",
     "cp-factorized": "gdn2_oracle.kernels.context_parallel:cp_factorized",
+    # the serving kernel (state pool, slot indices; docs/DESIGN.md §2 "Decode contract"); without a pool it
+    # is a token-by-token contract kernel
+    "decode": "gdn2_oracle.kernels.decode:decode_kernel",
 }
 # Peer kernels of the optional extras `peers` (atomic-ops) and `fla` (FLA through the torch bridge).
 OPTIONAL = {

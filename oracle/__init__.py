@@ -7,5 +7,13 @@ from .problem import GRADS, INPUTS, RESULTS, Grads, Problem, named_results
 from .generate import DECAYS, GATES, KERNEL_DTYPES, QK_MODES, Recipe, make_problem, random_cotangents
 from . import chunked32, recurrence, reductions, mp
 
-__all__ = ["Problem", "Grads", "GRADS", "INPUTS", "RESULTS", "named_results", "Recipe", "make_problem", "random_cotangents",
+__all__ = ["Problem", "Grads", "GRADS", "INPUTS", "RESULTS", "named_results", "Recipe", "make_problem",
+           "random_cotangents",
            "DECAYS", "GATES", "QK_MODES", "KERNEL_DTYPES", "recurrence", "reductions", "mp", "chunked32"]
+
+# FLA chunk_gdn2's training-call modes (packed sequences, in-kernel gate and L2 norm, [V, K] state, chunk-start states).
+from . import call, modes, preprocess
+from .call import Call
+from .modes import ModesForward, ModesGrads
+
+__all__ += ["call", "modes", "preprocess", "Call", "ModesForward", "ModesGrads"]

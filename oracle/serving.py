@@ -1,0 +1,445 @@
+"""The serving (decode) contract of GDN-2: a pool of states, slot indices, packed and speculative steps.
+
+Exact references (float32 / float64 / longdouble and mpmath) of one decode call as serving engines make it
+(docs/DESIGN.md, "Decode contract (serving)"; pinned from FLA ``fla/ops/gdn2/fused_recurrent.py``,
+``fused_recurrent_gdn2_fwd`` with ``ssm_state_indices``, ``num_accepted_tokens`` and ``inplace_final_state``,
+fla-core 0.6.0). The arithmetic is :mod:`oracle.recurrence`'s ``_token`` / ``_read_out``, token by token;
+only the bookkeeping of which slot is read and written is new here.
+
+* ``state_pool: [P, H, K, V]``: P state slots. Inputs in the layout of docs/DESIGN.md §2, ``[B, T, H, dim]``.
+* Sequences: without ``cu_seqlens`` each of the B rows is one sequence of T tokens; with ``cu_seqlens``
+  (``[N+1]``, ``0 = cu[0] <= ... <= cu[N] = T``) B must be 1 and sequence n is tokens ``cu[n]:cu[n+1]``.
+* ``state_indices: [N]`` (one slot per sequence): sequence n starts from ``pool[idx[n]]`` and its final
+  state is written back to ``idx[n]``.
+* ``state_indices: [N, S]`` (one slot per draft position, speculative decoding): sequence n starts from
+  ``pool[idx[n, a_n - 1]]`` with ``a_n = num_accepted_tokens[n]`` (``a_n = 1`` when not given), and the
+  state after its token t is written to ``idx[n, t]`` (t < T_n <= S). ``a_n`` is the number of tokens of the
+  *previous* call that were accepted, so the slot read is the one that call wrote after its last accepted
+  token: the accepted prefix is committed, rejected draft tokens are never read again. Valid: 1 <= a_n <= S.
+* Index -1: a padding row (its starting slot is -1): nothing read, nothing written, outputs 0. A -1 at a
+  draft column of a live row: that token's state is not written. A sequence with no tokens reads and
+  writes nothing (FLA's ``T == 0`` early return). Slots not written are exact copies afterwards.
+* Two live sequences (>= 1 token, a starting slot) may not share a slot (read or written): in a kernel
+  that is a race. Within one row later writes win, as in FLA's sequential token loop.
+* Non-finite inputs are allowed where a serving engine feeds garbage: tokens of padding rows and, with
+  ``[N, S]`` indices, draft tokens (a rejected draft may be anything; it makes only its own and later
+  outputs and draft slots of its row non-finite, which the next call does not read once it is rejected).
+  Everything a live ``[N]`` sequence reads (its tokens and its starting slot) must be finite, and every
+  starting slot read must be finite.
+
+Also the replay identity (:class:`ReplayBuffer`): a checkpoint plus the inputs of the last L tokens
+reconstruct the state after any of those tokens. Decode is inference: no gradients here.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import mpmath
+import numpy as np
+
+from . import mp, recurrence
+from .problem import EXTENSION_FLOATS, INPUTS, KEY_INPUTS, VALUE_INPUTS
+
+PAD_SLOT = -1
+
+
+class Sequence(NamedTuple):
+    """One sequence of a decode call: where its tokens are and which slots it reads and writes."""
+
+    n: int  # sequence number
+    row: int  # batch row of its tokens
+    start: int  # first token (position on the T axis)
+    length: int  # number of tokens T_n
+    read: int  # starting slot, PAD_SLOT for a padding row
+    writes: tuple  # ((token offset i, slot), ...) in token order
+    live: bool  # has tokens and a starting slot: the only sequences that read, write or output anything
+
+
+class Plan(NamedTuple):
+    """The validated bookkeeping of one decode call (shared by every precision)."""
+
+    shape: tuple  # (B, T, H, K, V)
+    P: int
+    speculative: bool  # state_indices has a draft axis ([N, S])
+    sequences: tuple
+
+    @property
+    def read_slots(self):
+        """Starting slot of every sequence (PAD_SLOT for padding rows), ``[N]``."""
+        return np.array([s.read for s in self.sequences], dtype=np.int64)
+
+    @property
+    def written_slots(self):
+        """Sorted slots a call writes (live sequences only)."""
+        return np.array(sorted({slot for s in self.sequences if s.live for _, slot in s.writes}), dtype=np.int64)
+
+
+class DecodeResult(NamedTuple):
+    """One decode call: ``o [B, T, H, V]`` (0 for padding rows), the new ``pool [P, H, K, V]``, ``states``
+    ``[B, T, H, K, V]`` (the state after every token, 0 for padding rows), all in the working precision;
+    ``read_slots [N]`` and ``written_slots`` (sorted) of the call."""
+
+    o: np.ndarray
+    pool: np.ndarray
+    states: np.ndarray
+    read_slots: np.ndarray
+    written_slots: np.ndarray
+
+
+class DecodeMP(NamedTuple):
+    """A decode call in mpmath, rounded to float64, plus per-element error estimates ``errors`` (``o``,
+    ``pool``, ``states``: ``|x_prec - x_2prec|``, 0 where nothing was computed)."""
+
+    o: np.ndarray
+    pool: np.ndarray
+    states: np.ndarray
+    read_slots: np.ndarray
+    written_slots: np.ndarray
+    errors: dict
+
+
+# --- validation -------------------------------------------------------------------------------------------
+
+def _floats(name, x):
+    """A float64 copy of a floating array (float16/32/64, bfloat16 exactly upcast); finiteness checked later."""
+    try:
+        a = np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - ragged nesting, objects NumPy cannot hold, ...
+        raise ValueError(f"{name}: not convertible to an array ({type(exc).__name__}: {exc})") from None
+    if not (np.issubdtype(a.dtype, np.floating) or a.dtype.name in EXTENSION_FLOATS):
+        raise ValueError(f"{name}: expected a floating-point array, got dtype {a.dtype}")
+    return np.array(a, dtype=np.float64)
+
+
+def _ints(name, x, ndims):
+    """An int64 copy of an integer array of rank in ``ndims``."""
+    try:
+        a = np.asarray(x)
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"{name}: not convertible to an array ({type(exc).__name__}: {exc})") from None
+    if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name}: expected an integer array, got dtype {a.dtype}")
+    if a.ndim not in ndims:
+        raise ValueError(f"{name}: expected rank {' or '.join(map(str, ndims))}, got shape {a.shape}")
+    return a.astype(np.int64)
+
+
+def _scale(scale, K):
+    if scale is None:
+        return float(K) ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise ValueError(f"scale: expected a real number, got {scale!r}")
+    if not np.isfinite(float(scale)):
+        raise ValueError(f"scale: must be finite, got {scale}")
+    return float(scale)
+
+
+def _check_shapes(arrays, pool):
+    for name, a in arrays.items():
+        if a.ndim != 4:
+            raise ValueError(f"{name}: expected rank 4 [B, T, H, dim], got shape {a.shape}")
+    B, T, H, K = arrays["q"].shape
+    V = arrays["v"].shape[-1]
+    if T == 0:
+        raise ValueError("q: empty sequence (T == 0)")
+    if min(B, H, K, V) == 0:
+        raise ValueError(f"q: zero-sized dimension in shape {arrays['q'].shape} / v {arrays['v'].shape}")
+    for name in KEY_INPUTS:
+        if arrays[name].shape != (B, T, H, K):
+            raise ValueError(f"{name}: shape {arrays[name].shape} does not match q's {(B, T, H, K)}")
+    for name in VALUE_INPUTS:
+        if arrays[name].shape != (B, T, H, V):
+            raise ValueError(f"{name}: shape {arrays[name].shape} does not match [B, T, H, V] = {(B, T, H, V)}")
+    if pool.ndim != 4 or pool.shape[1:] != (H, K, V) or pool.shape[0] == 0:
+        raise ValueError(f"state_pool: expected shape [P >= 1, H, K, V] = [P, {H}, {K}, {V}], got {pool.shape}")
+    return B, T, H, K, V
+
+
+def plan(shape, P, state_indices, cu_seqlens=None, num_accepted_tokens=None):
+    """Validate the bookkeeping arguments of a decode call of ``shape = (B, T, H, K, V)`` on a pool of P slots.
+
+    Returns a :class:`Plan`; ValueError naming the argument for anything invalid (see the module docstring).
+    """
+    B, T = shape[:2]
+    idx = _ints("state_indices", state_indices, (1, 2))
+    if cu_seqlens is None:
+        N = B
+        bounds = [(n, 0, T) for n in range(B)]  # (row, start, stop)
+    else:
+        cu = _ints("cu_seqlens", cu_seqlens, (1,))
+        if B != 1:
+            raise ValueError(f"cu_seqlens: packed sequences need batch size 1, got B = {B}")
+        if cu.size < 2:
+            raise ValueError(f"cu_seqlens: expected N + 1 >= 2 offsets, got {cu.size}")
+        if cu[0] != 0 or cu[-1] != T or np.any(np.diff(cu) < 0):
+            raise ValueError(f"cu_seqlens: expected nondecreasing offsets from 0 to T = {T}, got {cu.tolist()}")
+        N = cu.size - 1
+        bounds = [(0, int(cu[n]), int(cu[n + 1])) for n in range(N)]
+    if idx.shape[0] != N:
+        raise ValueError(f"state_indices: expected {N} rows (one per sequence), got shape {idx.shape}")
+    speculative = idx.ndim == 2
+    if speculative and idx.shape[1] == 0:
+        raise ValueError(f"state_indices: no draft columns in shape {idx.shape}")
+    if np.any(idx < PAD_SLOT) or np.any(idx >= P):
+        bad = idx[(idx < PAD_SLOT) | (idx >= P)]
+        raise ValueError(f"state_indices: slot {int(bad[0])} out of range (-1 for padding, else 0..{P - 1})")
+    if num_accepted_tokens is not None:
+        if not speculative:
+            raise ValueError("num_accepted_tokens: needs state_indices of shape [N, S] (one slot per draft token)")
+        acc = _ints("num_accepted_tokens", num_accepted_tokens, (1,))
+        if acc.shape != (N,):
+            raise ValueError(f"num_accepted_tokens: expected shape {(N,)}, got {acc.shape}")
+    sequences, owner = [], {}
+    for n, (row, start, stop) in enumerate(bounds):
+        length = stop - start
+        if speculative:
+            a = 1 if num_accepted_tokens is None else int(acc[n])
+            if length > 0 and not 1 <= a <= idx.shape[1]:
+                raise ValueError(f"num_accepted_tokens: sequence {n} has {a}; expected 1..{idx.shape[1]} "
+                                 f"(the previous call's accepted tokens, the first of which is always kept)")
+            if length > idx.shape[1]:
+                raise ValueError(f"state_indices: sequence {n} has {length} tokens but only {idx.shape[1]} "
+                                 "draft slots")
+            read = int(idx[n, a - 1]) if length > 0 else PAD_SLOT
+            writes = tuple((i, int(idx[n, i])) for i in range(length) if idx[n, i] != PAD_SLOT)
+        else:
+            read = int(idx[n])
+            writes = ((length - 1, read),) if length > 0 and read != PAD_SLOT else ()
+        live = length > 0 and read != PAD_SLOT
+        seq = Sequence(n, row, start, length, read, writes if live else (), live)
+        if live:
+            for slot in {read, *(s for _, s in seq.writes)}:
+                if owner.setdefault(slot, n) != n:
+                    raise ValueError(f"state_indices: slot {slot} is used by live sequences {owner[slot]} and {n}")
+        sequences.append(seq)
+    return Plan(tuple(shape), P, speculative, tuple(sequences))
+
+
+def _check_values(p, arrays, pool):
+    """Finiteness of what a live sequence reads (see the module docstring) and g <= 0 on live tokens."""
+    for s in p.sequences:
+        if not s.live:
+            continue
+        if not np.all(np.isfinite(pool[s.read])):
+            raise ValueError(f"state_pool: slot {s.read} (read by sequence {s.n}) contains NaN or inf")
+        for name in INPUTS:
+            x = arrays[name][s.row, s.start:s.start + s.length]
+            if not p.speculative and not np.all(np.isfinite(x)):
+                raise ValueError(f"{name}: contains NaN or inf (sequence {s.n})")
+            if name == "g" and np.any(x > 0):
+                raise ValueError(f"g: log-decay must be <= 0 (found a positive entry in sequence {s.n})")
+
+
+def _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens, num_accepted_tokens, scale):
+    arrays = {name: _floats(name, x) for name, x in zip(INPUTS, (q, k, v, g, b, w))}
+    pool = _floats("state_pool", state_pool)
+    shape = _check_shapes(arrays, pool)
+    p = plan(shape, pool.shape[0], state_indices, cu_seqlens, num_accepted_tokens)
+    _check_values(p, arrays, pool)
+    return p, arrays, pool, _scale(scale, shape[3])
+
+
+# --- execution --------------------------------------------------------------------------------------------
+
+def _execute(p, arrays, pool, scale, ar, zeros):
+    """Run every live sequence token by token with recurrence's core; returns (o, states, {slot: state})."""
+    B, T, H, K, V = p.shape
+    q, k, v, g, b, w = (ar.array(arrays[name]) for name in INPUTS)
+    scale = ar.array(scale)[()]
+    o, states, written = zeros((B, T, H, V)), zeros((B, T, H, K, V)), {}
+    for s in p.sequences:
+        if not s.live:
+            continue
+        S = np.array(ar.array(pool[s.read][None]))  # [1, H, K, V], as recurrence.forward's [B, H, K, V]
+        buf = np.empty_like(S)
+        write_at = dict(s.writes) if p.speculative else {s.length - 1: s.read}
+        for i in range(s.length):
+            r, t = s.row, s.start + i
+            recurrence._token(S, ar.exp(g[r, t][None]), k[r, t][None], b[r, t][None], v[r, t][None],
+                              w[r, t][None], buf)
+            o[r, t] = recurrence._read_out(S, q[r, t][None], scale)[0]
+            states[r, t] = S[0]
+            if i in write_at:
+                written[write_at[i]] = S[0].copy()  # a later write to the same slot replaces it
+    return o, states, written
+
+
+def decode(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_accepted_tokens=None,
+           scale=None, dtype=np.float64) -> DecodeResult:
+    """One decode call in working precision ``dtype`` (float32, float64 or longdouble).
+
+    Inputs ``q, k, g, b: [B, T, H, K]``, ``v, w: [B, T, H, V]`` (any float dtype, upcast exactly);
+    ``state_pool: [P, H, K, V]``; ``state_indices: [N]`` or ``[N, S]``; ``cu_seqlens: [N+1]`` (then B = 1);
+    ``num_accepted_tokens: [N]`` (speculative, with ``[N, S]`` indices). Semantics: module docstring.
+    Returns :class:`DecodeResult`; the pool is the input pool converted to ``dtype`` with the written slots
+    replaced (so in float64 every other slot keeps its exact value, NaN included).
+    """
+    ar = recurrence._Arith(dtype)
+    p, arrays, pool, scale = _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens,
+                                      num_accepted_tokens, scale)
+    o, states, written = _execute(p, arrays, pool, scale, ar, lambda shape: np.zeros(shape, dtype=ar.dtype))
+    new_pool = pool.astype(ar.dtype)
+    for slot, S in written.items():
+        new_pool[slot] = S
+    return DecodeResult(o, new_pool, states, p.read_slots, p.written_slots)
+
+
+def decode_mp(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_accepted_tokens=None,
+              scale=None, prec=mp.DEFAULT_PREC) -> DecodeMP:
+    """:func:`decode` in mpmath at ``prec`` bits (and at 2 prec for the error estimates), rounded to float64."""
+    mp._check_prec(prec)
+    p, arrays, pool, scale = _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens,
+                                      num_accepted_tokens, scale)
+    runs = []
+    with np.errstate(invalid="ignore"):  # NaN in tokens nobody reads (rejected drafts, padding rows)
+        for bits in (int(prec), 2 * int(prec)):
+            with mpmath.workprec(bits):
+                runs.append(_execute(p, arrays, pool, scale, mp._MPArith(),
+                                     lambda shape: np.zeros(shape, dtype=object)))
+        (o, states, written), (o2, states2, written2) = runs
+        new_pool, err_pool = pool.copy(), np.zeros_like(pool)
+        for slot, S in written.items():
+            new_pool[slot] = mp.to_float64(S)
+            err_pool[slot] = mp._estimate(S, written2[slot])
+        errors = {"o": mp._estimate(o, o2), "pool": err_pool, "states": mp._estimate(states, states2)}
+        return DecodeMP(mp.to_float64(o), new_pool, mp.to_float64(states), p.read_slots, p.written_slots, errors)
+
+
+def read_slots(state_indices, num_accepted_tokens=None):
+    """The slot each sequence's next call starts from: ``idx[n]`` or ``idx[n, a_n - 1]`` (PAD_SLOT kept).
+
+    No range checks beyond the accepted counts (use :func:`plan` for a full validation).
+    """
+    idx = _ints("state_indices", state_indices, (1, 2))
+    if idx.ndim == 1:
+        if num_accepted_tokens is not None:
+            raise ValueError("num_accepted_tokens: needs state_indices of shape [N, S]")
+        return idx
+    acc = np.ones(idx.shape[0], np.int64) if num_accepted_tokens is None else \
+        _ints("num_accepted_tokens", num_accepted_tokens, (1,))
+    if acc.shape != idx.shape[:1] or np.any(acc < 1) or np.any(acc > idx.shape[1]):
+        raise ValueError(f"num_accepted_tokens: expected {idx.shape[0]} counts in 1..{idx.shape[1]}, "
+                         f"got {acc.tolist()}")
+    return idx[np.arange(idx.shape[0]), acc - 1]
+
+
+def committed_state(pool, state_indices, num_accepted_tokens=None):
+    """The committed state of every sequence, ``[N, H, K, V]`` (zeros for padding rows): the slot its next
+    call reads, i.e. after a speculative call with ``a_n`` accepted tokens the state after the accepted prefix."""
+    pool = np.asarray(pool)
+    slots = read_slots(state_indices, num_accepted_tokens)
+    if np.any(slots >= pool.shape[0]) or np.any(slots < PAD_SLOT):
+        raise ValueError(f"state_indices: slot out of range 0..{pool.shape[0] - 1}")
+    out = pool[np.maximum(slots, 0)].copy()
+    out[slots == PAD_SLOT] = 0
+    return out
+
+
+# --- the replay identity ----------------------------------------------------------------------------------
+
+def replay(checkpoint, k, v, g, b, w, *, dtype=np.float64):
+    """States after each of L tokens replayed from ``checkpoint [..., K, V]``: ``[L, ..., K, V]``.
+
+    Token-major inputs ``k, g, b: [L, ..., K]``, ``v, w: [L, ..., V]`` (leading axes as the checkpoint's).
+    """
+    ar = recurrence._Arith(dtype)
+    S = np.array(ar.array(_state("checkpoint", checkpoint)))
+    toks = _tokens(S.shape, k, v, g, b, w, token_axis=True)
+    L = toks["k"].shape[0]
+    out = np.empty((L,) + S.shape, dtype=S.dtype)
+    buf = np.empty_like(S)
+    for i in range(L):
+        _apply(S, {n: x[i] for n, x in toks.items()}, ar, buf)
+        out[i] = S
+    return out
+
+
+class ReplayBuffer:
+    """A checkpoint plus a ring buffer of the inputs of the last ``capacity`` tokens (the replay identity).
+
+    ``checkpoint [..., K, V]`` is the state after ``position`` tokens. :meth:`push` appends one token's
+    ``k, g, b [..., K]``, ``v, w [..., V]``; when the ring is full the oldest buffered token is folded into
+    the checkpoint first (same arithmetic, so nothing is lost). :meth:`state_at` ``(t)`` is the state after
+    ``t`` tokens for any ``start <= t <= end`` (the checkpoint's position up to the latest token), recomputed
+    from the checkpoint: equal to the token-by-token recurrence's state after token t.
+    """
+
+    def __init__(self, checkpoint, capacity, *, position=0, dtype=np.float64):
+        self._ar = recurrence._Arith(dtype)
+        for name, n, lo in (("capacity", capacity, 1), ("position", position, 0)):
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < lo:
+                raise ValueError(f"{name}: expected an integer >= {lo}, got {n!r}")
+        self._S = np.array(self._ar.array(_state("checkpoint", checkpoint)))
+        self._buf = np.empty_like(self._S)
+        self._ring = [None] * int(capacity)
+        self._head, self._count, self._start = 0, 0, int(position)
+
+    @property
+    def capacity(self):
+        return len(self._ring)
+
+    @property
+    def start(self):
+        """Tokens folded into the checkpoint."""
+        return self._start
+
+    @property
+    def end(self):
+        """Tokens seen: the latest state :meth:`state_at` can give."""
+        return self._start + self._count
+
+    def push(self, k, v, g, b, w):
+        """Buffer one token's inputs (folding the oldest into the checkpoint when the ring is full)."""
+        tok = {n: self._ar.array(x) for n, x in _tokens(self._S.shape, k, v, g, b, w, token_axis=False).items()}
+        if self._count == self.capacity:
+            _apply(self._S, self._ring[self._head], self._ar, self._buf)
+            self._head = (self._head + 1) % self.capacity
+            self._start += 1
+            self._count -= 1
+        self._ring[(self._head + self._count) % self.capacity] = tok
+        self._count += 1
+
+    def state_at(self, t):
+        """The state after ``t`` tokens, ``start <= t <= end``, replayed from the checkpoint."""
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not self.start <= t <= self.end:
+            raise ValueError(f"t: expected an integer in [{self.start}, {self.end}] (checkpoint .. latest), got {t!r}")
+        S = self._S.copy()
+        for i in range(int(t) - self.start):
+            _apply(S, self._ring[(self._head + i) % self.capacity], self._ar, self._buf)
+        return S
+
+
+def _state(name, x):
+    S = _floats(name, x)
+    if S.ndim < 2 or 0 in S.shape:
+        raise ValueError(f"{name}: expected a state [..., K, V], got shape {S.shape}")
+    if not np.all(np.isfinite(S)):
+        raise ValueError(f"{name}: contains NaN or inf")
+    return S
+
+
+def _tokens(state_shape, k, v, g, b, w, *, token_axis):
+    """Validated token inputs for a state of ``state_shape [..., K, V]`` (with a leading token axis or not)."""
+    *lead, K, V = state_shape
+    toks = {}
+    for name, x, dim in (("k", k, K), ("v", v, V), ("g", g, K), ("b", b, K), ("w", w, V)):
+        a = _floats(name, x)
+        want = tuple(lead) + (dim,)
+        got = a.shape[1:] if token_axis else a.shape
+        if got != want or (token_axis and a.ndim != len(want) + 1):
+            raise ValueError(f"{name}: expected shape {('[L] + ' if token_axis else '')}{list(want)}, got {a.shape}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"{name}: contains NaN or inf")
+        toks[name] = a
+    if token_axis and len({a.shape[0] for a in toks.values()}) != 1:
+        raise ValueError(f"v: token counts differ: { {n: a.shape[0] for n, a in toks.items()} }")
+    if np.any(toks["g"] > 0):
+        raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
+    return toks
+
+
+def _apply(S, tok, ar, buf):
+    recurrence._token(S, ar.exp(ar.array(tok["g"])), ar.array(tok["k"]), ar.array(tok["b"]), ar.array(tok["v"]),
+                      ar.array(tok["w"]), buf)
