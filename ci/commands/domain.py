@@ -245,12 +245,34 @@ def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True):
                 cells.append({"value": value, "label": value_label(axis.field, value),
                               "point": dataclasses.asdict(point), **_worst(runs)})
             out_panels.append({"field": axis.field, "label": axis.label, "dtype": dtype, "cells": cells})
-    report = {"schema": SCHEMA, "kernel": kernel, "grid": grid.name, "seeds": seeds, "chunk": chunk,
-              "shape": dict(zip("BHKV", grid.shape)), "base": dataclasses.asdict(grid.base), "results": list(RESULTS),
-              "panels": out_panels, "seconds": time.perf_counter() - start, "environment": environment()}
-    report["boundaries"] = boundaries(report)
-    report["summary"] = summary(report)
+    report = DomainReport(kernel=kernel, grid=grid.name, seeds=seeds, chunk=chunk, shape=dict(zip("BHKV", grid.shape)),
+                          base=dataclasses.asdict(grid.base), results=list(RESULTS), panels=out_panels,
+                          seconds=time.perf_counter() - start, environment=environment())
+    report.boundaries = boundaries(report)
+    report.summary = summary(report)
     return report
+
+
+@dataclass
+class DomainReport:
+    """A domain map: per sweep (panel) its cells (plain JSON dicts), the boundaries found and the summary."""
+
+    kernel: str
+    grid: str
+    seeds: list
+    chunk: int
+    shape: dict
+    base: dict
+    results: list
+    panels: list
+    seconds: float
+    environment: dict
+    boundaries: list = dataclasses.field(default_factory=list)
+    summary: str = ""
+
+    def to_json(self):
+        """The JSON report (schema :data:`SCHEMA`)."""
+        return {"schema": SCHEMA, **dataclasses.asdict(self)}
 
 
 # --- boundaries and the summary ------------------------------------------------------------
@@ -324,10 +346,10 @@ def sentence(names, predicate):
 def boundaries(report):
     """``[{"panel", "label", "dtype", "results", "text"}]``: the results sharing each boundary, per panel."""
     out = []
-    for panel in report["panels"]:
+    for panel in report.panels:
         groups = {}
-        for name in report["results"]:
-            predicate = result_boundary(panel, name, report["chunk"])
+        for name in report.results:
+            predicate = result_boundary(panel, name, report.chunk)
             if predicate:
                 groups.setdefault(predicate, []).append(name)
         for predicate, names in groups.items():
@@ -343,7 +365,7 @@ def _range_of(panel):
 
 def worst_cell(report):
     """``{ratio, result, label, value, dtype}`` of the largest finite error / tolerance of any judged cell."""
-    found = [(float(r["ratio"]), name, p["label"], c["label"], p["dtype"]) for p in report["panels"]
+    found = [(float(r["ratio"]), name, p["label"], c["label"], p["dtype"]) for p in report.panels
              for c in p["cells"] if c["results"] is not None for name, r in c["results"].items()
              if math.isfinite(float(r["ratio"]))]
     if not found:
@@ -353,21 +375,21 @@ def worst_cell(report):
 
 def summary(report):
     """One paragraph: the base point, then each boundary found, then the sweeps with none."""
-    base = Point(**report["base"])
-    shape = report["shape"]
-    text = (f"{report['kernel']} ({report['grid']} grid, {len(report['seeds'])} seed(s) per cell; B={shape['B']}, "
+    base = Point(**report.base)
+    shape = report.shape
+    text = (f"{report.kernel} ({report.grid} grid, {len(report.seeds)} seed(s) per cell; B={shape['B']}, "
             f"H={shape['H']}, K={shape['K']}, V={shape['V']}; base: T={base.T}, log-decay strength "
             f"{value_label('strength', base.strength)}, erase ~{base.erase:g}, write ~{base.write:g}, "
             f"q/k {value_label('qk', base.qk)}, initial state {value_label('initial_state', base.initial_state)}, "
             f"float32 unless stated):")
-    said = [("in bfloat16, " if b["dtype"] == "bfloat16" else "") + b["text"] for b in report["boundaries"]]
+    said = [("in bfloat16, " if b["dtype"] == "bfloat16" else "") + b["text"] for b in report.boundaries]
     text += " " + ("; ".join(said) + "." if said else "every result is PASS in every cell.")
     worst = worst_cell(report)
     if worst and not said:
         text = text[:-1] + (f" (worst error / tolerance {worst['ratio']:.2g}: `{worst['result']}` at {worst['label']} "
                             f"{worst['value']}, {worst['dtype']}).")
-    clean = [p for p in report["panels"] if not any(b["panel"] == p["field"] and b["dtype"] == p["dtype"]
-                                                    for b in report["boundaries"])]
+    clean = [p for p in report.panels if not any(b["panel"] == p["field"] and b["dtype"] == p["dtype"]
+                                                    for b in report.boundaries)]
     if clean and said:
         dtypes = {}
         for p in clean:
@@ -375,12 +397,12 @@ def summary(report):
         text += " Every result is PASS along " + ", ".join(
             f"{label} {span}{'' if d == ['float32'] else ' (' + ' and '.join(d) + ')'}"
             for (label, span), d in dtypes.items()) + "."
-    na = sorted({f"{p['label']} {c['label']} ({p['dtype']}): {c['note']}" for p in report["panels"]
+    na = sorted({f"{p['label']} {c['label']} ({p['dtype']}): {c['note']}" for p in report.panels
                  for c in p["cells"] if c["results"] is None})
     if na:
         text += " Not judged: " + "; ".join(na) + "."
     raised = {}
-    for p in report["panels"]:
+    for p in report.panels:
         for c in p["cells"]:
             if c["note"].startswith("error: "):
                 raised.setdefault(c["note"].removeprefix("error: "), set()).add(f"{p['label']} ({p['dtype']})")
@@ -431,7 +453,7 @@ def plot(report, path):
 
     cmap = plt.get_cmap("RdYlGn_r").with_extremes(over="#3b0000", bad="#c8c8c8")
     norm = Normalize(vmin=-3, vmax=3)
-    ps = report["panels"]
+    ps = report.panels
     # Long sweeps take a whole row, short ones share a row two by two.
     rows = [[i, i] for i, p in enumerate(ps) if len(p["cells"]) > 8]
     short = [i for i, p in enumerate(ps) if len(p["cells"]) <= 8]
@@ -439,8 +461,8 @@ def plot(report, path):
     width = max(12.0, 0.5 * max(len(p["cells"]) for p in ps))  # about half an inch per column
     fig, axes = plt.subplot_mosaic(rows, figsize=(width, 2.7 * len(rows) + 1.0), layout="constrained",
                                    empty_sentinel=".")
-    images = [_panel_image(axes[i], p, report["results"], cmap, norm, report["chunk"]) for i, p in enumerate(ps)]
-    fig.suptitle(f"{report['kernel']}: error / tolerance ({report['grid']} grid; x = {FAIL}, ~ = {PRECISION}, "
+    images = [_panel_image(axes[i], p, report.results, cmap, norm, report.chunk) for i, p in enumerate(ps)]
+    fig.suptitle(f"{report.kernel}: error / tolerance ({report.grid} grid; x = {FAIL}, ~ = {PRECISION}, "
                  "grey = not judged)", fontsize=10)
     fig.colorbar(images[0], ax=list(axes.values()), orientation="horizontal", fraction=0.03, aspect=60,
                  extend="both", label="log10(error / tolerance)   (0 = at tolerance)")
@@ -454,20 +476,20 @@ def write(report, out_dir):
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "domain.json", "png": out / "domain.png", "summary": out / "summary.txt"}
-    write_json(paths["json"], report)
+    write_json(paths["json"], report.to_json())
     plot(report, paths["png"])
-    paths["summary"].write_text(report["summary"] + "\n", encoding="utf-8")
+    paths["summary"].write_text(report.summary + "\n", encoding="utf-8")
     return paths
 
 
 def format_domain(report):
     """The text the CLI prints: timing, non-PASS cells per panel, the summary paragraph."""
-    lines = [f"gdn2-oracle domain: {report['kernel']}, {report['grid']} grid, "
-             f"{sum(len(p['cells']) for p in report['panels'])} cells x {len(report['seeds'])} seed(s) "
-             f"in {report['seconds']:.0f} s"]
-    for b in report["boundaries"]:
+    lines = [f"gdn2-oracle domain: {report.kernel}, {report.grid} grid, "
+             f"{sum(len(p['cells']) for p in report.panels)} cells x {len(report.seeds)} seed(s) "
+             f"in {report.seconds:.0f} s"]
+    for b in report.boundaries:
         lines.append(f"  {b['label']} ({b['dtype']}): {b['text']}")
-    lines += ["", report["summary"]]
+    lines += ["", report.summary]
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -45,8 +46,8 @@ def recipes(shapes="core"):
 def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core", show_progress=True):
     """Search up to ``budget`` recipes for a FAIL of kernel ``fn`` (spec ``kernel``, used in the reproducer).
 
-    Returns ``{"examples", "first_fail", "seconds", "worst": {ratio, result, grade, recipe}, "found": None or
-    {recipe, report, failed, repro, example}}``: ``first_fail`` counts the recipes run up to the first FAIL
+    Returns a :class:`HuntReport` (``worst``: {ratio, result, grade, recipe}; ``found``: None or
+    {recipe, report, failed, repro, example}): ``first_fail`` counts the recipes run up to the first FAIL
     (before shrinking), ``found`` holds the shrunk (minimal) failing recipe.
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -100,24 +101,41 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
     if found is not None:
         found["repro"] = strategies.repro(found["recipe"], kernel)
         found["example"] = strategies.example(found["recipe"])
-    return {"kernel": kernel, "budget": budget, "seed": seed, "shapes": shapes, "result": result,
-            "examples": state["examples"], "first_fail": state["first_fail"], "seconds": time.perf_counter() - start,
-            "worst": state["worst"], "found": found}
+    return HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result,
+                      examples=state["examples"], first_fail=state["first_fail"], seconds=time.perf_counter() - start,
+                      worst=state["worst"], found=found)
+
+
+@dataclass
+class HuntReport:
+    """A search: its budget and seed, the worst error / tolerance reached and the shrunk FAIL, if any
+    (``found``: recipe, report, failed results, reproducer, ``@example`` line)."""
+
+    kernel: str
+    budget: int
+    seed: int
+    shapes: str
+    result: str | None
+    examples: int
+    first_fail: int | None
+    seconds: float
+    worst: dict | None
+    found: dict | None
 
 
 def format_hunt(out):
     """What the CLI prints: the search, the shrunk FAIL with its reproducer (if any), the worst ratio reached."""
-    what = f"result {out['result']}" if out["result"] else "every result"
-    lines = [f"gdn2-oracle hunt: {out['kernel']}, {out['examples']} recipes run (budget {out['budget']}, seed "
-             f"{out['seed']}, {out['shapes']} shapes, targeting {what}) in {out['seconds']:.0f} s"]
-    found = out["found"]
+    what = f"result {out.result}" if out.result else "every result"
+    lines = [f"gdn2-oracle hunt: {out.kernel}, {out.examples} recipes run (budget {out.budget}, seed "
+             f"{out.seed}, {out.shapes} shapes, targeting {what}) in {out.seconds:.0f} s"]
+    found = out.found
     if found is not None:
-        lines += ["", f"FAIL ({', '.join(found['failed'])}) first at recipe {out['first_fail']}, shrunk to "
+        lines += ["", f"FAIL ({', '.join(found['failed'])}) first at recipe {out.first_fail}, shrunk to "
                       f"{found['recipe']!r}"]
         if found["report"] is not None:
             lines.append(found["report"].format())
         lines += [f"reproduce: {found['repro']}", f"pin it:    {found['example']}"]
-    worst = out["worst"]
+    worst = out.worst
     if worst is not None:
         lines += ["", f"worst error / tolerance reached: {worst['ratio']:.3g} ({worst['result']}, {worst['grade']}) "
                       f"on {worst['recipe']!r}"]
@@ -156,4 +174,4 @@ def run(args):
     out = hunt(cli_args.build(spec), spec.spec, budget=args.budget, result=args.result, seed=seed,
                shapes=args.shapes, show_progress=not args.no_progress)
     print(format_hunt(out), flush=True)
-    return EXIT["fail"] if out["found"] is not None else EXIT["pass"]
+    return EXIT["fail"] if out.found is not None else EXIT["pass"]
