@@ -7,7 +7,9 @@ gradients in parallel. Saved between passes (``Saved``): each chunk's starting s
 tiles and products the forward already made (A, Aqk, R, Y, Kd, gC, Qg: C x C or C x dim per chunk, less
 than the K x V states), so the backward builds the score tiles only once (their VJP).
 The decay strategy (kernels/decay.py) is the only difference between the pairwise and factorized kernels:
-it builds the score tiles in the forward and their gradients in the backward.
+it builds the score tiles in the forward and their gradients in the backward. ``affine_core`` is the same
+core with additive terms and the chunk states and R as outputs (packed sequences, intermediate states:
+kernels/varlen.py, kernels/modes.py).
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from . import wy
-from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs, floor_log_decay
-from .decay import Factorized, Pairwise, gap, log_decay
+from .contract import ACC_DTYPE, MATMUL_PRECISION, floor_log_decay
+from .decay import gap, log_decay
 
-CHUNK_RANGE = (16, 256)
 # Chunks are processed in parallel groups holding at most this many decay-factor floats at once.
 WORKSPACE_FLOATS = 2**25
 
@@ -77,19 +78,21 @@ def _tiles(decay, L, q, k):
     return T, scores[..., 1, :, :], wy.inverse(T)
 
 
-def _fwd_local(decay, x):
-    """Per chunk, in parallel: Y = A Ebar, U = A (w v), plus Kd, gC, Qg, Aqk, A for the scan and the output."""
+def _fwd_local(decay, x, dz=None):
+    """Per chunk, in parallel: Y = A Ebar, U = A Z (Z = w v, plus ``dz`` if given), Kd, gC, Qg, Aqk, A."""
     q, k, v, g, b, w = x
     L = _local(q, g, b, k)
     _, Aqk, A = _tiles(decay, L, q, k)
-    return _mm("...rs,...sk->...rk", A, L.Ebar), _mm("...rs,...sv->...rv", A, w * v), L.Kd, L.gC, L.Qg, Aqk, A
+    Z = w * v if dz is None else w * v + dz
+    return _mm("...rs,...sk->...rk", A, L.Ebar), _mm("...rs,...sv->...rv", A, Z), L.Kd, L.gC, L.Qg, Aqk, A
 
 
 def _state_step(S0, inp):
-    """R = U - Y S0;  S_C = Diag(gamma_C) S0 + Kd^T R."""
-    Y, U, Kd, gC = inp
+    """R = U - Y S0;  S_C = Diag(gamma_C) S0 + Kd^T R (+ Hc, a state added at the chunk end, if given)."""
+    Y, U, Kd, gC, *hc = inp
     R = U - _mm("...ck,...kv->...cv", Y, S0)
-    return jnp.swapaxes(gC, -1, -2) * S0 + _mm("...ck,...cv->...kv", Kd, R), (S0, R)
+    S1 = jnp.swapaxes(gC, -1, -2) * S0 + _mm("...ck,...cv->...kv", Kd, R)
+    return (S1 + hc[0] if hc else S1), (S0, R)
 
 
 def _dstate_step(dS1, inp):
@@ -131,7 +134,14 @@ def _bwd_chunk(cfg, x, S0, dO, dS1, A, Aqk, R, dRo):
     KdK = jnp.cumsum(L.Kd * dKd, axis=-2)
     KdK = jnp.concatenate([jnp.zeros_like(KdK[..., :1, :]), KdK[..., :-1, :]], axis=-2)  # exclusive cumsum
     dg = dg + KdK + L.gC * jnp.sum(dS1 * S0, axis=-1)[..., None, :]
-    return dq, dk, dX * w, dg, db, dX * v
+    return dq, dk, dX, dg, db
+
+
+def _bwd_grads(cfg, with_dx, x, *rest):
+    """The six input gradients of one chunk (dv = dX w, dw = dX v), and dX itself when ``with_dx``."""
+    dq, dk, dX, dg, db = _bwd_chunk(cfg, x, *rest)
+    grads = (dq, dk, dX * x[5], dg, db, dX * x[2])
+    return grads + (dX,) if with_dx else grads
 
 
 def _map(cfg, fn, xs):
@@ -141,10 +151,11 @@ def _map(cfg, fn, xs):
     return jax.lax.map(lambda a: fn(*a), xs, batch_size=group)
 
 
-def _forward(cfg, xs, h0):
+def _forward(cfg, xs, h0, dz=None, hc=None):
     """Parallel local stage, sequential state scan, parallel output O = scale((gamma q) S0 + Aqk R)."""
-    Y, U, Kd, gC, Qg, Aqk, A = _map(cfg, lambda x: _fwd_local(cfg.decay, x), (xs,))
-    hT, (S0s, R) = jax.lax.scan(_state_step, h0, (Y, U, Kd, gC))
+    extra = () if dz is None else (dz,)
+    Y, U, Kd, gC, Qg, Aqk, A = _map(cfg, lambda x, *e: _fwd_local(cfg.decay, x, *e), (xs,) + extra)
+    hT, (S0s, R) = jax.lax.scan(_state_step, h0, (Y, U, Kd, gC) + (() if hc is None else (hc,)))
     o = cfg.scale * (_mm("...ck,...kv->...cv", Qg, S0s) + _mm("...rs,...sv->...rv", Aqk, R))
     return o, hT, Saved(S0s, R, A, Aqk, Y, Kd, gC, Qg)
 
@@ -174,19 +185,62 @@ def _core_fwd(cfg, q, k, v, g, b, w, h0):
     return (o, hT), ((q, k, v, g, b, w), saved)
 
 
-def _core_bwd(cfg, res, cts):
-    """dO terms of dS (all chunks at once), reverse scan carrying dS, then per-chunk gradients (parallel)."""
-    xs, sv = res
-    do, dhT = cts
+def _backward(cfg, xs, sv, do, dhT, dS0s=None, dR=None, with_dx=False):
+    """dO terms of dS (all chunks at once), reverse scan carrying dS, then per-chunk gradients (parallel).
+
+    ``dS0s``/``dR`` are cotangents of the chunk starting states and of R when those are outputs too
+    (:func:`affine_core`): dR joins scale Aqk^T dO, dS0s joins the dO part of each chunk's dS0.
+    Returns (dq, dk, dv, dg, db, dw[, dX], dh0, dS1s).
+    """
     # c = scale Qg^T dO - Y^T dRo with dRo = scale Aqk^T dO: the dO part of dS0 (see _dstate_step)
     dRo = cfg.scale * _mm("...rs,...rv->...sv", sv.Aqk, do)
+    if dR is not None:
+        dRo = dRo + dR
     c = cfg.scale * _mm("...ck,...cv->...kv", sv.Qg, do) - _mm("...ck,...cv->...kv", sv.Y, dRo)
+    if dS0s is not None:
+        c = c + dS0s
     dh0, dS1s = jax.lax.scan(_dstate_step, dhT, (sv.Y, sv.Kd, sv.gC, c), reverse=True)
-    grads = _map(cfg, lambda *a: _bwd_chunk(cfg, *a), (xs, sv.S0, do, dS1s, sv.A, sv.Aqk, sv.R, dRo))
-    return (*grads, dh0)
+    grads = _map(cfg, lambda *a: _bwd_grads(cfg, with_dx, *a), (xs, sv.S0, do, dS1s, sv.A, sv.Aqk, sv.R, dRo))
+    return (*grads, dh0, dS1s)
+
+
+def _core_bwd(cfg, res, cts):
+    """Cotangents of the seven inputs (:func:`_backward`)."""
+    xs, sv = res
+    return _backward(cfg, xs, sv, *cts)[:-1]
 
 
 chunked_core.defvjp(_core_fwd, _core_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def affine_core(cfg, q, k, v, g, b, w, h0, dz, hc):
+    """:func:`chunked_core` with additive terms and the chunk-level results as outputs too.
+
+    ``dz`` (chunk-major like v, or None) is added to the values Z = w v of the WY solve (R = A (Z + dz) - Y S0),
+    ``hc`` (``[N, B, H, K, V]`` or None) to each chunk's leaving state. Returns ``(o, final_state, S0s, R)``:
+    S0s ``[N, B, H, K, V]`` the chunk starting states, R ``[N, B, H, C, V]`` (v_new). Differentiable in all
+    of them with the hand-written backward: the cotangents of S0s and R join the reverse scan's dO terms,
+    ``dz``'s is dX and ``hc``'s the carried dS at each chunk end.
+    """
+    o, hT, sv = _forward(cfg, (q, k, v, g, b, w), h0, dz, hc)
+    return o, hT, sv.S0, sv.R
+
+
+def _affine_fwd(cfg, q, k, v, g, b, w, h0, dz, hc):
+    o, hT, sv = _forward(cfg, (q, k, v, g, b, w), h0, dz, hc)
+    present = tuple(None if a is None else () for a in (dz, hc))  # empty pytrees: which terms were given
+    return (o, hT, sv.S0, sv.R), ((q, k, v, g, b, w), sv, present)
+
+
+def _affine_bwd(cfg, res, cts):
+    xs, sv, (dz, hc) = res
+    do, dhT, dS0s, dR = cts
+    *grads, dX, dh0, dS1s = _backward(cfg, xs, sv, do, dhT, dS0s, dR, with_dx=True)
+    return (*grads, dh0, None if dz is None else dX, None if hc is None else dS1s)
+
+
+affine_core.defvjp(_affine_fwd, _affine_bwd)
 
 
 def to_chunks(x, C):
@@ -213,45 +267,3 @@ def _run(cfg, q, k, v, g, b, w, h0):
     xs = [to_chunks(x, cfg.chunk_size) for x in (q, k, v, g, b, w)]
     o, hT = chunked_core(cfg, *xs, h0)
     return from_chunks(o, T).astype(v.dtype), hT
-
-
-class ChunkedKernel:
-    """A GDN-2 kernel with the contract ``fn(q, k, v, g, b, w, *, scale=None, initial_state=None)``."""
-
-    def __init__(self, name, decay, chunk_size):
-        self.name, self.decay, self.chunk_size = name, decay, chunk_size
-
-    def __call__(self, q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False):
-        """Return (o [B,T,H,V] in v.dtype, final_state [B,H,K,V] float32)."""
-        _, scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state, check_values=check_values)
-        return _run(Config(self.chunk_size, scale, self.decay), q, k, v, g, b, w, initial_state)
-
-    def __repr__(self):
-        return f"ChunkedKernel({self.name!r}, chunk_size={self.chunk_size}, decay={self.decay})"
-
-
-def _check_int(name, value, lo, hi):
-    """Validate an integer option in [lo, hi]; ValueError naming it otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}")
-    return value
-
-
-def pairwise(chunk_size=64):
-    """Chunked kernel whose score tiles materialise exp(G_r - G_s) per pair and channel (C x C x K)."""
-    C = _check_int("chunk_size", chunk_size, *CHUNK_RANGE)
-    return ChunkedKernel("pairwise", Pairwise(), C)
-
-
-def factorized(chunk_size=64, split=None, leaf=16):
-    """Chunked kernel with boundary-factorized score tiles: split at ``split`` (default middle), recurse to ``leaf``.
-
-    Blocks of at most ``leaf`` tokens are done pairwise (so ``leaf == chunk_size`` is the pairwise kernel).
-    Default leaf 16. On CPU (B=4, T=4096, H=6, K=V=128, C=64, fwd+bwd) an earlier sweep measured leaf 4
-    fastest (leaf 1/2/4/8/16: 2.87/2.62/2.50/3.53/3.22 s; README "Performance"); pass ``leaf=4`` for that.
-    """
-    C = _check_int("chunk_size", chunk_size, *CHUNK_RANGE)
-    if split is not None:
-        _check_int("split", split, 1, C - 1)
-    _check_int("leaf", leaf, 1, C)
-    return ChunkedKernel("factorized", Factorized(split, leaf), C)

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from . import chunked
+from . import chunked, kernel
 from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs, floor_log_decay
 
 # Mesh axis names and the dimension each shards (other axes of a mesh replicate the work).
@@ -157,10 +157,10 @@ class ContextParallelKernel:
 
 def cp_factorized(chunk_size=64, split=None, leaf=16, mesh=None):
     """The factorized chunked kernel, context-parallel over the ``seq`` axis of ``mesh`` (default: current)."""
-    return ContextParallelKernel("cp-factorized", chunked.factorized(chunk_size, split, leaf), mesh)
+    return ContextParallelKernel("cp-factorized", kernel.factorized(chunk_size, split, leaf), mesh)
 
 
 def cp_pairwise(chunk_size=64, mesh=None):
     """The pairwise chunked kernel, context-parallel over the ``seq`` axis of ``mesh`` (default: current)."""
-    return ContextParallelKernel("cp-pairwise", chunked.pairwise(chunk_size), mesh)
+    return ContextParallelKernel("cp-pairwise", kernel.pairwise(chunk_size), mesh)
 

@@ -193,7 +193,10 @@ def _level_factors(G, m):
 def _leaves(fn, X, Y, G, leaf):
     """Apply a pairwise score function to every diagonal leaf block at once (leaf axis moved before P)."""
     n, K = X.shape[-2:]
-    split = lambda Z: Z.reshape(Z.shape[:-2] + (n // leaf, leaf, K))
+
+    def split(Z):
+        return Z.reshape(Z.shape[:-2] + (n // leaf, leaf, K))
+
     return jnp.swapaxes(fn(jnp.swapaxes(split(X), -4, -3), split(Y), G.map(split)), -4, -3)
 
 
@@ -204,12 +207,14 @@ def _leaf_vjp(dS, X, Y, G, leaf):
     column are formed as ``[..., n/leaf, leaf, K]`` (rows r < s get cotangent 0) and used at once for dX and
     dY_s, so neither a leaf x leaf x K decay tensor nor a 3-operand einsum's per-row tiny matmuls are made.
     """
-    blk = lambda Z: Z.reshape(Z.shape[:-2] + (Z.shape[-2] // leaf, leaf, Z.shape[-1]))
+    def blk(Z):
+        return Z.reshape(Z.shape[:-2] + (Z.shape[-2] // leaf, leaf, Z.shape[-1]))
+
     Xb, Yb, Gb = blk(X), blk(Y), G.map(blk)
     dS = jnp.where(jnp.tril(jnp.ones((leaf, leaf), bool)), dS, 0.0)
     dX, dY = 0.0, []
     for s in range(leaf):
-        E = jnp.exp(gap(Gb, Gb.map(lambda z: z[..., s : s + 1, :])))  # clamped to 1 for r < s (zero cotangent)
+        E = jnp.exp(gap(Gb, Gb.rows(s, s + 1)))  # clamped to 1 for r < s (zero cotangent)
         d = dS[..., :, s, None]  # [..., P, n/leaf, leaf, 1]
         dX = dX + d * (E * Yb[..., s : s + 1, :])[..., None, :, :, :]
         dY.append(jnp.sum(d * Xb * E[..., None, :, :, :], axis=(-4, -2)))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 # Our kernels: always available.
 BUILTIN = {
-    "pairwise": "gdn2_oracle.kernels.chunked:pairwise",
-    "factorized": "gdn2_oracle.kernels.chunked:factorized",
+    "pairwise": "gdn2_oracle.kernels.kernel:pairwise",
+    "factorized": "gdn2_oracle.kernels.kernel:factorized",
     "pallas-pairwise": "gdn2_oracle.kernels.pallas:pallas_pairwise",
     "pallas-factorized": "gdn2_oracle.kernels.pallas:pallas_factorized",
     "cp-pairwise": "gdn2_oracle.kernels.context_parallel:cp_pairwise",

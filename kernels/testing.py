@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from .chunked import ChunkedKernel
+from .kernel import ChunkedKernel
 from .contract import MATMUL_PRECISION
 from .decay import Pairwise, gap
 from .spec import get

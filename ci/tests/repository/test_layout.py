@@ -200,8 +200,8 @@ def test_a_planted_cycle_and_a_planted_floor_violation_are_caught(tmp_path):
     assert not cycles(graph(root)) and not floor_violations(root)
     # grades is imported by tolerance, diagnose, case, ...: importing case back closes a cycle
     grades.write_text(grades.read_text() + "\n\ndef _late():\n    from .case import Case\n    return Case\n")
-    assert ["gdn2_oracle.ci.grading.case", "gdn2_oracle.ci.grading.grades",
-            "gdn2_oracle.ci.grading.tolerance"] in cycles(graph(root))
+    assert any({"gdn2_oracle.ci.grading.case", "gdn2_oracle.ci.grading.grades"} <= set(c)
+               for c in cycles(graph(root))), cycles(graph(root))
     grades.write_text(grades.read_text() + "\nimport jax\nfrom ..commands import output\n")
     found = floor_violations(root)
     assert any(v.endswith("import jax") for v in found) and any("ci.commands.output" in v for v in found), found
