@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import INPUTS, KEY_INPUTS, VALUE_INPUTS, _as_float_array
+from .problem import INPUTS, _as_float_array, check_layout
 
 GATE_PARAMS = ("A_log", "dt_bias")
 
@@ -46,7 +46,7 @@ class Call:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         self._set(**{name: _as_float_array(name, getattr(self, name), copy=True) for name in INPUTS})
-        B, T, H, K, V = _check_layout({name: getattr(self, name) for name in INPUTS})
+        B, T, H, K, V = check_layout({name: getattr(self, name) for name in INPUTS}, empty_ok=True)
         if self.cu_seqlens is not None:
             self._set(cu_seqlens=_check_cu_seqlens(self.cu_seqlens, B, T))
         elif T == 0:
@@ -146,25 +146,6 @@ class Call:
             raise ValueError(f"dfinal_state: shape {dfs.shape} does not match {self._layout_name} = "
                              f"{self.state_shape}")
         return do, dfs
-
-
-def _check_layout(arrays):
-    """Ranks and shapes of the six inputs (docs/DESIGN.md §2); returns ``(B, T, H, K, V)``."""
-    for name, a in arrays.items():
-        if a.ndim != 4:
-            raise ValueError(f"{name}: expected rank 4 [B, T, H, dim], got shape {a.shape}")
-    B, T, H, K = arrays["q"].shape
-    V = arrays["v"].shape[-1]
-    if min(B, H, K, V) == 0:
-        raise ValueError(f"q: zero-sized dimension in shape {arrays['q'].shape} / v {arrays['v'].shape}")
-    for names, shape in ((KEY_INPUTS, (B, T, H, K)), (VALUE_INPUTS, (B, T, H, V))):
-        for name in names:
-            got = arrays[name].shape
-            if got != shape:
-                heads = got[:2] == shape[:2] and got[2] != H
-                gva = " (chunk_gdn2 has no GVA: v, w, g, b have q's heads)" if heads else ""
-                raise ValueError(f"{name}: shape {got} does not match {shape}{gva}")
-    return B, T, H, K, V
 
 
 def _check_cu_seqlens(cu, B, T):

@@ -40,6 +40,27 @@ def _as_float_array(name, x, *, copy=False):
     return a
 
 
+def check_layout(arrays, *, empty_ok=False):
+    """Ranks and shapes of the six inputs ``q, k, g, b: [B,T,H,K]``, ``v, w: [B,T,H,V]`` (docs/DESIGN.md §2);
+    returns ``(B, T, H, K, V)``, or ValueError naming the input. ``empty_ok``: T == 0 is allowed."""
+    for name, a in arrays.items():
+        if a.ndim != 4:
+            raise ValueError(f"{name}: expected rank 4 [B, T, H, dim], got shape {a.shape}")
+    B, T, H, K = arrays["q"].shape
+    V = arrays["v"].shape[-1]
+    if T == 0 and not empty_ok:
+        raise ValueError("q: empty sequence (T == 0)")
+    if min(B, H, K, V) == 0:
+        raise ValueError(f"q: zero-sized dimension in shape {arrays['q'].shape} / v {arrays['v'].shape}")
+    for names, shape in ((KEY_INPUTS, (B, T, H, K)), (VALUE_INPUTS, (B, T, H, V))):
+        for name in names:
+            got = arrays[name].shape
+            if got != shape:
+                gva = " (no GVA: v, w, g, b have q's heads)" if got[:2] == shape[:2] and got[2] != H else ""
+                raise ValueError(f"{name}: shape {got} does not match {shape}{gva}")
+    return B, T, H, K, V
+
+
 @dataclass(frozen=True, eq=False)
 class Problem:
     """One GDN-2 instance: ``q, k, g, b: [B,T,H,K]``, ``v, w: [B,T,H,V]``, ``initial_state: [B,H,K,V]``.
@@ -60,21 +81,7 @@ class Problem:
 
     def __post_init__(self):
         arrays = {name: _as_float_array(name, getattr(self, name), copy=True) for name in INPUTS}
-        for name, a in arrays.items():
-            if a.ndim != 4:
-                raise ValueError(f"{name}: expected rank 4 [B, T, H, dim], got shape {a.shape}")
-        B, T, H, K = arrays["q"].shape
-        V = arrays["v"].shape[-1]
-        if T == 0:
-            raise ValueError("q: empty sequence (T == 0)")
-        if min(B, H, K, V) == 0:
-            raise ValueError(f"q: zero-sized dimension in shape {arrays['q'].shape} / v {arrays['v'].shape}")
-        for name in KEY_INPUTS:
-            if arrays[name].shape != (B, T, H, K):
-                raise ValueError(f"{name}: shape {arrays[name].shape} does not match q's {(B, T, H, K)}")
-        for name in VALUE_INPUTS:
-            if arrays[name].shape != (B, T, H, V):
-                raise ValueError(f"{name}: shape {arrays[name].shape} does not match [B, T, H, V] = {(B, T, H, V)}")
+        B, T, H, K, V = check_layout(arrays)
         if np.any(arrays["g"] > 0):
             raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
         for name, a in arrays.items():

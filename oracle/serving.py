@@ -27,6 +27,11 @@ only the bookkeeping of which slot is read and written is new here.
   Everything a live ``[N]`` sequence reads (its tokens and its starting slot) must be finite, and every
   starting slot read must be finite.
 
+Stored-state precision (``decode(..., store_dtype=, carry_dtype=)``): the same call with every stored state rounded to
+a 16-bit format (what a kernel with a bfloat16 / float16 pool does: float32 through a call's tokens, one rounding per
+store), or with the running state rounded after every token (a kernel that keeps the state in that format inside
+its token loop). They are the baselines of the stored-state bound (docs/serving.md, ``ci/grading/serving.py``).
+
 Also the replay identity (:class:`ReplayBuffer`): a checkpoint plus the inputs of the last L tokens
 reconstruct the state after any of those tokens. Decode is inference: no gradients here.
 """
@@ -40,9 +45,11 @@ import mpmath
 import numpy as np
 
 from . import mp, recurrence
-from .problem import EXTENSION_FLOATS, INPUTS, KEY_INPUTS, VALUE_INPUTS
+from .generate import round_to_bfloat16
+from .problem import EXTENSION_FLOATS, INPUTS, check_layout
 
 PAD_SLOT = -1
+STATE_DTYPES = ("float32", "bfloat16", "float16")  # what a pool may be stored in (store_dtype / carry_dtype)
 
 
 class Sequence(NamedTuple):
@@ -137,21 +144,8 @@ def _scale(scale, K):
 
 
 def _check_shapes(arrays, pool):
-    for name, a in arrays.items():
-        if a.ndim != 4:
-            raise ValueError(f"{name}: expected rank 4 [B, T, H, dim], got shape {a.shape}")
-    B, T, H, K = arrays["q"].shape
-    V = arrays["v"].shape[-1]
-    if T == 0:
-        raise ValueError("q: empty sequence (T == 0)")
-    if min(B, H, K, V) == 0:
-        raise ValueError(f"q: zero-sized dimension in shape {arrays['q'].shape} / v {arrays['v'].shape}")
-    for name in KEY_INPUTS:
-        if arrays[name].shape != (B, T, H, K):
-            raise ValueError(f"{name}: shape {arrays[name].shape} does not match q's {(B, T, H, K)}")
-    for name in VALUE_INPUTS:
-        if arrays[name].shape != (B, T, H, V):
-            raise ValueError(f"{name}: shape {arrays[name].shape} does not match [B, T, H, V] = {(B, T, H, V)}")
+    """The inputs' layout (``problem.check_layout``) and the pool's ``[P >= 1, H, K, V]``."""
+    B, T, H, K, V = check_layout(arrays)
     if pool.ndim != 4 or pool.shape[1:] != (H, K, V) or pool.shape[0] == 0:
         raise ValueError(f"state_pool: expected shape [P >= 1, H, K, V] = [P, {H}, {K}, {V}], got {pool.shape}")
     return B, T, H, K, V
@@ -243,8 +237,41 @@ def _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens, num_accept
 
 # --- execution --------------------------------------------------------------------------------------------
 
-def _execute(p, arrays, pool, scale, ar, zeros):
-    """Run every live sequence token by token with recurrence's core; returns (o, states, {slot: state})."""
+def _state_dtype(name, value):
+    """``store_dtype`` / ``carry_dtype``: None or one of STATE_DTYPES (a name or a NumPy dtype)."""
+    if value is None:
+        return None
+    try:
+        key = value if isinstance(value, str) else np.dtype(value).name
+    except TypeError:
+        key = None
+    if key not in STATE_DTYPES:
+        raise ValueError(f"{name}: expected None or one of {STATE_DTYPES}, got {value!r}")
+    return key
+
+
+def round_state(x, dtype):
+    """``x`` rounded to the storage format ``dtype`` (one of STATE_DTYPES; round to nearest even), in x's dtype.
+
+    bfloat16 rounds the float32 value (through :func:`generate.round_to_bfloat16`), as a float32 kernel does;
+    float16 rounds directly; NaN stays NaN and values beyond the format's range become inf, as in a kernel.
+    """
+    x = np.asarray(x)
+    if dtype == "float32":
+        return x.astype(np.float32).astype(x.dtype)
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(x.dtype)
+    if dtype == "bfloat16":
+        return round_to_bfloat16(x).astype(x.dtype)
+    raise ValueError(f"dtype: {dtype!r} not one of {STATE_DTYPES}")
+
+
+def _execute(p, arrays, pool, scale, ar, zeros, store=None, carry=None):
+    """Run every live sequence token by token with recurrence's core; returns (o, states, {slot: state}).
+
+    ``store`` (a storage dtype name or None): every state written to a slot is rounded to it; ``carry``: the
+    running state is rounded to it after every token (before the read-out, as a kernel holding it so would)."""
     B, T, H, K, V = p.shape
     q, k, v, g, b, w = (ar.array(arrays[name]) for name in INPUTS)
     scale = ar.array(scale)[()]
@@ -259,15 +286,17 @@ def _execute(p, arrays, pool, scale, ar, zeros):
             r, t = s.row, s.start + i
             recurrence._token(S, ar.exp(g[r, t][None]), k[r, t][None], b[r, t][None], v[r, t][None],
                               w[r, t][None], buf)
+            if carry is not None:
+                S[...] = round_state(S, carry)
             o[r, t] = recurrence._read_out(S, q[r, t][None], scale)[0]
             states[r, t] = S[0]
-            if i in write_at:
-                written[write_at[i]] = S[0].copy()  # a later write to the same slot replaces it
+            if i in write_at:  # a later write to the same slot replaces it
+                written[write_at[i]] = S[0].copy() if store is None else round_state(S[0], store)
     return o, states, written
 
 
 def decode(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_accepted_tokens=None,
-           scale=None, dtype=np.float64) -> DecodeResult:
+           scale=None, dtype=np.float64, store_dtype=None, carry_dtype=None) -> DecodeResult:
     """One decode call in working precision ``dtype`` (float32, float64 or longdouble).
 
     Inputs ``q, k, g, b: [B, T, H, K]``, ``v, w: [B, T, H, V]`` (any float dtype, upcast exactly);
@@ -275,11 +304,19 @@ def decode(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_
     ``num_accepted_tokens: [N]`` (speculative, with ``[N, S]`` indices). Semantics: module docstring.
     Returns :class:`DecodeResult`; the pool is the input pool converted to ``dtype`` with the written slots
     replaced (so in float64 every other slot keeps its exact value, NaN included).
+
+    Stored-state baselines (module docstring): ``store_dtype`` (one of STATE_DTYPES) rounds every state written
+    to a slot to that format, as a kernel whose pool is stored in it (the states it returns stay unrounded: the
+    running state is carried in ``dtype``); ``carry_dtype`` rounds the running state after every token (a kernel
+    that keeps it in that format inside its loop; then ``states`` and ``o`` see the rounded state). The values
+    stay in ``dtype``. None (default): no rounding.
     """
     ar = recurrence._Arith(dtype)
+    store, carry = _state_dtype("store_dtype", store_dtype), _state_dtype("carry_dtype", carry_dtype)
     p, arrays, pool, scale = _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens,
                                       num_accepted_tokens, scale)
-    o, states, written = _execute(p, arrays, pool, scale, ar, lambda shape: np.zeros(shape, dtype=ar.dtype))
+    o, states, written = _execute(p, arrays, pool, scale, ar, lambda shape: np.zeros(shape, dtype=ar.dtype),
+                                  store, carry)
     new_pool = pool.astype(ar.dtype)
     for slot, S in written.items():
         new_pool[slot] = S
