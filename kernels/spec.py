@@ -14,6 +14,7 @@ import importlib
 import inspect
 from dataclasses import dataclass, field
 
+from . import adapt
 from .registry import BUILTIN, DEFAULTS, OPTIONAL, TORCH_FACTORY, TORCH_PREFIX
 
 __all__ = ["DEFAULTS", "KernelSpec", "accepts", "get", "known", "names", "parse_spec", "parse_value", "register",
@@ -181,22 +182,34 @@ def _takes(fn, option):
 
 def accepts(name, option):
     """Whether the kernel ``name`` takes ``option``: its factory declares it (for ``pkg.mod:attr``, the callable's
-    keyword; a ``torch:`` kernel passes unknown options to the torch function, so it takes any)."""
+    keyword or a mapping option; a ``torch:`` kernel passes unknown options to the torch function, so it takes
+    any); every kernel takes the wrapping options ``pad`` and ``o_dtype`` (kernels/adapt.py)."""
     name = parse_spec(name)[0]
-    if name.startswith(TORCH_PREFIX):
+    if name.startswith(TORCH_PREFIX) or option in adapt.WRAPPING:
         return True
-    return _takes(resolve(name) if ":" in name else factory(name), option)
+    if ":" in name:
+        return option in adapt.MAPPING or _takes(resolve(name), option)
+    return _takes(factory(name), option)
 
 
 def get(spec, **options):
-    """The kernel named by ``spec`` built with its options and ``options`` (which win); an external
-    ``"pkg.mod:attr"`` callable gets the options bound as keyword arguments of every call."""
+    """The kernel named by ``spec`` built with its options and ``options`` (which win). An external
+    ``"pkg.mod:attr"`` callable gets the mapping options (``order``, ``layout``, ``scale_arg``, ``state_arg``,
+    ``decay_base``) applied and the others bound as keyword arguments of every call; ``pad`` and ``o_dtype``
+    wrap any kernel (kernels/adapt.py)."""
     name, parsed = parse_spec(spec)
     options = {**parsed, **options}
+    wrapping = {k: options.pop(k) for k in adapt.WRAPPING if k in options}
+    return adapt.wrap(_build(name, options), **wrapping)
+
+
+def _build(name, options):
     if name.startswith(TORCH_PREFIX):
         return resolve(TORCH_FACTORY)(name[len(TORCH_PREFIX):], **options)
     if ":" in name:
         fn = resolve(name)
+        if any(k in adapt.MAPPING for k in options):
+            return adapt.mapped(fn, **options)
         return functools.partial(fn, **options) if options else fn
     make = factory(name)
     refused = sorted(o for o in options if not _takes(make, o))

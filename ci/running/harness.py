@@ -34,12 +34,14 @@ class KernelError(RuntimeError):
     """A kernel raised inside a host callback (e.g. a torch kernel); the message is the callback's exception."""
 
 
-def check_results(out, q, v):
-    """ContractError unless ``out`` is ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype, the final state
-    ``[B, H, K, V]`` float32, for inputs ``q`` ``[B, T, H, K]`` and ``v`` (NaN/inf is judged by the tolerance)."""
+def check_results(out, q, v, o_dtype=None):
+    """ContractError unless ``out`` is ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype (or the ``o_dtype``
+    the kernel declares), the final state ``[B, H, K, V]`` float32, for inputs ``q`` ``[B, T, H, K]`` and ``v``
+    (NaN/inf is judged by the tolerance)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    want = {"o": ((B, T, H, V), jnp.dtype(v.dtype), " (v's dtype)"),
+    o_want = (jnp.dtype(o_dtype), " (the kernel's o_dtype)") if o_dtype else (jnp.dtype(v.dtype), " (v's dtype)")
+    want = {"o": ((B, T, H, V), *o_want),
             "final_state": ((B, H, K, V), jnp.dtype(jnp.float32), "")}
     if not isinstance(out, (tuple, list)):
         what = f"one array of shape {tuple(out.shape)}" if hasattr(out, "shape") else f"a {type(out).__name__}"
@@ -63,7 +65,7 @@ def runner(fn):
     def run(inputs, h0, do, dfs, scale):
         def call(q, k, v, g, b, w, h0):
             out = fn(q, k, v, g, b, w, scale=scale, initial_state=h0)
-            check_results(out, q, v)
+            check_results(out, q, v, getattr(fn, "o_dtype", None))
             return tuple(out)
 
         (o, S), pullback = jax.vjp(call, *inputs, h0)

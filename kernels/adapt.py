@@ -1,0 +1,146 @@
+"""Calling a kernel with another signature or another shape than the contract's (docs/DESIGN.md §2, "Mapping
+and padding options").
+
+``mapped(fn, order=, layout=, scale_arg=, state_arg=, decay_base=)``: a JAX function with its own positional
+order (``order=qkvwbgsh``: the six tensors, then ``s`` the scale and ``h`` the initial state positionally),
+head-major layout (``layout=bhtk``), the scale or state under other keywords, or ``exp2`` log-decays.
+``padded(fn, pad="K128V128T256")``: a kernel that needs K, V and T to be multiples, run on zero channels and
+identity tokens appended at the end and sliced back. Exact: a zero key channel has ``q = k = b = 0, g = 0`` and
+a zero ``h0`` row, so its state row stays 0 and it adds nothing to any read or output; a zero value channel has
+``v = w = 0`` and a zero ``h0`` column, so its column stays 0; an identity token (``q = k = v = b = w = 0,
+g = 0``) leaves the state unchanged and its output is sliced away. The VJP of padding is the slice, so the
+gradients are exact too. ``o_dtype="float32"``: the kernel returns ``o`` in float32 for bfloat16 inputs (FLA's
+naive references do); the harness then judges that ``o`` as float32 (``fn.o_dtype``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import jax.numpy as jnp
+
+TENSORS = ("q", "k", "v", "g", "b", "w")
+EXTRAS = ("s", "h")  # scale and initial state, when the kernel takes them positionally
+LAYOUTS = ("bthk", "bhtk")
+MAPPING = ("order", "layout", "scale_arg", "state_arg", "decay_base")
+WRAPPING = ("pad", "o_dtype")
+O_DTYPES = ("float32",)
+_PAD = re.compile(r"([KVT])(\d+)")
+
+
+def parse_order(order):
+    """``"qkvwbg"``/``"qkvwbgsh"`` -> letters: the six tensors in the kernel's positional order, then optionally
+    ``s`` (scale) and ``h`` (initial state) positionally; ValueError naming ``order``."""
+    letters = tuple(order) if isinstance(order, str) else tuple(order or ())
+    tensors = [c for c in letters if c not in EXTRAS]
+    extras = [c for c in letters if c in EXTRAS]
+    if sorted(tensors) != sorted(TENSORS) or len(set(extras)) != len(extras) or letters[:6] != tuple(tensors):
+        raise ValueError(f"order: {order!r} is not the six letters q k v g b w in the kernel's positional order, "
+                         "optionally followed by s (scale) and h (initial state), e.g. order=qkvwbgsh")
+    return letters
+
+
+def parse_pad(pad):
+    """``"K128V128T256"`` -> ``{"K": 128, "V": 128, "T": 256}``; ValueError naming ``pad``."""
+    text = str(pad).replace(" ", "").replace("/", "").replace("+", "")
+    items = _PAD.findall(text)
+    if not items or "".join(f"{a}{n}" for a, n in items) != text:
+        raise ValueError(f"pad: {pad!r} is not multiples as K128V128T256 (any of K, V, T, each once)")
+    out = {}
+    for axis, n in items:
+        if axis in out or int(n) < 1:
+            raise ValueError(f"pad: {pad!r} gives {axis} twice or a multiple below 1")
+        out[axis] = int(n)
+    return out
+
+
+def _keyword(name, value):
+    if value is not None and not (isinstance(value, str) and value.isidentifier()):
+        raise ValueError(f"{name}: expected a keyword name or None, got {value!r}")
+    return value
+
+
+def mapped(fn, *, order="qkvgbw", layout="bthk", scale_arg="scale", state_arg="initial_state", decay_base="e",
+           **kwargs):
+    """The contract callable of a JAX kernel ``fn`` with another signature (see the module docstring);
+    ``kwargs`` are passed to every call."""
+    letters = parse_order(order)
+    layout = str(layout).lower()
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: {layout!r} not one of {LAYOUTS}")
+    base = {"e": "e", "natural": "e", 2: 2, "2": 2}.get(decay_base)
+    if base is None:
+        raise ValueError(f"decay_base: {decay_base!r} not one of 'e' (natural log-decay) or 2")
+    scale_arg, state_arg = _keyword("scale_arg", scale_arg), _keyword("state_arg", state_arg)
+
+    def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
+        named = dict(q=q, k=k, v=v, g=g * math.log2(math.e) if base == 2 else g, b=b, w=w)
+        if layout == "bhtk":
+            named = {n: jnp.swapaxes(x, 1, 2) for n, x in named.items()}
+        extra = {"s": scale if scale is not None else q.shape[-1] ** -0.5, "h": initial_state}
+        args = [named[c] if c in named else extra[c] for c in letters]
+        kw = dict(kwargs)
+        if "s" not in letters and scale_arg is not None:
+            kw[scale_arg] = scale
+        if "h" not in letters and state_arg is not None:
+            kw[state_arg] = initial_state
+        o, *rest = fn(*args, **kw)
+        return (jnp.swapaxes(o, 1, 2) if layout == "bhtk" else o, *rest)
+
+    kernel.__name__ = getattr(fn, "__name__", "mapped")
+    kernel.__wrapped__ = fn
+    kernel.mapping = dict(order="".join(letters), layout=layout, scale_arg=scale_arg, state_arg=state_arg,
+                          decay_base=base, **kwargs)
+    return kernel
+
+
+def _up(n, m):
+    return -(-n // m) * m
+
+
+def padded(fn, pad):
+    """The contract callable running ``fn`` on inputs padded to the multiples of ``pad`` (exact; module docstring)."""
+    multiples = parse_pad(pad)
+
+    def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None, **kw):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        Tp, Kp, Vp = (_up(n, multiples.get(a, 1)) for a, n in (("T", T), ("K", K), ("V", V)))
+
+        def grow(x, dim):
+            return jnp.pad(x, ((0, 0), (0, Tp - T), (0, 0), (0, dim - x.shape[-1])))
+
+        h0 = None if initial_state is None else jnp.pad(initial_state, ((0, 0), (0, 0), (0, Kp - K), (0, Vp - V)))
+        scale = K ** -0.5 if scale is None else scale  # the padded K must not change the default scale
+        o, S, *rest = fn(grow(q, Kp), grow(k, Kp), grow(v, Vp), grow(g, Kp), grow(b, Kp), grow(w, Vp), scale=scale,
+                         initial_state=h0, **kw)
+        return (o[:, :T, :, :V], S[:, :, :K, :V], *rest)
+
+    kernel.__name__ = getattr(fn, "__name__", "padded")
+    kernel.__wrapped__ = fn
+    kernel.pad = multiples
+    return kernel
+
+
+def with_o_dtype(fn, o_dtype):
+    """``fn`` declared to return ``o`` in ``o_dtype`` (float32) whatever the input dtype; the harness reads it."""
+    if o_dtype not in O_DTYPES:
+        raise ValueError(f"o_dtype: {o_dtype!r} not one of {O_DTYPES}")
+
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    kernel.o_dtype = o_dtype
+    return kernel
+
+
+def wrap(fn, *, pad=None, o_dtype=None):
+    """``fn`` with the wrapping options applied (``pad`` innermost, then ``o_dtype``)."""
+    if pad is not None:
+        fn = padded(fn, pad)
+    if o_dtype is not None:
+        fn = with_o_dtype(fn, o_dtype)
+    return fn
