@@ -3,7 +3,8 @@
 Each subcommand is a module of ``ci/commands`` with ``add_parser(sub)`` and ``run(args) -> exit status``.
 Exit status (``commands.output.EXIT``, README "Exit codes"): 0 pass (validate: PRECISION is a warning,
 a failure with ``--strict``), 1 a kernel failed or was rejected, 2 a usage error (before any work),
-3 some validate cases could not be judged (input error), 130 Ctrl-C after reporting what was finished.
+3 some validate cases could not be judged (input error), 130 Ctrl-C after reporting what was finished (143
+for SIGTERM, handled the same way).
 Run as the console script, an interrupted command ends with ``os._exit(130)`` after flushing, skipping
 interpreter teardown (where JAX's threads could crash the process).
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+from gdn2_oracle.golden.interrupts import TERMINATED, terminate_as_interrupt
 
 from .commands import bench, cost, domain, golden, hunt, validate
 from .commands.args import PROG
@@ -66,8 +69,9 @@ def build_parser():
 def main(argv=None):
     """Entry point of the ``gdn2-oracle`` console script; returns the exit status. As the script
     (``argv is None``) an interrupted command exits with ``os._exit(130)`` once its output is flushed."""
-    code = _main(argv)
-    if code == EXIT["interrupted"] and argv is None:
+    with terminate_as_interrupt() as received:  # SIGTERM: the same partial report as Ctrl-C, then exit 143
+        code = received.status(_main(argv))
+    if code in (EXIT["interrupted"], TERMINATED) and argv is None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -123,7 +127,7 @@ def _main(argv):
         return EXIT["usage"]
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT["interrupted"]
+        return EXIT["interrupted"]  # 143 for a SIGTERM (main)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +56,45 @@ def assert_matches_oracle(kernel, recipe: Recipe, dtype=None) -> Report:
     report = case.judge(harness.kernel_results(kernel, problem, do, dfs, dtype=case.dtype))
     assert report.passed, f"{kernel!r} on {recipe!r}:\n{report.format()}"
     return report
+
+
+def children(pid):
+    """The pids of the living child processes of ``pid`` (from /proc; [] where there is no /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def alive(pid):
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def interrupt_after(argv, ready, *, sig=signal.SIGINT, timeout=120):
+    """Run ``python -m argv``; once a stderr line contains ``ready``, send ``sig``. Returns
+    ``(returncode, stdout, stderr, child pids it had when signalled)``."""
+    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines, kids, deadline = [], [], time.monotonic() + timeout
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if ready in line:
+                kids = children(proc.pid)
+                proc.send_signal(sig)
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, "".join(lines) + err, kids

@@ -38,6 +38,7 @@ import numpy as np
 from gdn2_oracle.oracle import GRADS, INPUTS, RESULTS, mp
 from . import catalogue
 from .catalogue import GENERATOR_VERSION, PRECISION_BITS
+from .interrupts import exit_status, terminate_as_interrupt, terminate_workers
 from .load import GoldenError, decode, encode, read_manifest, sha256
 from .progress import Progress
 
@@ -121,7 +122,7 @@ def _run_all(names, jobs, desc):
             except BaseException:  # interrupted (or a worker failed): stop the others now
                 for fut in futures:
                     fut.cancel()
-                _terminate_workers(pool)
+                terminate_workers(pool)
                 raise
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -132,16 +133,6 @@ def _run_all(names, jobs, desc):
 def _ignore_sigint():
     """Worker initializer: Ctrl-C goes to the parent, which stops the workers (no traceback per worker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _terminate_workers(pool):
-    """Stop a process pool's workers without waiting for their current case."""
-    stop = getattr(pool, "terminate_workers", None)  # Python >= 3.14
-    if stop is not None:
-        stop()
-        return
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        proc.terminate()
 
 
 # --- files ------------------------------------------------------------------------------------
@@ -261,10 +252,10 @@ def regenerate(names, *, root: Path, jobs=1, force=False, prune=False, out=None)
             # after every case: an interrupted run keeps its work
             manifest = update_manifest(manifest_path, add, fresh_if_corrupt=force)
             fresh[name] = entry
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"{PROG}: interrupted; {len(fresh)} of {len(todo)} case(s) were finished and written "
               f"(files and manifest entries): {', '.join(fresh) or 'none'}", file=sys.stderr)
-        return 130
+        return exit_status(exc)
     cases = manifest["cases"]
     total = sum(e.get("bytes", 0) for e in cases.values())
     print(f"golden: {len(todo)} regenerated, {skipped} up to date, {time.perf_counter() - t0:.1f}s; "
@@ -279,12 +270,12 @@ def check(names, *, root: Path, jobs=1, full=False, out=None) -> int:
     problems = []
     try:
         return _check(names, cases, problems, data_dir=data_dir, jobs=jobs, full=full, out=out)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         for p in problems:
             print(f"DIFFERENCE {p}", file=out)
         print(f"{PROG.replace('regenerate', 'check')}: interrupted; {len(problems)} difference(s) found "
               f"before the interrupt", file=sys.stderr)
-        return 130
+        return exit_status(exc)
 
 
 def _check(names, cases, problems, *, data_dir, jobs, full, out):
@@ -383,18 +374,19 @@ def main(argv=None, prog=PROG) -> int:
     names = list(dict.fromkeys(names))
     full = not args.case
     try:
-        if args.check:
-            return check(names, root=args.root, jobs=args.jobs, full=full)
-        return regenerate(names, root=args.root, jobs=args.jobs, force=args.force, prune=full)
+        with terminate_as_interrupt():  # SIGTERM (a cancelled job, `timeout`) reports and stops the workers too
+            if args.check:
+                return check(names, root=args.root, jobs=args.jobs, full=full)
+            return regenerate(names, root=args.root, jobs=args.jobs, force=args.force, prune=full)
     except GoldenError as exc:  # a corrupt manifest: say which file and how to restore it
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # an unwritable or unreadable corpus directory
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return exit_status(exc)
 
 
 if __name__ == "__main__":

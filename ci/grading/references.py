@@ -10,13 +10,16 @@ is ``ci/running/multihost.py``.
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 import multiprocessing
 import os
 import tempfile
+import warnings
 
 import numpy as np
 
 from gdn2_oracle import oracle
+from gdn2_oracle.golden.interrupts import terminate_workers
 
 # B * H * K * V * T below this (about a second of oracle work): not worth the workers' start-up.
 MIN_WORK = 2**26
@@ -119,15 +122,32 @@ def _solve_slice(task):
         dst[name][slice_index(name, axis, lo, hi)] = a
 
 
+class OracleWorkersFailed(RuntimeWarning):
+    """The oracle's worker processes or their shared files failed; the reference was computed in this process."""
+
+
 def reference_results(problem, do, dfinal_state, jobs=None):
     """The float64 oracle's results by name, computed by ``jobs`` worker processes (default :data:`JOBS`, else one a
-    core); small problems stay in this process."""
+    core); small problems stay in this process. A fault of the workers' machinery (a worker killed, shared memory
+    missing or read-only) is the oracle's, never the kernel's: it warns (:class:`OracleWorkersFailed`) and computes
+    the reference here instead, with the same bits."""
     jobs = (default_jobs() if JOBS is None else JOBS) if jobs is None else _check_jobs(jobs)
     B, T, H, K, V = problem.shape
     axis, n = split_axis(problem.shape, jobs)
     parts = min(jobs, n)
     if parts < 2 or B * H * K * V * T < MIN_WORK:
         return _solve(problem, do, dfinal_state)
+    try:
+        return _in_workers(problem, do, dfinal_state, axis, n, parts)
+    except (OSError, concurrent.futures.process.BrokenProcessPool) as exc:
+        warnings.warn(OracleWorkersFailed(f"the float64 oracle's {parts} worker processes failed "
+                                          f"({type(exc).__name__}: {exc}); computing it in this process"),
+                      stacklevel=2)
+        return _solve(problem, do, dfinal_state)
+
+
+def _in_workers(problem, do, dfinal_state, axis, n, parts):
+    """The oracle over ``parts`` batch/head slices in spawned workers, through memory-mapped files."""
     arrays = _arrays(problem, do, dfinal_state)
     shapes = result_shapes(problem.shape)
     nbytes = 8 * sum(int(np.prod(shape)) for shape in [*shapes.values(), *(a.shape for a in arrays.values())])
@@ -142,6 +162,10 @@ def reference_results(problem, do, dfinal_state, jobs=None):
         tasks = [(src_files, dst_files, problem.scale, axis, lo, hi) for lo, hi in slices(n, parts)]
         # spawn: never fork a process that has started JAX's threads
         with concurrent.futures.ProcessPoolExecutor(parts, mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(_solve_slice, tasks))
+            try:
+                list(pool.map(_solve_slice, tasks))
+            except BaseException:  # Ctrl-C, SIGTERM or a failed worker: stop the others now, leave no orphan
+                terminate_workers(pool)
+                raise
     # plain arrays over the workers' pages, no copy: a mapping outlives its file's name (POSIX)
     return {name: a.view(np.ndarray) for name, a in results.items()}

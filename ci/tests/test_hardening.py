@@ -11,10 +11,8 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from io import StringIO
 
 import numpy as np
@@ -23,6 +21,7 @@ import pytest
 from gdn2_oracle import golden, kernels, oracle
 from gdn2_oracle.ci import cli as cli_module
 from gdn2_oracle.ci.commands import validate
+from gdn2_oracle.ci.testing import interrupt_after
 from gdn2_oracle.kernels import KernelSpec, split_specs
 from gdn2_oracle.golden import regenerate
 from gdn2_oracle.kernels import spec as kernel_spec
@@ -233,23 +232,9 @@ def test_concurrent_regenerations_keep_every_manifest_entry(tmp_path):
 
 # --- 6. Ctrl-C: exit 130, the finished part reported, no traceback ------------------------------
 
-def _interrupt_after(argv, ready, *, timeout=120):
-    """Run ``python -m argv``, send SIGINT once a stderr line contains ``ready``; (returncode, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    lines, deadline = [], time.monotonic() + timeout
-    try:
-        for line in proc.stderr:
-            lines.append(line)
-            if ready in line:
-                proc.send_signal(signal.SIGINT)
-                break
-            assert time.monotonic() < deadline, "".join(lines)
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.returncode, out, "".join(lines) + err
+def _interrupt_after(argv, ready):
+    """Run ``python -m argv`` and send SIGINT once a stderr line contains ``ready``."""
+    return interrupt_after(argv, ready)[:3]
 
 
 VALIDATE_CASES = ["len_1", "len_c16", "kv_16x32", "kv_32x8", "len_c64"]  # five shapes: five compilations

@@ -1,0 +1,123 @@
+"""Signals and the oracle's own faults: SIGTERM is handled like Ctrl-C (the finished part reported, workers
+stopped, exit 143, no orphan), and a fault of the oracle's worker machinery never grades a kernel."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.process
+import json
+import shutil
+import signal
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from gdn2_oracle import golden
+from gdn2_oracle.ci.grading import references
+from gdn2_oracle.ci.testing import alive, interrupt_after
+from gdn2_oracle.golden import regenerate
+from gdn2_oracle.oracle import make_problem, random_cotangents
+
+TINY_BENCH = ["--batch", "1", "--seq", "32", "--heads", "2", "--dim", "16", "--repeats", "1", "--no-progress"]
+
+
+def _corpus_without(tmp_path, names):
+    """A golden root whose manifest lacks ``names`` (so regenerate computes them)."""
+    root = tmp_path / "golden"
+    (root / "data").mkdir(parents=True)
+    manifest = golden.read_manifest()
+    for n in names:
+        del manifest["cases"][n]
+    (root / "MANIFEST.json").write_text(regenerate.manifest_text(manifest), encoding="utf-8")
+    return root
+
+
+def _gone(pids, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def test_sigterm_to_golden_regenerate_reports_stops_its_workers_and_exits_143(tmp_path):
+    names = ["gdn_resets_len17", "len_c16_plus1", "len_c16_minus1", "len_c16"]
+    root = _corpus_without(tmp_path, names)
+    argv = ["gdn2_oracle.ci.cli", "golden", "regenerate", "--root", str(root), "--jobs", "2",
+            *(a for n in names for a in ("--case", n))]
+    code, out, err, workers = interrupt_after(argv, "regenerate: 1/", sig=signal.SIGTERM)
+    assert code == 143, out + err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert workers, "the regeneration had no worker processes to check"
+    assert not _gone(workers), f"orphaned workers after SIGTERM: {workers}"
+    finished = [n for n in names if n in golden.read_manifest(root / "MANIFEST.json")["cases"]]
+    assert 1 <= len(finished) < len(names)
+
+
+@pytest.mark.slow
+def test_sigterm_to_validate_writes_the_finished_cases_and_exits_143(tmp_path):
+    path = tmp_path / "v.json"
+    cases = ["len_1", "len_c16", "kv_16x32", "kv_32x8", "len_c64"]
+    argv = ["gdn2_oracle.ci.cli", "validate", "--cases", "golden", "--kernel", "pairwise", "--dtype", "float32",
+            "--json", str(path), *(a for c in cases for a in ("--case", c))]
+    code, out, err, _ = interrupt_after(argv, "validate: 1/", sig=signal.SIGTERM)
+    assert code == 143, out + err
+    assert "Traceback" not in err and "interrupted" in err
+    report = json.loads(path.read_text())
+    assert report["interrupted"] is True and 1 <= len(report["kernels"][0]["cases"]) < len(cases)
+
+
+@pytest.fixture
+def problem():
+    p = make_problem(2, 24, 2, 8, 8, decay="strong", initial_state=True, seed=3)
+    return (p, *random_cotangents(p, seed=4))
+
+
+class _KilledWorkers(concurrent.futures.ProcessPoolExecutor):
+    """A pool whose workers die (as when one is killed by the OOM killer or a signal)."""
+
+    def map(self, *args, **kwargs):
+        raise concurrent.futures.process.BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+
+def test_a_killed_oracle_worker_falls_back_to_this_process(problem, monkeypatch):
+    monkeypatch.setattr(references, "MIN_WORK", 0)
+    monkeypatch.setattr(references.concurrent.futures, "ProcessPoolExecutor", _KilledWorkers)
+    with pytest.warns(references.OracleWorkersFailed, match="BrokenProcessPool.*computing it in this process"):
+        got = references.reference_results(*problem, jobs=2)
+    want = references._solve(*problem)
+    for name, a in want.items():
+        np.testing.assert_array_equal(got[name], a, err_msg=name)
+
+
+def test_read_only_shared_memory_falls_back_to_this_process(problem, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system", "/dev/shm/gdn2-oracle-x")
+
+    monkeypatch.setattr(references, "MIN_WORK", 0)
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", read_only)
+    with pytest.warns(references.OracleWorkersFailed, match="Read-only file system"):
+        got = references.reference_results(*problem, jobs=2)
+    np.testing.assert_array_equal(got["o"], references._solve(*problem)["o"])
+
+
+def test_bench_never_rejects_a_correct_kernel_for_the_oracles_fault(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(references, "MIN_WORK", 0)
+    monkeypatch.setattr(references.concurrent.futures, "ProcessPoolExecutor", _KilledWorkers)
+    path = tmp_path / "b.json"
+    with pytest.warns(references.OracleWorkersFailed):
+        code, out, err = cli("bench", "--kernel", "pairwise[chunk_size=16]", *TINY_BENCH, "--jobs", "2",
+                             "--json", path)
+    assert code == 0 and "REJECTED" not in out, out + err
+    assert json.loads(path.read_text())["results"][0]["status"] == "ok"
+
+
+def test_no_temporary_directories_are_left_by_the_fallback(problem, monkeypatch, tmp_path):
+    monkeypatch.setattr(references, "MIN_WORK", 0)
+    monkeypatch.setattr(references, "_scratch_dir", lambda nbytes: str(tmp_path))
+    monkeypatch.setattr(references.concurrent.futures, "ProcessPoolExecutor", _KilledWorkers)
+    with pytest.warns(references.OracleWorkersFailed):
+        references.reference_results(*problem, jobs=2)
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
+    shutil.rmtree(tmp_path, ignore_errors=True)
