@@ -59,6 +59,8 @@ def build_parser():
                    help="with --distributed: the coordinator's address (default: auto, or env JAX_COORDINATOR_ADDRESS)")
     d.add_argument("--num-processes", type=int, metavar="N", help="with --distributed: the number of processes")
     d.add_argument("--process-id", type=int, metavar="I", help="with --distributed: this process's index")
+    d.add_argument("--init-timeout", type=int, metavar="S",
+                   help="with --distributed: seconds to wait for the other processes (default 300)")
     sub = ap.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
     sub.required = True
     for module in COMMANDS.values():
@@ -71,27 +73,39 @@ def main(argv=None):
     (``argv is None``) an interrupted command exits with ``os._exit(130)`` once its output is flushed."""
     with terminate_as_interrupt() as received:  # SIGTERM: the same partial report as Ctrl-C, then exit 143
         code = received.status(_main(argv))
-    if code in (EXIT["interrupted"], TERMINATED) and argv is None:
+    if argv is None and (code in (EXIT["interrupted"], TERMINATED) or _joining()):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(code)  # no interpreter teardown: JAX/XLA threads can crash it after an interrupt
+        os._exit(code)  # no interpreter teardown: JAX/XLA threads can crash it after an interrupt or a failed start
     return code
+
+
+def _joining():
+    """Whether a ``--distributed`` start-up is still blocked in JAX (its C++ wait cannot be cancelled)."""
+    multihost = sys.modules.get("gdn2_oracle.ci.running.multihost")  # imported only by --distributed runs
+    return multihost is not None and multihost.joining()
 
 
 def _start_distributed(args):
     """``--distributed``: join the multi-host run before JAX starts (explicit options imply ``--distributed``)."""
     explicit = (args.coordinator, args.num_processes, args.process_id)
-    if not args.distributed and all(x is None for x in explicit):
+    if not args.distributed and all(x is None for x in (*explicit, args.init_timeout)):
         return
     if not args.distributed:
-        raise UsageError(f"{PROG}: error: --coordinator, --num-processes and --process-id need --distributed")
+        raise UsageError(f"{PROG}: error: --coordinator, --num-processes, --process-id and --init-timeout need "
+                         "--distributed")
     from .running import multihost  # imports JAX
 
+    timeout = multihost.INIT_TIMEOUT if args.init_timeout is None else args.init_timeout
+    who = (f"process {args.process_id} of {args.num_processes}, coordinator {args.coordinator}"
+           if args.num_processes is not None else "auto-detected cluster")
+    print(f"{PROG}: joining the distributed run ({who}; up to {timeout} s, Ctrl-C stops)", file=sys.stderr,
+          flush=True)
     try:
-        multihost.initialize(*explicit)
+        multihost.initialize(*explicit, timeout=timeout)
     except ValueError as exc:
         raise UsageError(f"{PROG}: error: --{str(exc).replace('_', '-', 1)}") from None
 

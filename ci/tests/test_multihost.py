@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -111,3 +112,75 @@ def test_bad_distributed_options_name_the_option(argv, named, capsys):
 
     assert main([*argv, "validate", "--cases", "quick", "--case", "len_1"]) == 2
     assert named in capsys.readouterr().err
+
+
+# --- start-up: every argument checked before JAX is called, a time limit, a message for each mistake ---------
+
+@pytest.fixture
+def jax_not_called(monkeypatch):
+    import jax
+
+    def refuse(**kwargs):
+        raise AssertionError(f"jax.distributed.initialize was called with {kwargs}")
+
+    monkeypatch.setattr(jax.distributed, "initialize", refuse)
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--coordinator", "notaport", "--num-processes", "2", "--process-id", "0"], "expected HOST:PORT"),
+    (["--coordinator", "host:99999", "--num-processes", "2", "--process-id", "0"], "a port 1..65535"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"], "0 <= process_id < 2"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2"], "go together"),
+    (["--num-processes", "2", "--process-id", "1"], "need --coordinator"),
+    (["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "1", "--init-timeout", "0"],
+     "positive number of seconds"),
+])
+def test_bad_distributed_options_are_usage_errors_before_jax(cli, jax_not_called, argv, needle):
+    code, _, err = cli("--distributed", *argv, "validate", "--cases", "golden", "--case", "len_1")
+    assert code == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_a_second_process_0_is_refused_with_a_message(cli, jax_not_called):
+    with socket.socket() as server:  # the first process 0's coordinator
+        server.bind(("localhost", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        code, _, err = cli("--distributed", "--coordinator", f"localhost:{port}", "--num-processes", "2",
+                           "--process-id", "0", "validate", "--cases", "golden", "--case", "len_1")
+    assert code == 2 and "already served" in err and "--process-id 0" in err, err
+
+
+def test_distributed_alone_without_a_cluster_says_what_to_give(cli, monkeypatch):
+    import jax
+
+    def no_cluster(**kwargs):
+        raise ValueError("coordinator_address should be defined.")
+
+    monkeypatch.setattr(jax.distributed, "initialize", no_cluster)
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    code, _, err = cli("--distributed", "validate", "--cases", "golden", "--case", "len_1")
+    assert code == 2 and "no cluster was detected" in err and "--coordinator HOST:PORT" in err, err
+    assert "--coordinator-address" not in err
+
+
+def test_a_coordinator_nobody_serves_times_out_with_a_message_not_an_abort():
+    port = _free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))}, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-m", "gdn2_oracle.ci.cli", "--distributed", "--coordinator",
+                           f"localhost:{port}", "--num-processes", "2", "--process-id", "1", "--init-timeout", "2",
+                           "validate", "--cases", "golden", "--case", "len_1"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "did not join within 2 s" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_ctrl_c_is_honoured_while_waiting_for_the_other_processes():
+    from gdn2_oracle.ci.testing import interrupt_after
+
+    argv = ["gdn2_oracle.ci.cli", "--distributed", "--coordinator", f"localhost:{_free_port()}", "--num-processes",
+            "2", "--process-id", "1", "validate", "--cases", "golden", "--case", "len_1"]
+    t0 = time.monotonic()
+    code, out, err, _ = interrupt_after(argv, "joining the distributed run")
+    assert code == 130 and "interrupted" in err and "Traceback" not in err, out + err
+    assert time.monotonic() - t0 < 60
