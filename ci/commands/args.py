@@ -30,6 +30,17 @@ def csv(kind):
     return parse
 
 
+def nonnegative(text):
+    """An integer >= 0 (a seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def positive_ints(text):
     """A comma-separated list of positive integers."""
     values = csv(int)(text)

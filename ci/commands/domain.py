@@ -32,7 +32,7 @@ from ..grading.grades import FAIL, PASS, PRECISION, grade_rank
 from ..grading.references import reference_results
 from ..running import harness
 from . import args as cli_args
-from .output import EXIT, UsageError, progress, write_json
+from .output import EXIT, output_dir, progress, say_interrupted, write_json
 from .provenance import environment
 
 SCHEMA = "gdn2-oracle/domain/1"
@@ -230,24 +230,28 @@ def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True):
     start = time.perf_counter()
     total = sum(len(pts) for _, _, pts in todo) * len(seeds)
     bar = progress(total=total, desc=f"domain {kernel}", unit="cell") if show_progress else None
-    out_panels = []
+    out_panels, interrupted = [], False
     with bar or contextlib.nullcontext():
-        for axis, dtype, points in todo:
-            cells = []
-            for value, point in zip(axis.values, points):
-                runs = []
-                for s in seeds:
-                    if (point, s) not in cache:
-                        cache[point, s] = evaluate(fn, point, s, grid.shape, chunk)
-                    runs.append(cache[point, s])
-                    if bar is not None:
-                        bar.update(1)
-                cells.append({"value": value, "label": value_label(axis.field, value),
-                              "point": dataclasses.asdict(point), **_worst(runs)})
-            out_panels.append({"field": axis.field, "label": axis.label, "dtype": dtype, "cells": cells})
+        try:
+            for axis, dtype, points in todo:
+                cells = []
+                out_panels.append({"field": axis.field, "label": axis.label, "dtype": dtype, "cells": cells})
+                for value, point in zip(axis.values, points):
+                    runs = []
+                    for s in seeds:
+                        if (point, s) not in cache:
+                            cache[point, s] = evaluate(fn, point, s, grid.shape, chunk)
+                        runs.append(cache[point, s])
+                        if bar is not None:
+                            bar.update(1)
+                    cells.append({"value": value, "label": value_label(axis.field, value),
+                                  "point": dataclasses.asdict(point), **_worst(runs)})
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the cells finished so far, marked interrupted
+            interrupted = True
+            out_panels = [p for p in out_panels if p["cells"]]
     report = DomainReport(kernel=kernel, grid=grid.name, seeds=seeds, chunk=chunk, shape=dict(zip("BHKV", grid.shape)),
                           base=dataclasses.asdict(grid.base), results=list(RESULTS), panels=out_panels,
-                          seconds=time.perf_counter() - start, environment=environment())
+                          seconds=time.perf_counter() - start, environment=environment(), interrupted=interrupted)
     report.boundaries = boundaries(report)
     report.summary = summary(report)
     return report
@@ -267,6 +271,7 @@ class DomainReport:
     panels: list
     seconds: float
     environment: dict
+    interrupted: bool = False  # Ctrl-C: only the cells finished before it
     boundaries: list = dataclasses.field(default_factory=list)
     summary: str = ""
 
@@ -384,6 +389,8 @@ def summary(report):
             f"float32 unless stated):")
     said = [("in bfloat16, " if b["dtype"] == "bfloat16" else "") + b["text"] for b in report.boundaries]
     text += " " + ("; ".join(said) + "." if said else "every result is PASS in every cell.")
+    if report.interrupted:
+        text += " INTERRUPTED: only the cells finished before the interrupt are mapped."
     worst = worst_cell(report)
     if worst and not said:
         text = text[:-1] + (f" (worst error / tolerance {worst['ratio']:.2g}: `{worst['result']}` at {worst['label']} "
@@ -506,7 +513,7 @@ def add_parser(sub):
                         "cell, every sweep in both dtypes: a few minutes)")
     d.add_argument("--out", metavar="DIR", help="output directory (default domain-NAME): domain.png, domain.json, "
                                                 "summary.txt")
-    d.add_argument("--seed", type=int, default=0, help="first data seed of every cell")
+    d.add_argument("--seed", type=cli_args.nonnegative, default=0, help="first data seed of every cell")
     cli_args.add_run_options(d, mesh_jobs=False)
 
 
@@ -514,13 +521,12 @@ def run(args):
     """Sweep, write the heat maps, JSON and summary, print the summary; the exit status."""
     [spec] = cli_args.specs(args.kernel)
     fn = cli_args.build(spec)
-    out = args.out or "domain-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", spec.label())
-    try:
-        Path(out).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"gdn2-oracle domain: error: --out {out}: cannot create ({exc.strerror or exc})") from None
+    out = output_dir(args.out or "domain-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", spec.label()), option="--out")
     report = run_domain(fn, GRIDS[args.grid], kernel=spec.spec, seed=args.seed, show_progress=not args.no_progress)
     paths = write(report, out)
     print(format_domain(report), flush=True)
     print(f"wrote: {paths['png']}, {paths['json']}, {paths['summary']}", flush=True)
+    if report.interrupted:
+        say_interrupted(sum(len(p["cells"]) for p in report.panels), "domain cell(s)", paths["json"])
+        return EXIT["interrupted"]
     return EXIT["pass"]

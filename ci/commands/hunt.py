@@ -11,6 +11,7 @@ reported with the one-line reproducer and the ``@example`` line that pins it.
 from __future__ import annotations
 
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -55,7 +56,7 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
     if result is not None and result not in RESULTS:
         raise ValueError(f"result: {result!r} not one of {RESULTS}")
     space = recipes(shapes)
-    state = {"examples": 0, "worst": None, "found": None, "first_fail": None}
+    state = {"examples": 0, "worst": None, "found": None, "first_fail": None, "interrupted": False}
     bar = progress(total=budget, desc=f"hunt {kernel}", unit="example") if show_progress else None
 
     def check(spec):
@@ -94,6 +95,8 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
         pass  # Hypothesis replays the minimal failing recipe last, so state["found"] holds it
     except Flaky:  # the replay did not fail again: a non-deterministic kernel; keep the last failing recipe
         state["found"]["failed"].append("flaky: the same recipe passed when replayed")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: report the seed and the worst recipe so far
+        state["interrupted"] = True
     finally:
         if bar is not None:
             bar.close()
@@ -103,7 +106,7 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
         found["example"] = strategies.example(found["recipe"])
     return HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result,
                       examples=state["examples"], first_fail=state["first_fail"], seconds=time.perf_counter() - start,
-                      worst=state["worst"], found=found)
+                      worst=state["worst"], found=found, interrupted=state["interrupted"])
 
 
 @dataclass
@@ -121,6 +124,7 @@ class HuntReport:
     seconds: float
     worst: dict | None
     found: dict | None
+    interrupted: bool = False
 
 
 def format_hunt(out):
@@ -139,6 +143,8 @@ def format_hunt(out):
     if worst is not None:
         lines += ["", f"worst error / tolerance reached: {worst['ratio']:.3g} ({worst['result']}, {worst['grade']}) "
                       f"on {worst['recipe']!r}"]
+    if out.interrupted:
+        lines.append(f"hunt: INTERRUPTED after {out.examples} recipes; rerun the same search with --seed {out.seed}")
     lines.append("hunt: FAIL found" if found is not None else "hunt: no FAIL found")
     return "\n".join(lines)
 
@@ -161,7 +167,7 @@ def add_parser(sub):
     h.add_argument("--budget", type=_count, default=DEFAULT_BUDGET, metavar="N",
                    help=f"recipes drawn (default {DEFAULT_BUDGET}; shrinking a FAIL comes on top)")
     h.add_argument("--result", choices=RESULTS, help="target and judge only this result (default: all)")
-    h.add_argument("--seed", type=int, help="search seed (default: random, printed)")
+    h.add_argument("--seed", type=cli_args.nonnegative, help="search seed (default: random, printed)")
     h.add_argument("--shapes", choices=SHAPES, default="core",
                    help="core (default: the conformance suite's CORE configs) or all (its small sets' cross product)")
     cli_args.add_run_options(h, mesh_jobs=False)
@@ -171,7 +177,11 @@ def run(args):
     """Search, print the shrunk FAIL (if any) and the worst ratio reached; exit 1 on a FAIL."""
     [spec] = cli_args.specs(args.kernel)
     seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
-    out = hunt(cli_args.build(spec), spec.spec, budget=args.budget, result=args.result, seed=seed,
-               shapes=args.shapes, show_progress=not args.no_progress)
+    fn = cli_args.build(spec)
+    print(f"gdn2-oracle hunt: seed {seed} (the same search again: --seed {seed})", file=sys.stderr, flush=True)
+    out = hunt(fn, spec.spec, budget=args.budget, result=args.result, seed=seed, shapes=args.shapes,
+               show_progress=not args.no_progress)
     print(format_hunt(out), flush=True)
-    return EXIT["fail"] if out.found is not None else EXIT["pass"]
+    if out.found is not None:
+        return EXIT["fail"]
+    return EXIT["interrupted"] if out.interrupted else EXIT["pass"]

@@ -62,6 +62,20 @@ def write_json(path, data):
         raise
 
 
+def output_dir(path, *, option, text=None):
+    """The directory an output option writes into, created and probed (a temporary file made and removed there)
+    before any work; UsageError naming the option when it cannot be written."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".gdn2-oracle.{os.getpid()}.probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"{option} {text or path}: cannot write to {path} ({exc.strerror or exc})") from None
+    return path
+
+
 def output_path(text, *, option, default_name, suffixes):
     """The file an output option (``--json``, ``--plot``) will write, checked before any work.
 
@@ -76,13 +90,7 @@ def output_path(text, *, option, default_name, suffixes):
         raise UsageError(f"{option} {text}: expected a {' or '.join(suffixes)} file or a directory")
     if path.is_dir():
         raise UsageError(f"{option} {text}: {path} is a directory")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise UsageError(f"{option} {text}: cannot write to {path.parent} ({exc.strerror or exc})") from None
+    output_dir(path.parent, option=option, text=text)
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"{option} {text}: {path} is not writable")
     return path

@@ -128,3 +128,32 @@ def test_decay_span_is_the_largest_chunk_sum():
 def test_domain_usage_errors_exit_2(capsys, argv, needle):
     assert cli.main(argv) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_an_interrupted_domain_writes_the_cells_it_finished(cli, tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM) during the sweep: the finished cells are mapped and written, marked interrupted, exit 130."""
+    monkeypatch.setitem(domain.GRIDS, "quick", TINY)
+    calls, evaluate = [], domain.evaluate
+
+    def interrupted_on_the_fourth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(domain, "evaluate", interrupted_on_the_fourth)
+    code, out, err = cli("domain", "--kernel", CLIPPED, "--out", tmp_path, "--no-progress")
+    assert code == 130 and "interrupted" in err, out + err
+    report = json.loads((tmp_path / "domain.json").read_text())
+    assert report["interrupted"] is True and [len(p["cells"]) for p in report["panels"]] == [3]
+    assert "INTERRUPTED" in report["summary"] and (tmp_path / "domain.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--out", "/proc/gdn2-domain"], "--out /proc/gdn2-domain: cannot write"),
+    (["--seed", "-1"], "expected an integer >= 0"),
+])
+def test_domain_usage_errors_come_before_any_work(cli, monkeypatch, argv, needle):
+    monkeypatch.setattr(domain, "evaluate", lambda *a, **k: pytest.fail("a cell was evaluated"))
+    code, _, err = cli("domain", "--kernel", CLIPPED, *argv, "--no-progress")
+    assert code == 2 and needle in err and "Traceback" not in err, err

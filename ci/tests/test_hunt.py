@@ -91,3 +91,25 @@ def test_hunt_rejects_bad_arguments(kwargs, field):
 def test_hunt_usage_errors_exit_2(cli, argv, needle):
     code, _, err = cli(*argv)
     assert code == 2 and needle in err
+
+
+def test_an_interrupted_hunt_prints_its_seed_and_the_worst_so_far(cli, monkeypatch):
+    calls, validate = [], harness.validate
+
+    def interrupted_on_the_sixth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "validate", interrupted_on_the_sixth)
+    code, out, err = cli("hunt", "--kernel", "pairwise[chunk_size=16]", "--seed", "7", "--budget", "50",
+                         "--no-progress")
+    assert code == 130, out + err
+    assert "seed 7" in err and "INTERRUPTED after 6 recipes" in out and "--seed 7" in out, out + err
+    assert "worst error / tolerance reached" in out
+
+
+def test_hunt_refuses_a_negative_seed(cli):
+    code, _, err = cli("hunt", "--kernel", "pairwise", "--seed", "-1")
+    assert code == 2 and "expected an integer >= 0" in err
