@@ -96,3 +96,10 @@ def head_major_base2(q, k, v, w, b, g2, sm_scale=None, h0=None):
     o, state = recurrent(*(x.transpose(1, 2) for x in (q, k, v, g, b, w)), scale=sm_scale, initial_state=h0,
                          output_final_state=True)
     return o.transpose(1, 2), state
+
+
+def refuses_zeros(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False):
+    """Correct, but raises on all-zero keys (it normalises them by their norm, as some kernels assert)."""
+    if not bool(torch.any(k != 0)):
+        raise ZeroDivisionError("all-zero keys")
+    return recurrent(q, k, v, g, b, w, scale=scale, initial_state=initial_state, output_final_state=output_final_state)

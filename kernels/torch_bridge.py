@@ -9,6 +9,7 @@ where: docs/DESIGN.md §2, "PyTorch kernels".
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import sys
 
@@ -17,11 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .contract import check_inputs
+from .adapt import LAYOUTS, TENSORS, parse_order
 from .spec import resolve
 
-TENSORS = ("q", "k", "v", "g", "b", "w")
 RESULT_NAMES = ("o", "final_state")
-LAYOUTS = ("bthk", "bhtk")
 DECAY_BASES = ("e", 2)
 LOG2E = 1.0 / math.log(2.0)  # g / ln 2 = g * log2(e)
 MAPPING_OPTIONS = ("order", "scale_arg", "state_arg", "layout", "decay_base", "device")
@@ -83,13 +83,23 @@ def resolve_device(device):
     return dev
 
 
-def parse_order(order):
-    """``"qkvwbg"`` -> ``("q", "k", "v", "w", "b", "g")``; ValueError naming ``order`` unless a permutation."""
-    letters = tuple(order) if isinstance(order, str) else tuple(order or ())
-    if sorted(letters) != sorted(TENSORS):
-        raise ValueError(f"order: {order!r} is not the six letters q k v g b w in the kernel's positional "
-                         f"order, e.g. order=qkvwbg")
-    return letters
+def _refused_keywords(fn, keywords):
+    """The ``keywords`` a torch function's signature cannot take (none when it has ``**kwargs`` or no signature)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return []
+    names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return sorted(k for k in keywords if k not in names)
+
+
+def _nonzero_probe(zeros):
+    """Probe inputs with every value nonzero (q, k, v, b, w = 0.5, g = -0.1, h0 = 0.5) in the zeros' shapes."""
+    values = dict(zip(TENSORS, (0.5, 0.5, 0.5, -0.1, 0.5, 0.5)))
+    return [z.detach().clone().fill_(values.get(n, 0.5)).requires_grad_(True)
+            for n, z in zip([*TENSORS, "h0"], zeros)]
 
 
 class TorchKernel:
@@ -116,13 +126,24 @@ class TorchKernel:
             raise ValueError(f"decay_base: {base!r} not one of 'e' (natural log-decay) or 2")
         self.device = resolve_device(options.pop("device", None))
         self.kwargs = options  # passed through to fn
+        refused = _refused_keywords(fn, [*options, *(k for k in (self.scale_arg, self.state_arg) if k)])
+        if refused:
+            raise ValueError(f"options: {name!r} does not accept the keyword(s) {refused} (its signature has no such "
+                             "parameter and no **kwargs)")
         self.__name__ = name
         self.modules = tuple(modules) if modules else _module_names(fn)
         torch = import_torch()
         mapping = ", ".join(f"{k}={v}" for k, v in self.mapping().items())
-        self.note = (f"{note + '; ' if note else ''}torch {torch.__version__} on {self.device} "
+        self._note = (f"{note + '; ' if note else ''}torch {torch.__version__} on {self.device} "
                      f"through the torch bridge ({mapping})")
         self._calls = {}
+        self.notes = []
+
+    @property
+    def note(self):
+        """What a report says about this kernel: its torch version, device and mapping, and what was learned
+        while running it."""
+        return "; ".join([self._note, *self.notes])
 
     def mapping(self):
         """The argument mapping in force (for notes and reports)."""
@@ -186,12 +207,13 @@ class TorchKernel:
         if self.layout == "bhtk":
             named = {n: x.transpose(1, 2).contiguous() for n, x in named.items()}
         kwargs = dict(self.kwargs)
-        if self.scale_arg is not None:
+        named["s"], named["h"] = scale, ts[len(TENSORS)] if has_state else None  # positional with order=...sh
+        if self.scale_arg is not None and "s" not in self.order:
             kwargs[self.scale_arg] = scale
-        if has_state:
+        if has_state and "h" not in self.order:
             if self.state_arg is not None:
-                kwargs[self.state_arg] = ts[len(TENSORS)]
-            elif bool(torch.any(ts[len(TENSORS)] != 0)):
+                kwargs[self.state_arg] = named["h"]
+            elif bool(torch.any(named["h"] != 0)):
                 raise ValueError("initial_state: the kernel takes no initial state (state_arg=None), "
                                  "but this case has a nonzero one")
         return self.results(self.fn(*(named[n] for n in self.order), **kwargs))
@@ -237,7 +259,13 @@ class TorchKernel:
         torch = import_torch()
         zeros = [to_torch(np.zeros(x.shape, jnp.dtype(x.dtype)), self.device).requires_grad_(True) for x in arrays]
         with torch.enable_grad():
-            results, single = self.invoke(zeros, scale, has_state)
+            try:
+                results, single = self.invoke(zeros, scale, has_state)
+            except (TorchContractError, ValueError):
+                raise
+            except Exception:  # noqa: BLE001 - a kernel that refuses all-zero inputs: probe on nonzero ones
+                results, single = self.invoke(_nonzero_probe(zeros), scale, has_state)
+                self.notes.append("refuses all-zero inputs (its shapes were learned on a nonzero probe)")
         self.differentiable(results)
         specs = []
         for i, r in enumerate(results):

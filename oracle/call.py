@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import INPUTS, _as_float_array, check_layout
+from .problem import INPUTS, _as_float_array, check_layout, check_scale
 
 GATE_PARAMS = ("A_log", "dt_bias")
 
@@ -53,7 +53,7 @@ class Call:
             raise ValueError("q: empty sequence (T == 0) without cu_seqlens")
         if not self.gate_in_kernel and np.any(self.g > 0):
             raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
-        self._set(scale=_check_scale(self.scale, K))
+        self._set(scale=check_scale(self.scale, K))
         self._check_gate(H, K)
         if self.initial_state is not None:
             h0 = _as_float_array("initial_state", self.initial_state, copy=True)
@@ -164,16 +164,3 @@ def _check_cu_seqlens(cu, B, T):
     a = a.astype(np.int64)
     a.setflags(write=False)
     return a
-
-
-def _check_scale(scale, K):
-    """``scale`` as a finite float, ``K**-0.5`` when None."""
-    if scale is None:
-        return float(K) ** -0.5
-    try:
-        value = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(f"scale: expected a real number, got {scale!r}") from None
-    if not np.isfinite(value):
-        raise ValueError(f"scale: must be finite, got {value}")
-    return value

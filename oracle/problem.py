@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,6 +39,17 @@ def _as_float_array(name, x, *, copy=False):
         raise ValueError(f"{name}: contains NaN or inf")
     a.setflags(write=False)
     return a
+
+
+def check_scale(scale, K):
+    """The effective scale: ``K**-0.5`` for None, else a finite real number (not a string, not a bool)."""
+    if scale is None:
+        return float(K) ** -0.5
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (numbers.Real, np.floating, np.integer)):
+        raise ValueError(f"scale: expected a real number, got {scale!r}")
+    if not np.isfinite(float(scale)):
+        raise ValueError(f"scale: must be finite, got {scale}")
+    return float(scale)
 
 
 def check_layout(arrays, *, empty_ok=False):
@@ -86,16 +98,7 @@ class Problem:
             raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
         for name, a in arrays.items():
             object.__setattr__(self, name, a)
-        scale = self.scale
-        if scale is None:
-            scale = float(K) ** -0.5
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise ValueError(f"scale: expected a real number, got {self.scale!r}") from None
-        if not np.isfinite(scale):
-            raise ValueError(f"scale: must be finite, got {scale}")
-        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "scale", check_scale(self.scale, K))
         if self.initial_state is not None:
             h0 = _as_float_array("initial_state", self.initial_state, copy=True)
             if h0.shape != (B, H, K, V):

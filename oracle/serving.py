@@ -46,7 +46,7 @@ import numpy as np
 
 from . import mp, recurrence
 from .generate import round_to_bfloat16
-from .problem import EXTENSION_FLOATS, INPUTS, check_layout
+from .problem import EXTENSION_FLOATS, INPUTS, check_layout, check_scale
 
 PAD_SLOT = -1
 STATE_DTYPES = ("float32", "bfloat16", "float16")  # what a pool may be stored in (store_dtype / carry_dtype)
@@ -131,16 +131,6 @@ def _ints(name, x, ndims):
     if a.ndim not in ndims:
         raise ValueError(f"{name}: expected rank {' or '.join(map(str, ndims))}, got shape {a.shape}")
     return a.astype(np.int64)
-
-
-def _scale(scale, K):
-    if scale is None:
-        return float(K) ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise ValueError(f"scale: expected a real number, got {scale!r}")
-    if not np.isfinite(float(scale)):
-        raise ValueError(f"scale: must be finite, got {scale}")
-    return float(scale)
 
 
 def _check_shapes(arrays, pool):
@@ -232,7 +222,7 @@ def _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens, num_accept
     shape = _check_shapes(arrays, pool)
     p = plan(shape, pool.shape[0], state_indices, cu_seqlens, num_accepted_tokens)
     _check_values(p, arrays, pool)
-    return p, arrays, pool, _scale(scale, shape[3])
+    return p, arrays, pool, check_scale(scale, shape[3])
 
 
 # --- execution --------------------------------------------------------------------------------------------

@@ -151,3 +151,25 @@ def test_bench_report_shows_prediction_beside_measurement():
     assert "pallas-factorized B1 T128 H1 K128 V128 float32 on v6e: predicted 2.00 ms (vpu-bound), " \
            "measured 5.00 ms = 2.50x the estimate" in lines[2]
     assert format_predictions(results[1:]) == []
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--tiles", "chunk_size=64,chunk_size=128"], "'chunk_size' is given twice"),
+    (["--tiles", "chunk_size=64,128"], "chunk_size: expected one value"),
+    (["--dtype", ""], "expected a comma-separated list"),
+])
+def test_cost_usage_errors(capsys, argv, needle):
+    assert main(["cost", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_one_tiles_grammar_for_bench_and_cost():
+    """``key=v1,v2;key2=v3`` and ``key=v1,v2,key2=v3`` are the same grid; a repeated key is an error."""
+    from gdn2_oracle.ci.commands.args import tiles
+    from gdn2_oracle.ci.commands.cost import parse_tiles
+
+    assert tiles("chunk_size=32,64;leaf=8") == tiles("chunk_size=32,64,leaf=8") == {"chunk_size": [32, 64],
+                                                                                   "leaf": [8]}
+    assert parse_tiles("chunk_size=128,leaf=32,split=none") == {"chunk_size": 128, "leaf": 32, "split": None}
+    with pytest.raises(Exception, match="given twice"):
+        tiles("leaf=8;leaf=16")

@@ -88,8 +88,8 @@ def test_mapping_options_order_layout_base2_keywords():
     assert not validate(wrong_order, r).passed  # q and k swapped
     with pytest.raises(RuntimeError, match="size of tensor"):
         validate(MAPPED.replace("layout=bhtk,", ""), r)  # [B, T, H, .] read as [B, H, T, .]
-    with pytest.raises(TypeError, match="scale"):
-        validate(MAPPED.replace(",scale_arg=sm_scale", ""), r)  # the kernel has no keyword `scale`
+    with pytest.raises(ValueError, match=r"does not accept the keyword\(s\) \['scale'\]"):
+        validate(MAPPED.replace(",scale_arg=sm_scale", ""), r)  # the kernel has no keyword `scale`: refused when built
 
 
 def test_pass_through_options_reach_the_kernel():
@@ -252,3 +252,21 @@ def test_fla_triton_kernels_need_cuda(name):
     else:
         with pytest.raises(ValueError, match=r"needs a CUDA device; torch.cuda.is_available\(\) is False"):
             kernels.get(name)
+
+
+def test_a_kernel_that_refuses_all_zero_inputs_is_probed_on_nonzero_ones():
+    """The probe (a first call to learn the results' shapes) runs on zeros; a kernel that refuses zeros is
+    probed again on nonzero inputs and then judged on the cases' data, with a note saying so."""
+    fn = kernels.get("torch:gdn2_oracle.kernels.testing_torch:refuses_zeros[output_final_state=True]")
+    report = validate("torch:gdn2_oracle.kernels.testing_torch:refuses_zeros[output_final_state=True]", recipe())
+    assert report.passed, report.format()
+    p, do, dfs = recipe().build()
+    harness.kernel_results(fn, p, do, dfs)
+    assert "refuses all-zero inputs" in fn.note
+
+
+def test_an_unknown_keyword_is_refused_when_the_kernel_is_built():
+    """A keyword the torch function's signature cannot take is a usage problem before any case runs."""
+    with pytest.raises(ValueError, match=r"does not accept the keyword\(s\) \['bogus'\]"):
+        kernels.get("torch:gdn2_oracle.kernels.testing_torch:recurrent[bogus=1]")
+    kernels.get("torch:gdn2_oracle.kernels.testing_torch:perturbed[anything=1]")  # **kwargs takes any

@@ -276,3 +276,10 @@ def test_problem_is_immutable_and_default_scale():
     with pytest.raises(ValueError):
         p.q[0, 0, 0, 0] = 1.0
     assert p.initial_state is None and np.all(p.h0() == 0) and p.h0().shape == (1, 1, 3, 2)
+
+
+@pytest.mark.parametrize("scale", ["0.5", True, np.bool_(False), [0.5], float("nan")])
+def test_problem_refuses_a_scale_that_is_not_a_finite_real_number(scale):
+    p = oracle.make_problem(1, 3, 1, 4, 2, seed=0)
+    with pytest.raises(ValueError, match="^scale: "):
+        p.replace(scale=scale)
