@@ -40,13 +40,37 @@ def terminate_as_interrupt():
 
     def handler(signum, frame):
         received.terminated = True
+        _SIGNALLED.set()
         raise Terminated(f"signal {signum}")
 
+    def ctrl_c(signum, frame):
+        _SIGNALLED.set()
+        raise KeyboardInterrupt
+
     previous = signal.signal(signal.SIGTERM, handler)
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # else someone else handles Ctrl-C
+    previous_int = signal.signal(signal.SIGINT, ctrl_c) if ours else None
+    _SIGNALLED.clear()
+    _WATCHING.append(ours)
     try:
         yield received
     finally:
+        _WATCHING.pop()
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
+
+
+# Set when a real Ctrl-C or SIGTERM arrived inside terminate_as_interrupt: a KeyboardInterrupt without it was
+# raised by code (a kernel), not by the user. _WATCHING: whether our Ctrl-C handler is the one installed.
+_SIGNALLED = threading.Event()
+_WATCHING = []
+
+
+def by_signal():
+    """Whether the KeyboardInterrupt being handled came from a signal; True unless our handler is installed and
+    saw none (then a kernel raised it itself). Outside :func:`terminate_as_interrupt` every one counts as real."""
+    return not (_WATCHING and _WATCHING[-1]) or _SIGNALLED.is_set()
 
 
 def exit_status(exc):

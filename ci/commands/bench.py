@@ -163,11 +163,13 @@ class Compiled:
         harness.check_representable(problem, dtype)
         self.args = mesh_lib.place_args(harness.device_inputs(problem, do, dfs, dtype))  # on --mesh, if any
         t0 = time.perf_counter()
-        self.exe = harness.runner(fn).lower(*self.args, problem.scale).compile()
+        with harness.guarded():  # tracing runs the kernel's Python
+            self.exe = harness.runner(fn).lower(*self.args, problem.scale).compile()
         self.compile_s = time.perf_counter() - t0
 
     def call(self):
-        return jax.block_until_ready(self.exe(*self.args))
+        with harness.guarded():  # host callbacks (torch kernels) run the kernel's Python
+            return jax.block_until_ready(self.exe(*self.args))
 
 
 def judge(out, shape, dtype, seed, cases):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gdn2_oracle import oracle
+from gdn2_oracle.golden.interrupts import by_signal
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 
 from ..grading.case import Case
@@ -96,7 +97,7 @@ def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="floa
     if mesh is not None:
         (*inputs, jdo), h0 = mesh_lib.place(mesh, (*inputs, jdo), h0)
     try:
-        with _quiet_callback_failures(), mesh_lib.using(mesh):
+        with _quiet_callback_failures(), mesh_lib.using(mesh), guarded():
             out = runner(fn)(tuple(inputs), h0, jdo, jdfs, problem.scale)
             out = jax.block_until_ready(out)
     except Exception as exc:
@@ -105,6 +106,20 @@ def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="floa
             raise
         raise KernelError(line) from None
     return {name: mesh_lib.to_host(x) for name, x in zip(RESULTS, out)}
+
+
+@contextlib.contextmanager
+def guarded():
+    """Around a kernel call: ``sys.exit()`` or a ``KeyboardInterrupt`` raised by the kernel itself becomes a
+    :class:`KernelError` (the case fails, the run goes on); a real Ctrl-C or SIGTERM still stops the run."""
+    try:
+        yield
+    except SystemExit as exc:
+        raise KernelError(f"the kernel called sys.exit({exc.code!r})") from None
+    except KeyboardInterrupt:
+        if by_signal():
+            raise
+        raise KernelError("the kernel raised KeyboardInterrupt itself (no Ctrl-C was pressed)") from None
 
 
 _CALLBACK_LOGGER = "jax._src.callback"  # logs a failed callback's traceback; we report its last line instead

@@ -121,3 +121,47 @@ def test_no_temporary_directories_are_left_by_the_fallback(problem, monkeypatch,
         references.reference_results(*problem, jobs=2)
     assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+KERNELS_THAT_STOP = '''
+import sys
+from gdn2_oracle import kernels
+
+_base = kernels.get("pairwise", chunk_size=16)
+
+
+def exit0(*args, **kwargs):
+    sys.exit(0)
+
+
+def exit3(*args, **kwargs):
+    sys.exit(3)
+
+
+def interrupts(*args, **kwargs):
+    raise KeyboardInterrupt
+'''
+
+
+@pytest.mark.parametrize("name, message", [
+    ("exit0", "the kernel called sys.exit(0)"),
+    ("exit3", "the kernel called sys.exit(3)"),
+    ("interrupts", "the kernel raised KeyboardInterrupt itself"),
+])
+def test_a_kernel_that_exits_or_interrupts_fails_its_cases_and_the_run_goes_on(tmp_path, name, message):
+    """Before: sys.exit(0) in a kernel ended validate with exit 0, no table, no JSON (a false pass)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "stopping_kernels.py").write_text(KERNELS_THAT_STOP)
+    path = tmp_path / "v.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "gdn2_oracle.ci.cli", "validate", "--kernel", "pairwise",
+                           "--kernel", f"stopping_kernels:{name}", "--cases", "golden", "--case", "decay_moderate",
+                           "--dtype", "float32", "--json", str(path), "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "pairwise: PASS" in done.stdout and message in done.stdout, done.stdout
+    report = json.loads(path.read_text())
+    assert [k["passed"] for k in report["kernels"]] == [True, False]
