@@ -218,6 +218,14 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
 # factorized, dh0). The floor is not divided: ~8 float32 ulps is the resolution at which two
 # different float32 computations of one quantity can be asked to agree.
 AGREE_FRACTION = 1 / 3
+# Over the tight bound, within ``max(AGREE_LOSS_FRACTION x MULTIPLE x max(e_rec, e_cum), FLOOR)`` is PRECISION.
+# Two runs that differ in chunk alignment form their exponents from different float32 cumulative sums,
+# so their cancellation losses share no rounding: the difference is ~sqrt(la^2 + lb^2), at least the
+# larger loss, never a fraction of it; and e_cum is measured at one alignment (64-token chunks from 0):
+# a run realigned by a split loses up to 0.90 x MULTIPLE x max(e_rec, e_cum) (chunk 16, split at 2,
+# extreme decay), the one-call run at most 0.14 x. So the fraction is 1: one run's precision-loss bound,
+# the most the realigned run may lose against the oracle anyway (docs/DESIGN.md §4, "Agreement grades").
+AGREE_LOSS_FRACTION = 1.0
 BF16_ULP = 2.0 ** -7  # one bf16 ulp relative to an element in [1, 2) (the largest one sets max_err)
 
 
@@ -232,10 +240,30 @@ def agreement_bound(base_ratio, base_max, dtype, bf16_result=False):
     return tuple(out)
 
 
-def agreement(problem: oracle.Problem, a, b, ref, base, dtype, what="agreement") -> Report:
-    """Judge result mapping ``a`` against ``b`` with :func:`agreement_bound`; errors are normalised as
-    in :func:`compare` (the reference's scale, or the envelope for dg); ``base`` is the :func:`baseline`."""
+def agreement_loss_bound(base_ratio, base_max, cum_ratio, cum_max, dtype, bf16_result=False):
+    """``(bound_ratio, bound_max)`` separating PRECISION from FAIL in an agreement: ``max(AGREE_LOSS_FRACTION x
+    MULTIPLE x max(e_rec, e_cum), FLOOR)`` (plus one bf16 ulp as in :func:`agreement_bound`). A non-finite
+    ``e_cum`` (the cumulative sums overflowed) gives the tight bound itself: nothing can be PRECISION."""
+    tight = agreement_bound(base_ratio, base_max, dtype, bf16_result)
+    out = []
+    for e_rec, e_cum, t in zip((base_ratio, base_max), (cum_ratio, cum_max), tight):
+        if not np.isfinite(e_cum):
+            out.append(t)
+            continue
+        b = max(AGREE_LOSS_FRACTION * MULTIPLE[dtype] * max(e_rec, e_cum), FLOOR[dtype])
+        out.append(max(b + BF16_ULP if bf16_result else b, t))
+    return tuple(out)
+
+
+def agreement(problem: oracle.Problem, a, b, ref, base, dtype, what="agreement", *, cum=None) -> Report:
+    """Judge and grade result mapping ``a`` against ``b``: PASS within :func:`agreement_bound`, PRECISION within
+    :func:`agreement_loss_bound`, else FAIL (a non-finite result: FAIL). Errors are normalised as in
+    :func:`compare` (the reference's scale, or the envelope for dg); ``base`` is the :func:`baseline`, ``cum``
+    the :func:`cumulative_baseline` (same result dtypes) or a function returning it, called only when some
+    finite difference exceeds the tight bound. Without ``cum`` no bound is formed: over the tight bound is FAIL.
+    """
     report = Report(dtype=dtype)
+    judged = []
     for name in RESULTS:
         s_rms, s_max = scales(name, problem, ref)
         e_r, e_m = metrics(a[name], b[name], s_rms, s_max)
@@ -245,5 +273,19 @@ def agreement(problem: oracle.Problem, a, b, ref, base, dtype, what="agreement")
         rule = f"{what} ({AGREE_FRACTION:.3g} x recurrence rule{', floor' if t_r <= FLOOR[dtype] else ''})"
         if bf16:
             rule += " + 1 bf16 ulp"
-        report.verdicts.append(Verdict(name, e_r, e_m, t_r, t_m, rule, bool(e_r <= t_r and e_m <= t_m)))
+        note = ""
+        if not (np.isfinite(e_r) and np.isfinite(e_m)):
+            rule, note = "non-finite", "NaN or inf in a result"
+        passed = bool(e_r <= t_r and e_m <= t_m)
+        judged.append((Verdict(name, e_r, e_m, t_r, t_m, rule, passed, note), (s_rms, s_max), (b_r, b_m), bf16))
+    over = [v.name for v, _, _, _ in judged if not v.passed and v.rule != "non-finite"]
+    if over and callable(cum):
+        cum = cum()
+    for v, (s_rms, s_max), (b_r, b_m), bf16 in judged:
+        if v.name in over and cum is not None:
+            c_r, c_m = metrics(cum[v.name], ref[v.name], s_rms, s_max)
+            l_r, l_m = agreement_loss_bound(b_r, b_m, c_r, c_m, dtype, bf16)
+            grade = PRECISION if v.err_ratio <= l_r and v.max_err <= l_m else FAIL
+            v = Verdict(**{**v.as_dict(), "grade": grade, "bound_ratio": l_r, "bound_max": l_m})
+        report.verdicts.append(v)
     return report
