@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from gdn2_oracle.golden.interrupts import TERMINATED, terminate_as_interrupt
+from gdn2_oracle.golden.processes import TERMINATED, terminate_as_interrupt
 
 from .commands import bench, cost, domain, golden, hunt, validate
 from .commands.args import PROG

@@ -38,7 +38,7 @@ import numpy as np
 from gdn2_oracle.oracle import GRADS, INPUTS, RESULTS, mp
 from . import catalogue
 from .catalogue import GENERATOR_VERSION, PRECISION_BITS
-from .interrupts import exit_status, terminate_as_interrupt, terminate_workers
+from .processes import default_jobs, exit_status, terminate_as_interrupt, terminate_workers
 from .load import GoldenError, decode, encode, read_manifest, sha256
 from .progress import Progress
 
@@ -332,15 +332,10 @@ def _compare(name, data, entry, stored_entry, path: Path) -> list[str]:
     return diffs
 
 
-def _cores():
-    """The cores this process may use: the default number of worker processes."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _parser(prog=PROG):
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", metavar="NAME", help="only this case (repeatable)")
-    ap.add_argument("--jobs", "-j", type=int, default=_cores(), help="worker processes (default: one a core)")
+    ap.add_argument("--jobs", "-j", type=int, default=default_jobs(), help="worker processes (default: one a core)")
     ap.add_argument("--check", action="store_true", help="recompute and verify the stored goldens bit for bit")
     ap.add_argument("--force", action="store_true",
                     help="recompute even up-to-date cases (and rebuild a corrupt manifest)")

@@ -59,7 +59,7 @@ def factorized(chunk_size=64, split=None, leaf=16):
     """Chunked kernel with boundary-factorized score tiles: split at ``split`` (default middle), recurse to ``leaf``.
 
     Blocks of at most ``leaf`` tokens are done pairwise (so ``leaf == chunk_size`` is the pairwise kernel).
-    Default leaf 16; on CPU ``leaf=4`` is faster (README "Performance").
+    Default leaf 16; on CPU ``leaf=4`` is faster (docs/oracles-and-kernels.md).
     """
     C = _check_int("chunk_size", chunk_size, *CHUNK_RANGE)
     if split is not None:

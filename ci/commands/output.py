@@ -12,7 +12,7 @@ from pathlib import Path
 from gdn2_oracle.golden.progress import Progress
 
 
-# Exit status of each outcome of a command (README "Exit codes and interrupted reports").
+# Exit status of each outcome of a command (README "Exit codes", docs/commands.md).
 EXIT = {"pass": 0, "fail": 1, "usage": 2, "input-error": 3, "interrupted": 130,
         "precision": 0}  # precision: some case graded PRECISION (a warning; validate --strict: 1)
 

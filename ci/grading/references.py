@@ -19,18 +19,13 @@ import warnings
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.golden.interrupts import terminate_workers
+from gdn2_oracle.golden.processes import default_jobs, terminate_workers
 
 # B * H * K * V * T below this (about a second of oracle work): not worth the workers' start-up.
 MIN_WORK = 2**26
 # Worker processes of the CLI's oracle (``--jobs``); None: one a core (``default_jobs``).
 JOBS = None
 STATES = ("initial_state", "dfinal_state", "final_state", "dh0")  # [B, H, K, V]: the head axis is 1, not 2
-
-
-def default_jobs():
-    """The number of worker processes by default: the cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _check_jobs(jobs):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.golden.interrupts import by_signal
+from gdn2_oracle.golden.processes import by_signal
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 
 from ..grading.case import Case

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -26,12 +27,15 @@ def test_workers_reproduce_one_process_bit_for_bit(monkeypatch, shape):
 
 
 @pytest.mark.parametrize("in_memory", [True, False])  # /dev/shm, or the temp dir when /dev/shm lacks room
-def test_scratch_files_are_removed_and_results_are_plain_arrays(monkeypatch, tmp_path, in_memory):
+def test_scratch_files_are_removed_and_results_are_plain_arrays(monkeypatch, tmp_path, request, in_memory):
     monkeypatch.setattr(references, "MIN_WORK", 0)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    if not in_memory:
-        monkeypatch.setattr(references, "_scratch_dir", lambda nbytes: None)
-    scratch = Path(references._scratch_dir(1) or tmp_path)
+    scratch = Path(references._scratch_dir(1) or tmp_path) if in_memory else tmp_path
+    if in_memory and scratch != tmp_path:  # a private folder in /dev/shm: other processes' runs do not count
+        scratch = scratch / f"gdn2-test-{os.getpid()}-{tmp_path.name}"
+        scratch.mkdir()
+        request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    monkeypatch.setattr(references, "_scratch_dir", lambda nbytes: None if scratch == tmp_path else str(scratch))
     before = set(scratch.glob("gdn2-oracle-*"))
     problem = make_problem(2, 8, 1, 4, 4)
     do, dfs = random_cotangents(problem, seed=1)
@@ -64,7 +68,11 @@ def test_cli_jobs_sets_the_oracle_workers(monkeypatch):
     assert references.JOBS is None  # the next command without --jobs: one a core again
 
 
-def test_float64_and_mpmath_oracles_default_to_one_worker_a_core():
+def test_float64_and_mpmath_oracles_default_to_one_worker_a_core(monkeypatch):
+    """One worker a core this process may use (its CPU affinity, not the machine's core count)."""
     from gdn2_oracle.golden import regenerate
 
-    assert regenerate._parser().parse_args([]).jobs == references.default_jobs() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert references.default_jobs() == 3
+    assert regenerate._parser().parse_args([]).jobs == 3

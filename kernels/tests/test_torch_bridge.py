@@ -214,7 +214,7 @@ def test_fla_gdn2_reference_matches_a_golden_case(name):
 
 
 def test_fla_findings_gdn2_bf16_output_dtype_and_chunk_nan_gradients():
-    """The two FLA findings README reports, on goldens: the GDN-2 references return o in float32 for
+    """The two FLA findings of docs/findings.md, on goldens: the GDN-2 references return o in float32 for
     bf16 inputs; the chunked one gives NaN gradients once a chunk's decay span overflows exp."""
     gd = golden.load("bf16_moderate")
     with pytest.raises(harness.ContractError, match=r"returned o of dtype float32, expected bfloat16"):

@@ -1,5 +1,8 @@
-"""Every ``gdn2-oracle``, ``make`` and ``pytest`` command README.md shows, read from README.md when the
-tests are collected (code blocks, indented or fenced, with ``\\`` continuations; and inline code spans).
+"""Every ``gdn2-oracle``, ``make``, ``pytest`` and ``python -m gdn2_oracle...`` command the documentation shows --
+README.md and the pages ``docs/*.md`` (but :data:`EXCLUDED`) -- read from those files when the tests are
+collected (code blocks, indented or fenced, with ``\\`` continuations; and inline code spans). Leading
+environment assignments (``PYTHONPATH=. gdn2-oracle ...``, ``XLA_FLAGS=... pytest ...``) are kept with the
+command. A command shown on several pages is checked once, under its first place (README first).
 
 What is checked, and what is not:
 
@@ -11,18 +14,26 @@ What is checked, and what is not:
   on a copy of the corpus (``--root``; nothing is out of date, so nothing is recomputed); ``golden
   check`` restricted to one case (``--case len_1``); ``validate`` with the work capped by appending
   ``--case len_1 --dtype float32``; ``bench`` with the shape, dtype and repeats overridden to a tiny
-  problem and no tile sweep. Commands naming a Pallas or peer kernel are only parsed and built (the
-  Pallas interpreter is too slow here; the peers are an optional extra), and so are ``--distributed``
-  ones (ci/tests/test_multihost.py runs that option with two processes as two hosts). The README's
-  placeholder ``mypkg.gdn:kernel`` is provided as a module wrapping our pairwise kernel.
-* ``make X``: ``X`` is a target of the Makefile and ``make -n X`` (a dry run) succeeds; the targets
-  themselves are what CI runs.
+  problem and no tile sweep; ``hunt`` with a budget of 3; ``domain`` on a two-cell grid. Each must exit 0,
+  except the deliberately wrong test kernels the docs show failing (:data:`EXPECTED_EXIT`). Commands naming
+  a Pallas or peer kernel are only parsed and built (the Pallas interpreter is too slow here; the peers are
+  an optional extra), and so are ``--distributed`` ones (ci/tests/test_multihost.py runs that option with
+  two processes as two hosts) and those with an environment other than ``PYTHONPATH`` (``XLA_FLAGS`` must
+  be set before JAX starts; ci/tests/test_mesh.py runs the 8-device mesh commands). The docs' placeholder
+  ``mypkg.gdn:kernel`` is provided as a module wrapping our pairwise kernel, in the working directory (for
+  ``PYTHONPATH=.``) and on ``sys.path``.
+* ``make X``: ``X`` is a target of the Makefile and ``make -n X`` (a dry run, with the command's
+  environment) succeeds; the targets themselves are what CI runs.
 * ``python -m gdn2_oracle.ci.benchmarks.X ...``: the arguments parse with the script's ``build_parser()``;
   the oracle and kernel benchmarks then run in-process with a tiny shape appended (``SMALL``; the later
   option wins). The tolerance calibration (minutes: every regime, shape and seed) is only parsed.
-* ``pytest ...``: each command collects (``--co``) in a subprocess with the plugin's options, so its
-  options, kernels, profile and xfails file (the one README shows, written to a file) are accepted;
-  the tests themselves are run by ``make test``.
+* ``pytest ...``: each command collects (``--co``) in a subprocess with the plugin's options and the
+  command's environment, so its options, kernels, profile and xfails file (the one README shows, written
+  to a file) are accepted; the tests themselves are run by ``make test``.
+
+And README.md is a front door: at most :data:`README_MAX_LINES` lines, with a table of contents whose links
+resolve to its headings; every relative link of README.md and the pages (files, and ``#anchors`` of their
+headings) resolves.
 """
 
 from __future__ import annotations
@@ -49,16 +60,32 @@ from gdn2_oracle.golden import regenerate
 
 REPO = Path(__file__).resolve().parents[3]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+# Pages of docs/ whose commands are not checked, and why.
+EXCLUDED = {
+    "docs/DESIGN.md": "the design document: its command lines are grammar sketches ([--case NAME ...], a|b), "
+                      "not commands",
+}
+PAGES = [README] + sorted(p for p in DOCS.glob("*.md") if p.relative_to(REPO).as_posix() not in EXCLUDED)
+# Pages README links to that other engineers are still writing: a link to them may dangle until they land.
+PENDING = {DOCS / "modes.md", DOCS / "serving.md"}
+README_MAX_LINES = 220
 PROGRAMS = ("gdn2-oracle", "make", "pytest", ".venv/bin/pytest", "python")
-PLACEHOLDER_MODULE = "mypkg.gdn"  # README's example of a user's kernel module
+PLACEHOLDER_MODULE = "mypkg.gdn"  # the docs' example of a user's kernel module
 # Kernels that cannot be built here: the atomic-ops peers (extra `peers`, not installed by make test)
 # and FLA's Triton kernels (need CUDA); they are parsed only.
 OPTIONAL = {"atomic-ops", "atomic-gdn2", "fla-gdn2-chunk", "fla-kda-chunk"}
 OPTIONAL_PREFIXES = ("torch:fla.",)  # FLA's package modules import Triton
+# Environment a command may carry and still run in this process (the placeholder module is importable here).
+IN_PROCESS_ENV = {"PYTHONPATH"}
+# Deliberately wrong test kernels the docs show failing, and the exit status their commands must give.
+EXPECTED_EXIT = {"gdn2_oracle.kernels.testing:restarting": cli.EXIT["fail"]}
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def readme_commands(text):
-    """``[(line, argv)]`` of the commands README ``text`` shows (programs in :data:`PROGRAMS`)."""
+    """``[(line, env, argv)]`` of the commands a Markdown ``text`` shows (programs in :data:`PROGRAMS`), with
+    their leading environment assignments as ``env``."""
     found, lines, prose, fenced, i = [], text.splitlines(), [], False, 0
     while i < len(lines):
         line = lines[i]
@@ -83,30 +110,63 @@ def readme_commands(text):
             argv = shlex.split(cmd, comments=True)
         except ValueError:
             continue
-        if len(argv) >= 2 and argv[0] in PROGRAMS and tuple(argv) not in seen:
-            seen.add(tuple(argv))
-            out.append((n, argv))
+        env = {}
+        while argv and ASSIGNMENT.match(argv[0]):
+            key, value = argv.pop(0).split("=", 1)
+            env[key] = value
+        key = (tuple(sorted(env.items())), tuple(argv))
+        if len(argv) >= 2 and argv[0] in PROGRAMS and key not in seen:
+            seen.add(key)
+            out.append((n, env, argv))
     return out
 
 
-COMMANDS = readme_commands(README.read_text(encoding="utf-8"))
+class Command:
+    """A command shown in the docs: where (page, line), its environment and its argv."""
+
+    def __init__(self, page, line, env, argv):
+        self.page, self.line, self.env, self.argv = page, line, env, argv
+
+    def __repr__(self):
+        env = " ".join(f"{k}={v}" for k, v in self.env.items())
+        return f"{self.page}:L{self.line}: {env + ' ' if env else ''}{' '.join(self.argv)}"
+
+
+def doc_commands(pages=PAGES):
+    """The commands of every page, each (environment and argv) once, under its first place."""
+    out, seen = [], set()
+    for page in pages:
+        for n, env, argv in readme_commands(page.read_text(encoding="utf-8")):
+            key = (tuple(sorted(env.items())), tuple(argv))
+            if key not in seen:
+                seen.add(key)
+                out.append(Command(page.relative_to(REPO).as_posix(), n, env, argv))
+    return out
+
+
+COMMANDS = doc_commands()
+
+
+def _param(c):
+    return pytest.param(c, id=repr(c)[:110])
 
 
 def _of(*programs):
-    return [pytest.param(argv, id=f"L{n}:{' '.join(argv)[:70]}") for n, argv in COMMANDS if argv[0] in programs]
+    return [_param(c) for c in COMMANDS if c.argv[0] in programs]
 
 
-def test_the_readme_shows_commands_of_each_kind():
-    assert {argv[0] for _, argv in COMMANDS} >= {"gdn2-oracle", "make", "pytest"}
+def test_the_docs_show_commands_of_each_kind():
+    assert {c.argv[0] for c in COMMANDS if c.page == "README.md"} >= {"gdn2-oracle", "make", "pytest"}
+    assert {c.page for c in COMMANDS} > {"README.md"}, "no command of docs/*.md was found"
     assert readme_commands("    gdn2-oracle bench --kernel a \\\n        --batch 1   # comment\n`make test` and "
-                           "`pytest --pyargs x\ny`\n") == [
-        (1, ["gdn2-oracle", "bench", "--kernel", "a", "--batch", "1"]), (3, ["make", "test"]),
-        (3, ["pytest", "--pyargs", "x", "y"])]
+                           "`pytest --pyargs x\ny`\n`PYTHONPATH=. gdn2-oracle validate`\n") == [
+        (1, {}, ["gdn2-oracle", "bench", "--kernel", "a", "--batch", "1"]), (3, {}, ["make", "test"]),
+        (3, {}, ["pytest", "--pyargs", "x", "y"]), (5, {"PYTHONPATH": "."}, ["gdn2-oracle", "validate"])]
 
 
 @pytest.fixture(scope="module")
 def user_pkg(tmp_path_factory):
-    """A directory on ``sys.path`` with README's placeholder kernel module (kept for the module, so the
+    """A directory on ``sys.path`` with the docs' placeholder kernel module (kept for the module, so the
     kernel is compiled once) and the xfails file README shows."""
     root = tmp_path_factory.mktemp("user")
     (root / "mypkg").mkdir()
@@ -130,8 +190,10 @@ def user_pkg(tmp_path_factory):
 
 @pytest.fixture
 def user_dir(user_pkg, tmp_path, monkeypatch):
-    """A fresh working directory (outputs land here) with the user's package importable."""
+    """A fresh working directory (outputs land here) holding the user's package (for ``PYTHONPATH=.``) and
+    xfails file, with the package importable in this process."""
     shutil.copy(user_pkg / "gdn2-xfails.txt", tmp_path / "gdn2-xfails.txt")
+    shutil.copytree(user_pkg / "mypkg", tmp_path / "mypkg")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -141,8 +203,9 @@ def _kernel_specs(args):
     return [KernelSpec.parse(k) for k in ([named] if isinstance(named, str) else named)]
 
 
-@pytest.mark.parametrize("argv", _of("gdn2-oracle"))
-def test_gdn2_oracle_command_parses_and_its_arguments_are_valid(argv, user_dir):
+@pytest.mark.parametrize("command", _of("gdn2-oracle"))
+def test_gdn2_oracle_command_parses_and_its_arguments_are_valid(command, user_dir):
+    argv = command.argv
     args = cli.build_parser().parse_args(argv[1:])
     if args.command == "golden":
         extra = {"check": ["--check"], "list": ["--list"]}.get(args.action, [])
@@ -164,12 +227,19 @@ def _optional(name):
     return name in OPTIONAL or name.startswith(OPTIONAL_PREFIXES)
 
 
-def _runnable(argv):
-    """Whether a README command is cheap enough to run here on ``--case len_1`` (no Pallas, peer or FLA
-    kernel: the Pallas interpreter is slow, the peers optional, and the KDA peers refuse that case) in one
-    process (``--distributed`` runs need their other hosts: ci/tests/test_multihost.py runs two)."""
-    return "--distributed" not in argv and not any(k.startswith(("pallas-", "atomic-", "fla-", "torch:fla."))
+def _buildable(argv):
+    """Whether a command's kernels can be built here and it needs no other host: no peer or FLA kernel (the
+    peers are optional, FLA's Triton kernels need CUDA, the KDA peers refuse most cases) and no
+    ``--distributed`` (its other hosts: ci/tests/test_multihost.py runs two)."""
+    return "--distributed" not in argv and not any(k.startswith(("atomic-", "fla-", "torch:fla."))
                                                    for a in argv for k in a.split(","))
+
+
+def _runnable(command):
+    """Whether a command is cheap enough to run here in this process on ``--case len_1``: buildable, no Pallas
+    kernel (the Pallas interpreter is slow) and no environment that must be set before JAX starts."""
+    return (_buildable(command.argv) and set(command.env) <= IN_PROCESS_ENV
+            and not any(k.startswith("pallas-") for a in command.argv for k in a.split(",")))
 
 
 TINY = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--dtype", "float32", "--repeats", "1",
@@ -177,25 +247,26 @@ TINY = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--dtype",
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv", [p for p in _of("gdn2-oracle") if _runnable(p.values[0])])
-def test_gdn2_oracle_command_runs(argv, user_dir, tmp_path, capsys, monkeypatch):
-    command = next(a for a in argv[1:] if not a.startswith("-"))  # after global options
+@pytest.mark.parametrize("command", [p for p in _of("gdn2-oracle") if _runnable(p.values[0])])
+def test_gdn2_oracle_command_runs(command, user_dir, tmp_path, capsys, monkeypatch):
+    argv = command.argv
+    subcommand = next(a for a in argv[1:] if not a.startswith("-"))  # after global options
     extra = []
-    if command == "validate":
+    if subcommand == "validate":
         extra = ["--case", "len_1", "--dtype", "float32"]
-    elif command == "bench":
+    elif subcommand == "bench":
         extra = TINY
-    elif command == "golden" and argv[2] == "regenerate":
+    elif subcommand == "golden" and argv[2] == "regenerate":
         # a copy of the corpus; --force recomputes, so it is limited to the cheapest case
         root = tmp_path / "golden_copy"
         shutil.copytree(Path(regenerate.__file__).parent / "data", root / "data")
         shutil.copy(Path(regenerate.__file__).parent / "MANIFEST.json", root / "MANIFEST.json")
         extra = ["--root", str(root)] + (["--case", "len_1"] if "--force" in argv else [])
-    elif command == "golden" and argv[2] == "check":
+    elif subcommand == "golden" and argv[2] == "check":
         extra = ["--case", "len_1"]
-    elif command == "hunt":
+    elif subcommand == "hunt":
         extra = ["--budget", "3", "--seed", "0", "--no-progress"]
-    elif command == "domain":  # both grids replaced by a two-cell one (ci/tests/test_domain.py maps for real)
+    elif subcommand == "domain":  # both grids replaced by a two-cell one (ci/tests/test_domain.py maps for real)
         tiny = domain.Grid("quick", (domain.Axis("strength", "log-decay strength s", (0.1, 1.0)),),
                            seeds=1, base=domain.Point(T=16), shape=(1, 1, 8, 8))
         monkeypatch.setitem(domain.GRIDS, "quick", tiny)
@@ -203,9 +274,10 @@ def test_gdn2_oracle_command_runs(argv, user_dir, tmp_path, capsys, monkeypatch)
         extra = ["--no-progress"]
     code = cli.main([*argv[1:], *extra])
     out, err = capsys.readouterr()
-    assert code == 0, out + err
+    expected = next((c for k, c in EXPECTED_EXIT.items() if any(k in a for a in argv)), 0)
+    assert code == expected, out + err
     assert "Traceback" not in out + err
-    if command == "golden" and argv[2] == "regenerate":
+    if subcommand == "golden" and argv[2] == "regenerate":
         assert ("1 regenerated" if "--force" in argv else "0 regenerated") in out
     args = cli.build_parser().parse_args(argv[1:])
     for opt in ("json", "plot"):
@@ -216,16 +288,17 @@ def test_gdn2_oracle_command_runs(argv, user_dir, tmp_path, capsys, monkeypatch)
 MAKE_TARGETS = set(re.findall(r"^([A-Za-z][\w.-]*):", (REPO / "Makefile").read_text(), re.M))
 
 
-@pytest.mark.parametrize("argv", _of("make"))
-def test_make_command_names_a_target_that_dry_runs(argv):
-    targets = argv[1:]
+@pytest.mark.parametrize("command", _of("make"))
+def test_make_command_names_a_target_that_dry_runs(command):
+    targets = command.argv[1:]
     assert set(targets) <= MAKE_TARGETS, f"{targets} not in the Makefile's targets {sorted(MAKE_TARGETS)}"
-    dry = subprocess.run(["make", "-n", *targets], cwd=REPO, capture_output=True, text=True, timeout=60)
+    dry = subprocess.run(["make", "-n", *targets], cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, **command.env})
     assert dry.returncode == 0, dry.stderr
 
 
-# Collect each command in one process (JAX is imported once): ``--pyargs`` ones from the user's
-# directory (as a user runs them), the others (paths of this repository) from its root.
+# Collect each command in one process per environment (JAX is imported once): ``--pyargs`` ones from the
+# user's directory (as a user runs them), the others (paths of this repository) from its root.
 COLLECT = """
 import json, os, sys, pytest
 codes = []
@@ -240,16 +313,21 @@ print("CODES", json.dumps(codes))
 def test_pytest_commands_collect_with_their_options(user_dir, user_pkg):
     # Commands naming a kernel that cannot be built here (FLA's Triton kernels: CUDA only) cannot
     # collect: the suite builds its kernels at collection. Their kernel names are checked above.
-    runs = [(str(user_dir if "--pyargs" in argv else REPO), argv[1:]) for argv in
-            (p.values[0] for p in _of("pytest", ".venv/bin/pytest")) if _runnable(argv) or "pallas" in " ".join(argv)]
-    assert runs
-    proc = subprocess.run([sys.executable, "-c", COLLECT, json.dumps(runs)], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": str(user_pkg)})
-    codes = json.loads(proc.stdout.rsplit("CODES", 1)[1]) if "CODES" in proc.stdout else None
-    assert codes == [0] * len(runs), (runs, proc.stdout[-3000:], proc.stderr[-3000:])
+    groups = {}
+    for c in (p.values[0] for p in _of("pytest", ".venv/bin/pytest")):
+        if _buildable(c.argv):
+            groups.setdefault(tuple(sorted(c.env.items())), []).append(
+                (str(user_dir if "--pyargs" in c.argv else REPO), c.argv[1:]))
+    assert groups
+    for env, runs in groups.items():
+        # PYTHONPATH=. in a command: "." is the user's directory, where the subprocess starts
+        proc = subprocess.run([sys.executable, "-c", COLLECT, json.dumps(runs)], capture_output=True, text=True,
+                              timeout=600, cwd=user_dir, env={**os.environ, "PYTHONPATH": str(user_pkg), **dict(env)})
+        codes = json.loads(proc.stdout.rsplit("CODES", 1)[1]) if "CODES" in proc.stdout else None
+        assert codes == [0] * len(runs), (env, runs, proc.stdout[-3000:], proc.stderr[-3000:])
 
 
-# Appended to the README's benchmark commands so that they run in seconds (argparse: the later option wins),
+# Appended to the docs' benchmark commands so that they run in seconds (argparse: the later option wins),
 # and what their output must then say.
 SMALL = {
     "gdn2_oracle.ci.benchmarks.bench_oracle": (
@@ -259,21 +337,23 @@ SMALL = {
         ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "8", "--chunk", "16", "--repeats", "1"],
         r"speed-up factorized vs pairwise"),
 }
-PYTHON_MODULES = [p for p in _of("python") if p.values[0][1:2] == ["-m"]
-                  and p.values[0][2].startswith("gdn2_oracle.")]
+PYTHON_MODULES = [p for p in _of("python") if p.values[0].argv[1:2] == ["-m"]
+                  and p.values[0].argv[2:3] and p.values[0].argv[2].startswith("gdn2_oracle.")]
 
 
-def test_the_readme_shows_python_module_commands():
-    assert {p.values[0][2] for p in PYTHON_MODULES} >= set(SMALL)
+def test_the_docs_show_python_module_commands():
+    assert {p.values[0].argv[2] for p in PYTHON_MODULES} >= set(SMALL)
 
 
-@pytest.mark.parametrize("argv", PYTHON_MODULES)
-def test_python_module_command_parses(argv):
+@pytest.mark.parametrize("command", PYTHON_MODULES)
+def test_python_module_command_parses(command):
+    argv = command.argv
     importlib.import_module(argv[2]).build_parser().parse_args(argv[3:])
 
 
-@pytest.mark.parametrize("argv", [p for p in PYTHON_MODULES if p.values[0][2] in SMALL])
-def test_python_module_command_runs_at_a_small_size(argv, capsys, monkeypatch):
+@pytest.mark.parametrize("command", [p for p in PYTHON_MODULES if p.values[0].argv[2] in SMALL])
+def test_python_module_command_runs_at_a_small_size(command, capsys, monkeypatch):
+    argv = command.argv
     monkeypatch.setattr(references, "MIN_WORK", 0)  # --jobs N: really spawn the workers
     extra, expected = SMALL[argv[2]]
     importlib.import_module(argv[2]).main(argv[3:] + extra)
@@ -281,3 +361,84 @@ def test_python_module_command_runs_at_a_small_size(argv, capsys, monkeypatch):
     assert re.search(expected, out), out
     if "--jobs" in argv:
         assert "identical bit for bit" in out, out
+
+
+# --- README as a front door, and the links between the pages ------------------------------------------
+
+def headings(text):
+    """``[(level, title)]`` of a Markdown text's ATX headings (outside fenced code blocks)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"(#{1,6}) +(.*?) *#*$", line)):
+            out.append((len(m.group(1)), m.group(2)))
+    return out
+
+
+def anchors(text):
+    """The anchors GitHub gives a Markdown text's headings: lower case, punctuation dropped, spaces to
+    hyphens, ``-1``, ``-2``, ... for repeats."""
+    out, count = set(), {}
+    for _, title in headings(text):
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title)  # a link's text
+        slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        n = count.get(slug, 0)
+        count[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def links(text):
+    """``[(line, target)]`` of a Markdown text's inline links and images (outside code)."""
+    out, fenced = [], False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced or line.startswith("    "):
+            continue
+        line = re.sub(r"`[^`]*`", "", line)
+        out += [(n, m.group(1)) for m in re.finditer(r"\]\(([^)\s]+)\)", line)]
+    return out
+
+
+def test_the_anchor_rules_follow_github():
+    assert anchors("# A b\n## 4. How we judge a comparison\n### PyTorch kernels (`kernels/torch_bridge.py`)\n"
+                   "## The oracle on every core (`--jobs`)\n## FLA's peers\n## A b\n```\n# not a heading\n```\n") == {
+        "a-b", "4-how-we-judge-a-comparison", "pytorch-kernels-kernelstorch_bridgepy",
+        "the-oracle-on-every-core---jobs", "flas-peers", "a-b-1"}
+
+
+def test_readme_is_short_with_a_table_of_contents_that_resolves():
+    text = README.read_text(encoding="utf-8")
+    n_lines = len(text.splitlines())
+    assert n_lines <= README_MAX_LINES, f"README.md has {n_lines} lines; the details belong in docs/"
+    hs = headings(text)
+    assert [t for lvl, t in hs if lvl == 2][:1] == ["Contents"], "README.md must open with '## Contents'"
+    toc = text.split("## Contents", 1)[1].split("\n## ", 1)[0]
+    entries = re.findall(r"^\s*[-*] \[([^\]]+)\]\(#([^)]+)\)", toc, re.M)
+    assert entries, "the table of contents lists no '- [Title](#anchor)' entries"
+    own = anchors(text)
+    assert [a for _, a in entries if a not in own] == [], "table-of-contents links to no heading of README.md"
+    sections = [t for lvl, t in hs if lvl == 2 and t != "Contents"]
+    assert [t for t, _ in entries] == sections, "the table of contents is not README.md's sections, in order"
+
+
+LINKED_PAGES = [README, *sorted(DOCS.glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_relative_links_resolve(page):
+    bad = []
+    for n, target in links(page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            if dest not in PENDING:
+                bad.append(f"L{n}: {target}: no file {dest}")
+            continue
+        if anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text(encoding="utf-8")):
+            bad.append(f"L{n}: {target}: no heading with the anchor #{anchor} in {dest.name}")
+    assert bad == [], "\n".join(bad)

@@ -1,4 +1,4 @@
-"""Stopping long work cleanly: SIGTERM handled as Ctrl-C, and a process pool's workers stopped at once.
+"""Worker processes of long work: how many (one a core), stopping them at once, and SIGTERM handled as Ctrl-C.
 
 A cancelled CI job or ``timeout`` sends SIGTERM; by default Python dies at once, printing nothing and leaving
 spawned workers orphaned. Inside :func:`terminate_as_interrupt` SIGTERM raises :class:`Terminated` (a
@@ -9,6 +9,7 @@ spawned workers orphaned. Inside :func:`terminate_as_interrupt` SIGTERM raises :
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 
@@ -86,3 +87,8 @@ def terminate_workers(pool):
         return
     for proc in list((getattr(pool, "_processes", None) or {}).values()):
         proc.terminate()
+
+
+def default_jobs():
+    """The number of worker processes by default: the cores this process may use (its CPU affinity)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
