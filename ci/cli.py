@@ -45,26 +45,48 @@ class _Exit(Exception):
         self.status = status
 
 
+def _global_options(parser, default):
+    """The options every command takes, before or after its name (``default``: argparse.SUPPRESS in a subcommand,
+    so that an option given before the subcommand's name is not reset by the subcommand's default)."""
+    parser.add_argument("--no-compile-cache", action="store_true", default=default if default else False,
+                        help="do not use JAX's persistent compilation cache (default directory: env "
+                             "GDN2_COMPILE_CACHE, else JAX_COMPILATION_CACHE_DIR, else ~/.cache/gdn2-oracle/jax; "
+                             "GDN2_COMPILE_CACHE=off disables it too)")
+    d = parser.add_argument_group("multi-host runs (one process a host, e.g. a TPU pod slice; "
+                                  "ci/running/multihost.py)")
+    d.add_argument("--distributed", action="store_true", default=default if default else False,
+                   help="call jax.distributed.initialize() first (auto-detected on Cloud TPU, SLURM, Open MPI); "
+                        "each host then computes its share of the float64 oracle")
+    d.add_argument("--coordinator", metavar="HOST:PORT", default=default,
+                   help="with --distributed: the coordinator's address (default: auto, or env JAX_COORDINATOR_ADDRESS)")
+    d.add_argument("--num-processes", type=int, metavar="N", default=default,
+                   help="with --distributed: the number of processes")
+    d.add_argument("--process-id", type=int, metavar="I", default=default,
+                   help="with --distributed: this process's index")
+    d.add_argument("--init-timeout", type=int, metavar="S", default=default,
+                   help="with --distributed: seconds to wait for the other processes (default 300)")
+
+
+class _Commands:
+    """The subparsers, each given the global options (so every subcommand's --help shows them)."""
+
+    def __init__(self, sub, parents):
+        self.sub, self.parents = sub, parents
+
+    def add_parser(self, name, **kwargs):
+        return self.sub.add_parser(name, parents=self.parents, **kwargs)
+
+
 def build_parser():
     """The parser: global options, then one subparser per entry of :data:`COMMANDS`."""
     ap = _Parser(prog=PROG, description="Validation-gated checks and benchmarks for GDN-2 kernels.")
-    ap.add_argument("--no-compile-cache", action="store_true",
-                    help="do not use JAX's persistent compilation cache (default directory: env GDN2_COMPILE_CACHE, "
-                         "else ~/.cache/gdn2-oracle/jax; GDN2_COMPILE_CACHE=off disables it too)")
-    d = ap.add_argument_group("multi-host runs (one process a host, e.g. a TPU pod slice; ci/running/multihost.py)")
-    d.add_argument("--distributed", action="store_true",
-                   help="call jax.distributed.initialize() first (auto-detected on Cloud TPU, SLURM, Open MPI); "
-                        "each host then computes its share of the float64 oracle")
-    d.add_argument("--coordinator", metavar="HOST:PORT",
-                   help="with --distributed: the coordinator's address (default: auto, or env JAX_COORDINATOR_ADDRESS)")
-    d.add_argument("--num-processes", type=int, metavar="N", help="with --distributed: the number of processes")
-    d.add_argument("--process-id", type=int, metavar="I", help="with --distributed: this process's index")
-    d.add_argument("--init-timeout", type=int, metavar="S",
-                   help="with --distributed: seconds to wait for the other processes (default 300)")
+    _global_options(ap, None)
+    shared = argparse.ArgumentParser(add_help=False)
+    _global_options(shared, argparse.SUPPRESS)
     sub = ap.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
     sub.required = True
     for module in COMMANDS.values():
-        module.add_parser(sub)
+        module.add_parser(_Commands(sub, [shared]))
     return ap
 
 

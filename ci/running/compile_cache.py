@@ -1,7 +1,7 @@
 """JAX's persistent compilation cache for the CLI: a second ``validate``/``bench`` reuses compiled programs.
 
-The directory is env ``GDN2_COMPILE_CACHE`` if set (``off`` disables it), else
-``$XDG_CACHE_HOME/gdn2-oracle/jax`` (default ``~/.cache/gdn2-oracle/jax``); ``--no-compile-cache`` turns it off.
+The directory is env ``GDN2_COMPILE_CACHE`` if set (``off`` disables it), else JAX's ``JAX_COMPILATION_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/gdn2-oracle/jax`` (default ``~/.cache/gdn2-oracle/jax``); ``--no-compile-cache`` turns it off.
 """
 
 from __future__ import annotations
@@ -10,16 +10,20 @@ import os
 from pathlib import Path
 
 ENV = "GDN2_COMPILE_CACHE"
+JAX_ENV = "JAX_COMPILATION_CACHE_DIR"  # honoured when GDN2_COMPILE_CACHE is not set
 OFF = ("", "0", "off", "false", "no")
 # Programs that compile faster than this are not worth a disk entry (JAX's own default is 1 s).
 MIN_COMPILE_SECONDS = 0.2
 
 
 def cache_dir():
-    """The cache directory in force (None when env GDN2_COMPILE_CACHE turns it off)."""
+    """The cache directory in force: env GDN2_COMPILE_CACHE (``off`` disables it), else JAX's own env
+    JAX_COMPILATION_CACHE_DIR, else ``$XDG_CACHE_HOME/gdn2-oracle/jax``."""
     value = os.environ.get(ENV)
     if value is not None:
         return None if value.strip().lower() in OFF else Path(value).expanduser()
+    if os.environ.get(JAX_ENV, "").strip():
+        return Path(os.environ[JAX_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "gdn2-oracle" / "jax"
 

@@ -11,6 +11,7 @@ import math
 
 import pytest
 
+from gdn2_oracle.ci.cli import build_parser
 from gdn2_oracle.ci.commands import bench
 from gdn2_oracle.ci.commands.output import UsageError, jsonable
 from gdn2_oracle.ci.commands.provenance import source_sha256
@@ -220,3 +221,14 @@ def test_kernel_lists_with_bracketed_options_are_two_kernels(cli, tmp_path):
         ("factorized[chunk_size=32,leaf=8]", {"chunk_size": 32, "leaf": 8}), ("pairwise", {})]
     code, _, err = cli("validate", "--kernel", "factorized[chunk_size=32,chunk_size=64]", "--no-progress")
     assert code == 2 and "'chunk_size' is given twice" in err, err
+
+
+@pytest.mark.parametrize("command, rest", [("validate", []), ("bench", []), ("golden", ["check"]),
+                                           ("domain", ["--kernel", "pairwise"]), ("hunt", ["--kernel", "pairwise"]),
+                                           ("cost", [])])
+def test_global_options_are_in_every_subcommands_help_and_work_after_its_name(cli, command, rest):
+    code, out, _ = cli(command, "--help")
+    assert code == 0 and "--no-compile-cache" in out and "--distributed" in out and "--init-timeout" in out, out
+    args = build_parser().parse_args([command, "--no-compile-cache", *rest])
+    assert args.no_compile_cache is True and args.distributed is False
+    assert build_parser().parse_args(["--no-compile-cache", command, *rest]).no_compile_cache is True

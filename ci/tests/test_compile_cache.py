@@ -44,3 +44,11 @@ def test_validate_fills_the_cache_unless_told_not_to(tmp_path):
     code, out = _cli(tmp_path, on, *CASE)
     assert code == 0, out
     assert any(on.iterdir()), "no compiled program was written to the cache"
+
+
+def test_jax_own_cache_variable_is_honoured(monkeypatch, tmp_path):
+    monkeypatch.delenv(compile_cache.ENV, raising=False)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    assert compile_cache.cache_dir() == tmp_path / "jax"
+    monkeypatch.setenv(compile_cache.ENV, "off")  # ours wins
+    assert compile_cache.cache_dir() is None
