@@ -36,6 +36,7 @@ import numpy as np
 from gdn2_oracle.oracle import RESULTS, Recipe
 
 from ..grading.case import Case
+from ..grading.grades import FAIL, PASS
 from ..running import harness, multihost
 from ..running import mesh as mesh_lib
 from . import args as cli_args
@@ -173,13 +174,31 @@ class Compiled:
 
 
 def judge(out, shape, dtype, seed, cases):
-    """Judge a runner output tuple on its case: ``{"passed", "verdicts", "failures"}``."""
+    """Judge a runner output tuple on its case: ``{"passed", "grade", "verdicts", "failures", "diagnosis"}``.
+
+    A PRECISION grade passes (the algorithm is right, as for ``validate``) and is timed, marked as such; FAIL
+    is rejected. ``failures``: one short line per result over its tolerance; ``diagnosis``: the case's findings.
+    """
     got = {n: mesh_lib.to_host(x) for n, x in zip(RESULTS, out)}
     report = cases(shape, dtype, seed).judge(got)
-    failures = [f"{v.name}: err_ratio {fmt_err(v.err_ratio)} (tol {v.tol_ratio:.1e}), max_err {fmt_err(v.max_err)} "
-                f"(tol {v.tol_max:.1e}) [{v.rule}]" for v in report.failures()]
-    return {"passed": report.passed, "shape": list(shape), "verdicts": [v.as_dict() for v in report.verdicts],
-            "failures": failures}
+    over = sorted(report.failures(), key=lambda v: v.ratio, reverse=True)
+    failures = [f"{v.name} {v.grade} {fmt_ratio(v.ratio)} the tolerance (err_ratio {fmt_err(v.err_ratio)}, "
+                f"tol {v.tol_ratio:.1e})" for v in over[:3]]
+    if len(over) > 3:
+        failures.append(f"and {', '.join(v.name for v in over[3:])} over their tolerance")
+    return {"passed": report.grade != FAIL, "grade": report.grade, "shape": list(shape),
+            "verdicts": [v.as_dict() for v in report.verdicts], "failures": failures,
+            "diagnosis": [str(f) for f in report.diagnosis]}
+
+
+def fmt_ratio(x):
+    """``3.2e+03x`` / ``1.5x`` of an error / tolerance."""
+    return f"{x:.3g}x" if x == x and x != float("inf") else "inf x"
+
+
+def _failed(what, validation):
+    """A rejection's reason: what failed, each result over its tolerance, then the diagnosis."""
+    return "; ".join([f"failed validation at {what}", *validation["failures"], *validation.get("diagnosis", [])])
 
 
 def validate_config(fn, shape, dtype, seed, cases, compiled=None):
@@ -239,7 +258,7 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases,
         log(f"{label} {dtype}: validating at small shape {small_shape(shape)}")
         entry["small_validation"] = small = validate_config(fn, small_shape(shape), dtype, seed, cases)
         if not small["passed"]:
-            return _reject(entry, "failed validation at small shape: " + "; ".join(small["failures"]))
+            return _reject(entry, _failed("small shape", small))
     try:
         log(f"{label} {dtype}: compiling at {tuple(shape)}")
         compiled = Compiled(fn, *cases(shape, dtype, seed).data(), dtype)
@@ -252,7 +271,7 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases,
         log(f"{label} {dtype}: validating at {tuple(shape)}")
         entry["full_validation"] = full = validate_config(fn, shape, dtype, seed, cases, compiled)
         if not full["passed"]:
-            return _reject(entry, "failed validation at the benchmark shape: " + "; ".join(full["failures"]))
+            return _reject(entry, _failed("the benchmark shape", full))
     log(f"{label} {dtype}: timing {repeats} calls")
     try:
         entry.update(time_calls(compiled, repeats))
@@ -274,7 +293,7 @@ def choose(candidates, shape, dtype, seed, cases, log):
         if entry["full_validation"]["passed"]:
             return entry
         entry["status"] = "rejected"
-        entry["reason"] = "failed validation at the benchmark shape: " + "; ".join(entry["full_validation"]["failures"])
+        entry["reason"] = _failed("the benchmark shape", entry["full_validation"])
         for k in ("median_s", "min_s", "times_s"):
             entry.pop(k, None)
     return None
@@ -398,9 +417,11 @@ def format_bench(report):
     for r in report.results:
         if r["status"] == "ok":
             sp = r.get("speedup_vs_baseline")
+            grade = r.get("validation", {}).get("grade", PASS)
             rows.append([r["kernel"], _shape_label(r["shape"]), r["dtype"], r.get("label", r["kernel"]),
-                         f"{r['compile_s']:.1f}", f"{1e3 * r['median_s']:.2f}", f"{1e3 * r['min_s']:.2f}",
-                         f"{sp:.2f}x vs {r['baseline_kernel']}" if sp is not None else "-", "validated"])
+                         f"{r['compile_s']:.1f}", f"{1e3 * r['median_s']:.3g}", f"{1e3 * r['min_s']:.3g}",
+                         f"{sp:.3g}x vs {r['baseline_kernel']}" if sp is not None else "-",
+                         "validated" + (f" ({grade})" if grade != PASS else "")])
         else:
             rows.append([r["kernel"], _shape_label(r["shape"]), r["dtype"], "-", "-", "-", "-", "-", "REJECTED"])
     lines.append(table(["kernel", "shape", "dtype", "config", "compile s", "median ms", "min ms", "speedup",
@@ -420,7 +441,9 @@ def format_bench(report):
     if rejected:
         lines += ["", "Rejected (not timed):"]
         for r in rejected:
-            lines.append(f"  {r['kernel']} {_shape_label(r['shape'])} {r['dtype']}: {r['reason']}")
+            head, *why = (r["reason"] or "").split("; ")
+            lines.append(f"  {r['kernel']} {_shape_label(r['shape'])} {r['dtype']}: {head}")
+            lines += [f"      {w}" for w in why]
     notes = sorted({(r["kernel"], n) for r in report.results for n in r.get("notes", [])})
     if notes:
         lines += ["", "Notes:"] + [f"  {k}: {n}" for k, n in notes]
@@ -448,45 +471,52 @@ def format_predictions(results) -> list[str]:
 
 
 def plot_bench(report, path):
-    """A PNG bar chart of median forward+backward time per (shape, dtype) and kernel (rejected: marked)."""
+    """A PNG bar chart, log time axis: median forward+backward per (shape, dtype) and kernel, labelled with the
+    configuration that was timed; a rejected kernel is a grey hatched bar marked REJECTED (never a time)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    groups = []
-    for r in report.results:
-        key = f"{_shape_label(r['shape'])}\n{r['dtype']}"
-        if key not in groups:
-            groups.append(key)
-    kernels = []
-    for r in report.results:
-        if r["kernel"] not in kernels:
-            kernels.append(r["kernel"])
+    results = report.results
+    groups = list(dict.fromkeys(f"{_shape_label(r['shape'])}\n{r['dtype']}" for r in results))
+    kernels = list(dict.fromkeys(r["kernel"] for r in results))
+    timed = [1e3 * r["median_s"] for r in results if r["status"] == "ok"]
+    lo, hi = (min(timed), max(timed)) if timed else (1.0, 1.0)
     width = 0.8 / max(1, len(kernels))
-    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(groups) * max(1, len(kernels)) / 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) * max(1, len(kernels)) / 2 + 2), 4.8))
+    colours = plt.get_cmap("tab10")
     for i, kname in enumerate(kernels):
-        xs, ys = [], []
-        for r in report.results:
-            if r["kernel"] != kname:
-                continue
+        for r in (r for r in results if r["kernel"] == kname):
             x = groups.index(f"{_shape_label(r['shape'])}\n{r['dtype']}") + (i - (len(kernels) - 1) / 2) * width
             if r["status"] == "ok":
-                xs.append(x)
-                ys.append(1e3 * r["median_s"])
-                label = f"{1e3 * r['median_s']:.1f}"
+                y = 1e3 * r["median_s"]
+                ax.bar(x, y, width, color=colours(i % 10), label=kname)
+                label = f"{y:.3g} ms" + (f"\n{r['label']}" if r.get("label", kname) != kname else "")
                 if r.get("speedup_vs_baseline") and r["kernel"] != r.get("baseline_kernel"):
-                    label += f"\n{r['speedup_vs_baseline']:.2f}x"
-                ax.annotate(label, (x, 1e3 * r["median_s"]), ha="center", va="bottom", fontsize=7)
+                    label += f"\n{r['speedup_vs_baseline']:.3g}x"
+                ax.annotate(label, (x, y), ha="center", va="bottom", fontsize=7, xytext=(0, 2),
+                            textcoords="offset points")
             else:
-                ax.annotate("rejected", (x, 0), ha="center", va="bottom", fontsize=7, rotation=90, color="red")
-        ax.bar(xs, ys, width, label=kname)
-    ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, fontsize=8)
-    ax.set_ylabel("median forward+backward (ms)")
+                ax.bar(x, hi, width, color="#d0d0d0", edgecolor="#a00000", hatch="//", label=f"{kname} (rejected)")
+                ax.annotate("REJECTED\nnot timed", (x, hi), ha="center", va="bottom", fontsize=7, color="#a00000",
+                            xytext=(0, 2), textcoords="offset points")
+    ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.set_ylim(lo / 3, hi * 8)  # room above the tallest bar for its labels, inside the frame
+    ax.set_xticks(range(len(groups)), groups, fontsize=8)
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.set_ylabel("median forward+backward (ms, log scale)")
     env = report.environment
-    ax.set_title(f"GDN-2 kernels on {env['device_kind']} (validated against the float64 oracle)", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(f"GDN-2 kernels on {env['device_kind']}, validated against the float64 oracle "
+                 f"(median of {report.repeats})", fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -32,7 +32,7 @@ from ..grading.grades import FAIL, PASS, PRECISION, grade_rank
 from ..grading.references import reference_results
 from ..running import harness
 from . import args as cli_args
-from .output import EXIT, output_dir, progress, say_interrupted, write_json
+from .output import EXIT, output_dir, progress, say_interrupted, table, write_json
 from .provenance import environment
 
 SCHEMA = "gdn2-oracle/domain/1"
@@ -489,14 +489,32 @@ def write(report, out_dir):
     return paths
 
 
+def _where(boundary):
+    """A boundary's sentence without its subject ("every result leaves PASS once ..." -> "once ...")."""
+    text = boundary["text"]
+    for verb in (" leaves PASS ", " leave PASS ", " is ", " are "):
+        if verb in text:
+            return text.split(verb, 1)[1]
+    return text
+
+
 def format_domain(report):
-    """The text the CLI prints: timing, non-PASS cells per panel, the summary paragraph."""
-    lines = [f"gdn2-oracle domain: {report.kernel}, {report.grid} grid, "
-             f"{sum(len(p['cells']) for p in report.panels)} cells x {len(report.seeds)} seed(s) "
-             f"in {report.seconds:.0f} s"]
-    for b in report.boundaries:
-        lines.append(f"  {b['label']} ({b['dtype']}): {b['text']}")
-    lines += ["", report.summary]
+    """The text the CLI prints: a short table of where each result leaves PASS along each sweep, and the verdict
+    (the full paragraph is summary.txt and the JSON's ``summary``)."""
+    cells = sum(len(p["cells"]) for p in report.panels)
+    lines = [f"gdn2-oracle domain: {report.kernel}, {report.grid} grid, {cells} cells x {len(report.seeds)} "
+             f"seed(s) in {report.seconds:.0f} s", ""]
+    rows = [[b["label"], b["dtype"], ", ".join(b["results"]) if len(b["results"]) < len(RESULTS) else "all",
+             _where(b)] for b in report.boundaries]
+    clean = [f"{p['label']} ({p['dtype']})" for p in report.panels
+             if not any(b["panel"] == p["field"] and b["dtype"] == p["dtype"] for b in report.boundaries)]
+    if rows:
+        lines.append(table(["sweep", "dtype", "results", "where they leave PASS"], rows))
+    if clean:
+        lines += ["", "PASS everywhere along: " + ", ".join(clean)]
+    failed = failed_cells(report)
+    lines += ["", f"domain: {'FAIL in ' + str(failed) + ' of ' + str(cells) + ' cells' if failed else 'no FAIL'}"
+                  f"{' (INTERRUPTED)' if report.interrupted else ''}"]
     return "\n".join(lines)
 
 
@@ -529,4 +547,10 @@ def run(args):
     if report.interrupted:
         say_interrupted(sum(len(p["cells"]) for p in report.panels), "domain cell(s)", paths["json"])
         return EXIT["interrupted"]
-    return EXIT["pass"]
+    return EXIT["fail"] if failed_cells(report) else EXIT["pass"]
+
+
+def failed_cells(report):
+    """How many judged cells have a result graded FAIL."""
+    return sum(any(r["grade"] == FAIL for r in c["results"].values()) for p in report.panels for c in p["cells"]
+               if c["results"] is not None)

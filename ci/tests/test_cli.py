@@ -137,7 +137,8 @@ def test_bench_refuses_to_time_a_failing_kernel(cli, tmp_path):
     good, bad = report["results"]
     assert good["status"] == "ok" and good["median_s"] > 0
     assert bad["status"] == "rejected"
-    assert "failed validation" in bad["reason"] and "o: err_ratio" in bad["reason"]
+    assert "failed validation" in bad["reason"] and "FAIL" in bad["reason"] and "x the tolerance" in bad["reason"]
+    assert "systematic" in bad["reason"]  # the case's diagnosis travels with the rejection
     assert "median_s" not in bad and all("median_s" not in e for e in bad["sweep"])
 
 

@@ -49,13 +49,14 @@ def _panel(report, field):
 
 def test_domain_writes_png_json_and_summary(run):
     code, stdout, out = run
-    assert code == 0, stdout
+    assert code == 1 and "domain: FAIL in" in stdout, stdout  # the clipped kernel FAILs in some cells
     assert (out / "domain.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads((out / "domain.json").read_text())
     assert report["schema"] == domain.SCHEMA and report["kernel"] == CLIPPED
     assert [len(p["cells"]) for p in report["panels"]] == [len(STRENGTHS), 2]
     summary = (out / "summary.txt").read_text().strip()
-    assert summary == report["summary"] and summary in stdout
+    assert summary == report["summary"]
+    assert "where they leave PASS" in stdout and len(stdout.splitlines()) < 20, stdout  # a short table
 
 
 def test_domain_finds_the_planted_decay_boundary(run):
