@@ -40,7 +40,7 @@ from ..grading.grades import FAIL, PASS
 from ..running import harness, multihost
 from ..running import mesh as mesh_lib
 from . import args as cli_args
-from .output import EXIT, UsageError, fmt_err, progress, say_interrupted, table, write_json
+from .output import EXIT, UsageError, fmt_err, progress, say_interrupted, table, write_after_work, write_json
 from .provenance import environment, kernel_notes, source_sha256
 
 SCHEMA = "gdn2-oracle/bench/1"
@@ -559,11 +559,10 @@ def run(args):
                        dims=args.dim, dtypes=args.dtype, tiles=args.tiles, repeats=args.repeats, seed=args.seed,
                        show_progress=not args.no_progress, mesh=cli_args.built_mesh(args))
     print(format_bench(report), flush=True)
-    if out["json"]:
-        write_json(out["json"], report.to_json())
+    if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
         print(f"report: {out['json']}", flush=True)
-    if out["plot"] and report.results:
-        plot_bench(report, out["plot"])
+    if out["plot"] and report.results and write_after_work("--plot", out["plot"],
+                                                           lambda: plot_bench(report, out["plot"])):
         print(f"plot: {out['plot']}", flush=True)
     if report.interrupted:
         say_interrupted(len(report.results), "benchmark result(s)", out["json"])

@@ -32,7 +32,7 @@ from ..grading.grades import FAIL, PASS, PRECISION, grade_rank
 from ..grading.references import reference_results
 from ..running import harness
 from . import args as cli_args
-from .output import EXIT, output_dir, progress, say_interrupted, table, write_json
+from .output import EXIT, output_dir, progress, say_interrupted, table, write_after_work, write_json
 from .provenance import environment
 
 SCHEMA = "gdn2-oracle/domain/1"
@@ -541,11 +541,12 @@ def run(args):
     fn = cli_args.build(spec)
     out = output_dir(args.out or "domain-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", spec.label()), option="--out")
     report = run_domain(fn, GRIDS[args.grid], kernel=spec.spec, seed=args.seed, show_progress=not args.no_progress)
-    paths = write(report, out)
     print(format_domain(report), flush=True)
-    print(f"wrote: {paths['png']}, {paths['json']}, {paths['summary']}", flush=True)
+    paths = {}
+    if write_after_work("--out", out, lambda: paths.update(write(report, out))):
+        print(f"wrote: {paths['png']}, {paths['json']}, {paths['summary']}", flush=True)
     if report.interrupted:
-        say_interrupted(sum(len(p["cells"]) for p in report.panels), "domain cell(s)", paths["json"])
+        say_interrupted(sum(len(p["cells"]) for p in report.panels), "domain cell(s)", paths.get("json"))
         return EXIT["interrupted"]
     return EXIT["fail"] if failed_cells(report) else EXIT["pass"]
 

@@ -62,6 +62,18 @@ def write_json(path, data):
         raise
 
 
+def write_after_work(option, path, write):
+    """Run ``write()`` (a report's file, after the work): on OSError say so on stderr -- the verdict printed above
+    stands, and the command keeps its exit status -- instead of a traceback. Returns whether it was written."""
+    try:
+        write()
+    except OSError as exc:
+        print(f"gdn2-oracle: error: {option} {path}: could not write it ({exc.strerror or exc}); the verdict above "
+              "stands and the exit status is the verdict's", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
 def output_dir(path, *, option, text=None):
     """The directory an output option writes into, created and probed (a temporary file made and removed there)
     before any work; UsageError naming the option when it cannot be written."""

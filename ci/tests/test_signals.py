@@ -165,3 +165,29 @@ def test_a_kernel_that_exits_or_interrupts_fails_its_cases_and_the_run_goes_on(t
     assert "pairwise: PASS" in done.stdout and message in done.stdout, done.stdout
     report = json.loads(path.read_text())
     assert [k["passed"] for k in report["kernels"]] == [True, False]
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_json_that_cannot_be_written_after_the_work_keeps_the_verdicts_exit_status(cli, tmp_path, monkeypatch):
+    """Before: bench on a full disk printed its table, then an ENOSPC traceback, exit 1 (the kernel-failed code)."""
+    from gdn2_oracle.ci.commands import bench
+
+    monkeypatch.setattr(bench, "write_json", _no_space)
+    code, out, err = cli("bench", "--kernel", "pairwise[chunk_size=16]", *TINY_BENCH, "--json", tmp_path / "b.json")
+    assert code == 0 and "validated" in out, out + err
+    assert "--json" in err and "No space left on device" in err and "Traceback" not in err, err
+
+
+def test_domain_maps_that_cannot_be_written_keep_the_printed_summary(cli, tmp_path, monkeypatch):
+    from gdn2_oracle.ci.commands import domain
+
+    tiny = domain.Grid("quick", (domain.Axis("erase", "erase gate b", (0.5, 1.0)),), seeds=1,
+                       base=domain.Point(T=8), shape=(1, 1, 4, 4))
+    monkeypatch.setitem(domain.GRIDS, "quick", tiny)
+    monkeypatch.setattr(domain, "write_json", _no_space)
+    code, out, err = cli("domain", "--kernel", "pairwise[chunk_size=16]", "--out", tmp_path, "--no-progress")
+    assert code == 0 and "domain: no FAIL" in out, out + err
+    assert "could not write it" in err and "Traceback" not in err, err
