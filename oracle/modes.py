@@ -14,11 +14,14 @@ from typing import NamedTuple
 import mpmath
 import numpy as np
 
-from . import mp, preprocess, recurrence
+from . import chunked32, mp, preprocess, recurrence
 from .call import GATE_PARAMS, Call
-from .problem import GRADS, INPUTS
+from .problem import GRADS, INPUTS, Problem
 
 MODE_GRADS = GRADS + ("dA_log", "ddt_bias")
+# The per-sequence core a pipeline runs: the token-by-token recurrence (the reference, and e_rec in float32)
+# or the float32 chunked algorithm of :mod:`oracle.chunked32` (the tolerance model's e_cum, docs/DESIGN.md §4).
+CORES = ("recurrence", "chunked32")
 
 
 class ModesForward(NamedTuple):
@@ -115,13 +118,18 @@ def _chain_back(call, x, grads):
     grads["dh0"] = call.to_kv(grads["dh0"])
 
 
-def run_call(call: Call, ar, do=None, dfinal_state=None, overrides=None):
+def run_call(call: Call, ar, do=None, dfinal_state=None, overrides=None, *, core="recurrence", inner=None):
     """The whole call in the element type of ``ar``: a dict over ``o, final_state, intermediate_states``
     (and, given cotangents, ``MODE_GRADS``) in the call's layouts.
 
     ``overrides`` maps input names (``INPUTS``, ``initial_state``, ``A_log``, ``dt_bias``, in the
     call's layout) to element-type arrays used instead of the call's values (finite differences).
+    ``core`` (one of :data:`CORES`) is what runs each sequence; ``chunked32`` computes in float32 whatever
+    ``ar`` is (the pre-activations and their adjoints stay in ``ar``'s type). ``inner``, a dict, receives
+    the core's view: ``inputs`` (the pre-processed ``q, k, v, g, b, w`` by name) and, given cotangents,
+    ``grads`` (the gradients w.r.t. those, ``dq ... dw``, and ``dh0`` as ``[N, H, K, V]``).
     """
+    run = _core(core)
     x = _inputs(call, ar, overrides or {})
     arrays = _preprocessed(call, x)
     out = {"o": np.zeros(call.v.shape, dtype=x.h0.dtype), "final_state": np.array(x.h0)}
@@ -134,24 +142,52 @@ def run_call(call: Call, ar, do=None, dfinal_state=None, overrides=None):
             continue  # an empty sequence: final state = initial state
         seq = _Sequence(tuple(a[rows, t0:t1] for a in arrays), x.h0[states], call.scale)
         if do is None:
-            out["o"][rows, t0:t1], out["final_state"][states] = recurrence._run(seq, ar)
+            out["o"][rows, t0:t1], out["final_state"][states] = run(seq, ar)
             continue
-        out["o"][rows, t0:t1], out["final_state"][states], g = recurrence._run(seq, ar, do[rows, t0:t1],
-                                                                              dfs[states])
+        out["o"][rows, t0:t1], out["final_state"][states], g = run(seq, ar, do[rows, t0:t1], dfs[states])
         for n in GRADS[:-1]:
             grads[n][rows, t0:t1] = g[n]
         grads["dh0"][states] = g["dh0"]
     out["final_state"] = call.to_kv(out["final_state"])
     out["intermediate_states"] = None
     if call.intermediate_chunk_size is not None:
-        out["intermediate_states"] = call.to_kv(_chunk_start_states(call, arrays, x.h0, ar))
+        out["intermediate_states"] = call.to_kv(_chunk_start_states(call, arrays, x.h0, ar, run))
+    if inner is not None:
+        inner["inputs"] = dict(zip(INPUTS, arrays))
     if do is None:
         return out
+    if inner is not None:
+        inner["grads"] = {n: np.array(a) for n, a in grads.items()}
     _chain_back(call, x, grads)
     return {**out, **grads}
 
 
-def _chunk_start_states(call, arrays, h0, ar):
+def _core(name):
+    """The per-sequence runner ``(seq, ar, do=None, dfs=None, outputs=True)`` of core ``name``."""
+    if name == "recurrence":
+        return recurrence._run
+    if name == "chunked32":
+        return _chunked32_run
+    raise ValueError(f"core: {name!r} not one of {CORES}")
+
+
+def _chunked32_run(seq, ar, do=None, dfinal_state=None, outputs=True):
+    """One sequence through :func:`oracle.chunked32.forward_and_vjp` (float32, chunk 64), in the form of
+    ``recurrence._run``'s results (a forward alone runs with zero cotangents)."""
+    B, T, H, K, V = seq.shape
+    problem = Problem(*seq.arrays, scale=float(seq.scale), initial_state=seq.state)
+    cot = (do, dfinal_state) if do is not None else (np.zeros((B, T, H, V)), np.zeros(seq.state.shape))
+    # Huge log-decays overflow the float32 cumulative sums (NaN, as in a kernel of this kind): the
+    # grading ignores a non-finite e_cum.
+    with np.errstate(over="ignore", invalid="ignore"):
+        (o, S), grads = chunked32.forward_and_vjp(problem, *cot)
+    o = o if outputs else None
+    if do is None:
+        return o, S
+    return o, S, dict(zip(GRADS, grads))
+
+
+def _chunk_start_states(call, arrays, h0, ar, run=recurrence._run):
     """``[B, NT, H, K, V]``: each run's state before tokens 0, C, 2C, ... (C = intermediate_chunk_size),
     runs concatenated along NT in order (packed: sequence n's chunks at ``sum_{m<n} ceil(L_m / C)``)."""
     C = call.intermediate_chunk_size
@@ -161,7 +197,7 @@ def _chunk_start_states(call, arrays, h0, ar):
         for c0 in range(t0, t1, C):
             starts.append(S)
             chunk = _Sequence(tuple(a[rows, c0:min(c0 + C, t1)] for a in arrays), S, call.scale)
-            _, S = recurrence._run(chunk, ar, outputs=False)
+            _, S = run(chunk, ar, outputs=False)
         empty = np.zeros((S.shape[0], 0) + S.shape[1:], dtype=S.dtype)
         per_run.append(np.stack(starts, axis=1) if starts else empty)
     return np.concatenate(per_run, axis=1)
@@ -178,15 +214,19 @@ def _as_results(results, errors=None):
     return fwd, grads
 
 
-def forward_modes(call: Call, dtype=np.float64) -> ModesForward:
-    """Forward of the call in working precision ``dtype``: ``(o, final_state, intermediate_states)``."""
-    return _as_results(run_call(call, recurrence._Arith(dtype)))
+def forward_modes(call: Call, dtype=np.float64, *, core="recurrence") -> ModesForward:
+    """Forward of the call in working precision ``dtype``: ``(o, final_state, intermediate_states)``
+    (``core`` as in :func:`run_call`)."""
+    return _as_results(run_call(call, recurrence._Arith(dtype), core=core))
 
 
-def forward_and_vjp_modes(call: Call, do, dfinal_state, dtype=np.float64):
-    """Forward and hand-derived adjoint of the call: ``(ModesForward, ModesGrads)``."""
+def forward_and_vjp_modes(call: Call, do, dfinal_state, dtype=np.float64, *, core="recurrence", inner=None):
+    """Forward and hand-derived adjoint of the call: ``(ModesForward, ModesGrads)``.
+
+    ``core`` and ``inner`` as in :func:`run_call` (``core="chunked32"``: the tolerance model's e_cum source).
+    """
     do, dfinal_state = call.check_cotangents(do, dfinal_state)
-    return _as_results(run_call(call, recurrence._Arith(dtype), do, dfinal_state))
+    return _as_results(run_call(call, recurrence._Arith(dtype), do, dfinal_state, core=core, inner=inner))
 
 
 def run_mpf_modes(call: Call, prec, do=None, dfinal_state=None, *, overrides=None):

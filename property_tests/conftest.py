@@ -3,7 +3,8 @@
 Options come from the ``gdn2_oracle`` pytest plugin (``property_tests/plugin.py``). A test that
 takes the ``kernel`` argument runs once per selected kernel (ids = the names as given); a test
 that does not runs once. Kernel-option variants that belong to another kernel than the one under
-test are deselected, not skipped.
+test are deselected, not skipped; so are training-call mode tests (marker ``gdn2_modes``) for a kernel
+whose signature does not accept the mode, or for a mode left out of ``--gdn2-modes``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gdn2_oracle.property_tests import grading, profiles
-from gdn2_oracle.property_tests.plugin import XFAILS, kernel_names, mesh_spec, strict
+from gdn2_oracle.property_tests.plugin import XFAILS, kernel_names, mesh_spec, modes_option, strict
 from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +32,7 @@ def pytest_configure(config):
     config._gdn2_profile = profiles.select(config)
     config._gdn2_kernel_names = _selected_names(config)
     grading.STRICT = strict(config)
+    config._gdn2_modes = _selected_modes(config)
     if mesh_spec(config):  # every kernel call (ci.harness) runs in this mesh, on NamedSharding inputs
         from gdn2_oracle.ci.running.mesh import build_mesh  # JAX only with --gdn2-mesh
         import jax
@@ -40,6 +42,30 @@ def pytest_configure(config):
         except ValueError as exc:
             raise pytest.UsageError(f"--gdn2-mesh {mesh_spec(config)}: {exc}") from None
         config._gdn2_mesh.__enter__()
+
+
+def _selected_modes(config):
+    """The training-call modes selected by --gdn2-modes / GDN2_MODES (all when not given)."""
+    from gdn2_oracle.ci.grading.modes import ALL_MODES, parse_modes  # NumPy and the oracle only
+
+    names = modes_option(config)
+    if names is None:
+        return ALL_MODES
+    try:
+        return parse_modes(",".join(names))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--gdn2-modes / GDN2_MODES: {str(exc).removeprefix('modes: ')}") from None
+
+
+def _modes_missing(item, kernel, config):
+    """The modes a ``gdn2_modes``-marked test needs that ``kernel`` does not accept or the run left out."""
+    needed = [m for mark in item.iter_markers("gdn2_modes") for m in mark.args]
+    if not needed:
+        return []
+    from gdn2_oracle.ci.running.modes import accepted_modes  # only when a mode test is collected
+
+    ok = set(accepted_modes(kernel.fn)) & set(config._gdn2_modes)
+    return [m for m in needed if m not in ok]
 
 
 def pytest_unconfigure(config):
@@ -97,6 +123,9 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
         kernel, owner = params.get("kernel"), params.get("owner")
         if kernel is not None and owner is not None and getattr(kernel, "name", None) != owner:
+            drop.append(item)
+            continue
+        if kernel is not None and _modes_missing(item, kernel, config):
             drop.append(item)
             continue
         entry = _listed(item, config.stash[XFAILS])

@@ -18,7 +18,11 @@ what acts on them::
   shard T/B/H), on inputs placed with NamedSharding;
 * ``--gdn2-strict``: a result graded PRECISION (over the working-precision tolerance, within the
   precision-loss bound: docs/DESIGN.md §4) fails the test; by default the test passes with a
-  ``PrecisionLossWarning``.
+  ``PrecisionLossWarning``;
+* ``--gdn2-modes LIST`` (or env ``GDN2_MODES``): the training-call modes whose properties run
+  (``varlen,gate,l2norm,state_v_first,intermediate``; default every mode the kernel under test accepts,
+  i.e. whose keywords its signature has). A mode test a kernel does not accept, or a mode not listed, is
+  deselected for that kernel (docs/modes.md).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import pytest
 # The profile names (their settings live in property_tests/profiles.py, imported only when used).
 PROFILES = ("dev", "ci", "thorough")
 SLOW = "slow: long-running tests (deselect with -m 'not slow')"
+MODES_MARK = ("gdn2_modes(*modes): the test needs these training-call modes (varlen, gate, l2norm, state_v_first, "
+              "intermediate); deselected for a kernel that does not accept them or when --gdn2-modes leaves one out")
 
 
 def _truthy(x):
@@ -68,6 +74,14 @@ def mesh_spec(config):
     return config.getoption("gdn2_mesh", default=None)
 
 
+def modes_option(config):
+    """The --gdn2-modes (else env GDN2_MODES) value as a list of names, or None: every mode a kernel accepts.
+    The names are checked by the suite's conftest (``ci.grading.modes.parse_modes``)."""
+    value = config.getoption("gdn2_modes", default=None) or os.environ.get("GDN2_MODES", "")
+    names = [m.strip() for m in value.split(",") if m.strip()]
+    return names or None
+
+
 def strict(config):
     """Whether --gdn2-strict was given: results graded PRECISION fail instead of warning."""
     return bool(config.getoption("gdn2_strict", default=False))
@@ -75,7 +89,8 @@ def strict(config):
 
 def _asked(config):
     return bool(kernel_names(config) or config.getoption("gdn2_profile", default=None)
-                or config.getoption("gdn2_xfails", default=None) or strict(config) or mesh_spec(config))
+                or config.getoption("gdn2_xfails", default=None) or strict(config) or mesh_spec(config)
+                or config.getoption("gdn2_modes", default=None))
 
 
 def pytest_addoption(parser):
@@ -93,6 +108,9 @@ def pytest_addoption(parser):
     group.addoption("--gdn2-mesh", metavar="AXIS=N,...", default=None,
                     help="run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, data, heads shard "
                          "T, B, H; inputs placed with NamedSharding)")
+    group.addoption("--gdn2-modes", metavar="LIST", default=None,
+                    help="training-call modes to test, comma-separated among varlen, gate, l2norm, state_v_first, "
+                         "intermediate (default: env GDN2_MODES, else every mode the kernel's signature accepts)")
     group.addoption("--gdn2-strict", action="store_true", default=False,
                     help="fail on results graded PRECISION (over the working-precision tolerance but within the "
                          "precision-loss bound); default: pass with a PrecisionLossWarning")
@@ -114,6 +132,7 @@ def pytest_configure(config):
     # The conformance suite marks its long tests; registered here because the installed suite has
     # no ini file of its own (with --strict-markers an unregistered marker is an error).
     config.addinivalue_line("markers", SLOW)
+    config.addinivalue_line("markers", MODES_MARK)
     path = config.getoption("gdn2_xfails", default=None)
     config.stash[XFAILS] = _read_xfails(path) if path else []
     kernel_names(config)  # a malformed kernel list is a usage error before collection
@@ -125,5 +144,6 @@ def pytest_report_header(config):
         names = kernel_names(config) or ["the default set"]
         return (f"gdn2: hypothesis profile {profile_name(config)!r}; kernels {', '.join(names)}"
                 + ("; strict grades (PRECISION fails)" if strict(config) else "")
-                + (f"; mesh {mesh_spec(config)}" if mesh_spec(config) else ""))
+                + (f"; mesh {mesh_spec(config)}" if mesh_spec(config) else "")
+                + (f"; modes {','.join(modes_option(config))}" if modes_option(config) else ""))
     return None

@@ -7,6 +7,13 @@ cotangents and exact reference, fed to the kernels in one input dtype. Sources:
 * ``quick``  -- the golden corpus plus a handful of generated problems per dtype (float64 oracle);
 * ``full``   -- the golden corpus plus every decay x gate regime at several lengths per dtype.
 
+Training-call modes (FLA ``chunk_gdn2``'s packed sequences, in-kernel gate and q/k L2 norm, ``[V, K]`` states,
+states at chunk starts; docs/DESIGN.md §2 and docs/modes.md): ``--modes`` selects them (default every mode,
+``dense`` being the plain contract). Their cases are :class:`ci.grading.modes.ModeCase` s of the recipes in
+``oracle/mode_recipes.py`` (``quick``: two small ones, a packed and a gated call; ``full``: all of them), judged
+like the dense call; a kernel is judged on a mode case only when its signature accepts every keyword the case
+uses, and the report says which modes each kernel was judged on and which it does not accept.
+
 Each kernel result (forward output, final state, seven gradients) is judged by the tolerance model
 (docs/DESIGN.md §4) and graded PASS / PRECISION / FAIL; the oracle reference and the working-precision
 baselines are computed once per case and shared by all kernels. A kernel that raises on a case fails
@@ -16,16 +23,20 @@ kernel one across its cases.
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import asdict, dataclass, field
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS, Recipe
+from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe
 
+from ..grading import modes as mode_grading
 from ..grading.case import Case
 from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import FAIL, PASS, PRECISION, Verdict, worst_grade
+from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
+from ..running import modes as mode_running
 from ..running.mesh import format_mesh
 from . import args as cli_args
 from .output import EXIT, UsageError, fmt_err, progress, say_interrupted, table, write_json
@@ -72,21 +83,30 @@ def generated(kind):
     return gen
 
 
-def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None):
-    """The cases of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given)."""
+def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=None):
+    """The cases of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given).
+
+    ``modes`` (default: :data:`ci.grading.modes.ALL_MODES`): the dense cases when it has ``dense``, and the
+    mode cases (:func:`ci.grading.modes.cases`) whose modes it all has.
+    """
     if kind not in CASE_SETS:
         raise ValueError(f"cases: {kind!r} not one of {CASE_SETS}")
-    from gdn2_oracle import golden  # the corpus is read only when validating
+    modes = ALL_MODES if modes is None else tuple(modes)
+    cases = []
+    if "dense" in modes:
+        from gdn2_oracle import golden  # the corpus is read only when validating
 
-    cases = [c for c in (Case.golden(n) for n in golden.names()) if c.dtype in dtypes]
-    for dtype in dtypes:
-        for j, (n, s, d, g, h) in enumerate(generated(kind)):
-            recipe = Recipe(*s, decay=d, gates=g, initial_state=h, precision=dtype, seed=seed + 1000 + j)
-            cases.append(recipe_case(n, recipe))
+        cases = [c for c in (Case.golden(n) for n in golden.names()) if c.dtype in dtypes]
+        for dtype in dtypes:
+            for j, (n, s, d, g, h) in enumerate(generated(kind)):
+                recipe = Recipe(*s, decay=d, gates=g, initial_state=h, precision=dtype, seed=seed + 1000 + j)
+                cases.append(recipe_case(n, recipe))
+    cases += mode_grading.cases(kind, dtypes, seed=seed, modes_selected=modes)
     if only:
         unknown = sorted(set(only) - {c.name for c in cases})
         if unknown:
-            raise UsageError(f"--case: unknown case(s) {unknown} in set {kind!r} with dtypes {list(dtypes)}")
+            raise UsageError(f"--case: unknown case(s) {unknown} in set {kind!r} with dtypes {list(dtypes)}"
+                             f" and modes {list(modes)}")
         cases = [c for c in cases if c.name in set(only)]
     return cases
 
@@ -98,6 +118,8 @@ def run_case(fn, case: Case, mesh=None):
     (the case's own data could not be loaded, e.g. a missing or damaged golden file: nothing is
     known about the kernel; the message names the file and how to restore it).
     """
+    if isinstance(case, ModeCase):
+        return run_mode_case(fn, case)
     t0 = time.perf_counter()
     try:
         problem, do, dfs = case.data()
@@ -115,6 +137,32 @@ def run_case(fn, case: Case, mesh=None):
     return {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
             "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
             "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}
+
+
+def run_mode_case(fn, case: ModeCase):
+    """Judge kernel ``fn`` on one training-call case (``ci.running.modes``; no mesh): as :func:`run_case`."""
+    t0 = time.perf_counter()
+    try:
+        call, do, dfs = case.data()
+    except Exception as exc:  # noqa: BLE001 - a bad input is reported for this case; the others are judged
+        return {"passed": False, "outcome": "input-error", "verdicts": [], "seconds": time.perf_counter() - t0,
+                "error": f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:1000]}
+    try:
+        mode_running.check_representable(call, case.dtype)
+        got = mode_running.mode_results(fn, call, do, dfs, dtype=case.dtype)
+    except Exception as exc:  # noqa: BLE001 - any kernel failure is a failed case, reported by name
+        msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
+        return {"passed": False, "outcome": "error", "verdicts": [], "error": msg,
+                "seconds": time.perf_counter() - t0}
+    report = case.judge(got, chunk_size=mode_running.kernel_chunk_size(fn))
+    return {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
+            "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
+            "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}
+
+
+def takes_part(case, accepted):
+    """Whether a kernel accepting the modes ``accepted`` is judged on ``case`` (a dense case: always)."""
+    return set(getattr(case, "modes", ())) <= set(accepted)
 
 
 # A judged case's outcome by its grade (PRECISION: over tolerance, within the precision-loss bound).
@@ -173,6 +221,7 @@ class ValidationReport:
     outcome: str  # pass | precision | fail | input-error | interrupted (``cli.EXIT`` maps it)
     grade: str
     kernels: list = field(default_factory=list)
+    modes: list = field(default_factory=lambda: list(ALL_MODES))  # the modes selected (``--modes``)
 
     def to_json(self):
         """The JSON report (schema :data:`SCHEMA`)."""
@@ -180,19 +229,23 @@ class ValidationReport:
 
 
 def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=None,
-                   show_progress=True, env=None, mesh=None):
+                   show_progress=True, env=None, mesh=None, modes=None):
     """Validate every kernel spec (:class:`kernels.KernelSpec`); returns the :class:`ValidationReport`.
 
-    With a ``mesh`` (a ``jax.sharding.Mesh``, ci/mesh.py) every kernel runs inside it on sharded inputs.
+    With a ``mesh`` (a ``jax.sharding.Mesh``, ci/mesh.py) every kernel runs inside it on sharded inputs
+    (training-call cases run without it). ``modes``: as in :func:`build_cases`; a kernel is judged on a mode
+    case only when it accepts all of the case's modes (:func:`ci.running.modes.accepted_modes`).
 
     Kernels are built first, so an unknown name or import failure raises ``UsageError`` before any work.
     """
+    modes = ALL_MODES if modes is None else tuple(modes)
     built = [(spec, cli_args.build(spec)) for spec in specs]
-    case_list = build_cases(cases, dtypes, seed=seed, only=only)
+    case_list = build_cases(cases, dtypes, seed=seed, only=only, modes=modes)
     # Group by shape and dtype so each kernel compiles once per group while the arrays are warm.
     case_list.sort(key=lambda c: (c.dtype, c.shape))
     kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
-                    "source": source_sha256(fn), "notes": kernel_notes(fn), "cases": []}
+                    "source": source_sha256(fn), "notes": kernel_notes(fn), "cases": [],
+                    "accepted_modes": list(mode_running.accepted_modes(fn)), "not_accepted_cases": []}
                    for spec, fn in built]
     bar = progress(total=len(built) * len(case_list), desc="validate", unit="case") if show_progress else None
     t0 = time.perf_counter()
@@ -202,6 +255,11 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
             for (spec, fn), kout in zip(built, kernels_out):
                 if bar is not None:
                     bar.set_postfix_str(f"{spec.label()} {case.name}")
+                if not takes_part(case, kout["accepted_modes"]):
+                    kout["not_accepted_cases"].append(case.name)
+                    if bar is not None:
+                        bar.update(1)
+                    continue
                 res = run_case(fn, case, mesh)
                 res.setdefault("grade", case_grade(res))
                 res.setdefault("diagnosis", [{"kind": res["outcome"], "text": res["error"], "token": None}]
@@ -224,12 +282,17 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
         kout["grade"] = worst_grade(g for g in map(case_grade, kout["cases"]) if g is not None)
         kout["summary"] = summarize(kout["cases"])
         kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(kout["cases"])]
+        judged = {m for c in kout["cases"] for m in c.get("modes") or ()} | (
+            {"dense"} if any("modes" not in c for c in kout["cases"]) else set())
+        kout["modes"] = {"judged": [m for m in modes if m in judged],
+                         "not_accepted": [m for m in modes if m != "dense" and m not in kout["accepted_modes"]]}
     return ValidationReport(cases=cases, dtypes=list(dtypes), seed=seed, only=list(only) if only else None,
                             mesh=format_mesh(mesh) if mesh is not None else None, environment=env or environment(),
                             n_cases=len(case_list), seconds=time.perf_counter() - t0,
                             passed=not interrupted and all(k["passed"] for k in kernels_out), interrupted=interrupted,
                             outcome=outcome(kernels_out, interrupted),
-                            grade=worst_grade(k["grade"] for k in kernels_out), kernels=kernels_out)
+                            grade=worst_grade(k["grade"] for k in kernels_out), kernels=kernels_out,
+                            modes=list(modes))
 
 
 def outcome(kernels_out, interrupted=False):
@@ -250,14 +313,16 @@ def format_validation(report, *, max_failures=60):
     """The verdict table (kernel x dtype x result: worst case), per-case failures and the verdict line."""
     env = report.environment
     n_gold = sum(1 for c in report.kernels[0]["cases"] if c["source"] == "golden") if report.kernels else 0
+    modes = getattr(report, "modes", list(ALL_MODES))
     lines = [f"gdn2-oracle validate: {report.n_cases} cases ({n_gold} golden, {report.n_cases - n_gold} generated; "
              f"set {report.cases!r}), dtypes {','.join(report.dtypes)}; device {env['device_kind']} "
              f"({env['platform']}), jax {env['jax_version']}"
-             + (f"; mesh {report.mesh}" if report.mesh else ""), ""]
+             + (f"; mesh {report.mesh}" if report.mesh else "")
+             + (f"; modes {','.join(modes)}" if list(modes) != list(ALL_MODES) else ""), ""]
     rows = []
     for k in report.kernels:
         for dtype, per in k["summary"].items():
-            for name in RESULTS:
+            for name in MODE_RESULTS:
                 s = per.get(name)
                 if s is None:
                     continue
@@ -287,7 +352,8 @@ def format_validation(report, *, max_failures=60):
             else:
                 bad = [v for v in c["verdicts"] if not v["passed"]]
                 desc = ", ".join(f"{v['name']} x{severity(v):.3g}" for v in sorted(bad, key=severity, reverse=True))
-                failures.append(f"  {k['name']:<14} {c['dtype']:<8} {c['case']:<28} {case_grade(c)}: {len(bad)}/9 "
+                failures.append(f"  {k['name']:<14} {c['dtype']:<8} {c['case']:<28} {case_grade(c)}: "
+                                f"{len(bad)}/{len(c['verdicts'])} "
                                 f"over tolerance (error/tolerance): {desc}")
                 failures += [f"      diagnosis {f['kind']}: {f['text']}" for f in c.get("diagnosis") or []]
     if failures:
@@ -304,6 +370,9 @@ def format_validation(report, *, max_failures=60):
         lines += ["", f"WARNING: {n_prec} case(s) graded PRECISION: over the working-precision tolerance but within "
                       "the precision-loss bound (docs/DESIGN.md §4): the algorithm is right, precision is lost of a "
                       "known kind. Not a failure (exit 0) unless --strict."]
+    mode_lines = [format_modes(k, modes) for k in report.kernels if set(modes) - {"dense"}]
+    if mode_lines:
+        lines += ["", "Training-call modes (docs/modes.md):"] + mode_lines
     notes = [(k["name"], n) for k in report.kernels for n in k["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"  {name}: {n}" for name, n in notes]
@@ -326,6 +395,30 @@ def format_validation(report, *, max_failures=60):
     return "\n".join(lines)
 
 
+def format_modes(k, selected):
+    """One line: the modes a kernel was judged on, those of ``selected`` no case in the set uses, and those the
+    kernel does not accept (their cases not run)."""
+    m = k.get("modes") or {}
+    judged = [x for x in m.get("judged", []) if x != "dense"]
+    line = f"  {k['name']}: judged on {', '.join(judged) if judged else 'no mode case'}"
+    unused = [x for x in selected if x != "dense" and x not in judged and x not in m.get("not_accepted", [])]
+    if unused:
+        line += f"; no case of this set uses {', '.join(unused)}"
+    if m.get("not_accepted"):
+        skipped = k.get("not_accepted_cases") or []
+        line += (f"; does not accept {', '.join(m['not_accepted'])} (its keywords are not in the kernel's "
+                 f"signature: {len(skipped)} case(s) not run)")
+    return line
+
+
+def modes_arg(text):
+    """``--modes`` value: comma-separated names of :data:`ci.grading.modes.ALL_MODES`."""
+    try:
+        return mode_grading.parse_modes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("modes: ")) from None
+
+
 def add_parser(sub):
     """``gdn2-oracle validate``."""
     v = sub.add_parser("validate", help="judge kernels on the golden corpus and generated problems",
@@ -339,6 +432,10 @@ def add_parser(sub):
                         "decay x gate regime at several lengths (full)")
     v.add_argument("--case", action="append", metavar="NAME", help="only this case of the set (repeatable)")
     v.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
+    v.add_argument("--modes", type=modes_arg, default=None, metavar="LIST",
+                   help=f"call modes to judge, comma-separated among {','.join(ALL_MODES)} (default: all; dense is "
+                        "the plain contract, the others FLA chunk_gdn2's training-call modes, each judged on the "
+                        "kernels whose signature accepts it)")
     v.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/validate.json)")
     v.add_argument("--max-failures", type=int, default=60, metavar="N", help="failing cases printed (default 60)")
     v.add_argument("--strict", action="store_true",
@@ -351,7 +448,8 @@ def run(args):
     """Validate, print the verdict table, write ``--json``; the exit status."""
     out = cli_args.outputs(args, json="validate.json")
     report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
-                            only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args))
+                            only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
+                            modes=args.modes)
     print(format_validation(report, max_failures=args.max_failures), flush=True)
     if out["json"]:
         write_json(out["json"], report.to_json())

@@ -1,0 +1,425 @@
+"""The judge for FLA ``chunk_gdn2`` training calls (docs/DESIGN.md §2, "Call modes (training)"; §4).
+
+A :class:`ModeCase` is one :class:`oracle.Call` (packed sequences, in-kernel gate, in-kernel q/k L2 norm,
+``[V, K]`` states, states at chunk starts) with its cotangents, judged like the dense call:
+
+* reference: ``oracle.modes.forward_and_vjp_modes`` in float64 (the states at chunk starts from a forward
+  at the kernel's chunk size);
+* ``e_rec``: the same pipeline in float32 on the values the kernel saw, each result rounded to the dtype the
+  kernel returned it in;
+* ``e_cum`` (precision-loss bound): the pipeline with every sequence run by the float32 cumulative-sum
+  chunked algorithm (``oracle/chunked32.py``) on the pre-processed inputs, rounded likewise;
+* grades: per result the tolerance model of ``ci/grading/tolerance.py`` (its ``metrics``, ``MULTIPLE``,
+  ``FLOOR``, ``ABS_FLOOR``, ``agreement_bound``), generalised from the nine dense results to the set a call
+  has: ``o, final_state, dq ... dh0`` plus ``intermediate_states``, ``dA_log``, ``ddt_bias`` when present.
+
+Envelopes (docs/DESIGN.md §4, "The dg envelope"), from the float64 reference's core view (the pre-processed
+``q^, k^, b`` and the gradients w.r.t. them): ``E = |q^ dq^| + |k^ dk^| + |b db|``; ``dg`` is judged on ``E``
+without the gate and on ``|dgate/dx| E`` with it; ``ddt_bias`` on ``sum_{B,T} |dgate/dx| E``; ``dA_log`` on
+``sum |g| E`` (softplus form) or ``sum |dgate/dx| |x| E`` (bounded form): the same sums with every term
+taken by magnitude, so a gradient that cancels under strong decay is held to float32 resolution of its terms.
+
+NumPy and the oracle only (docs/DESIGN.md §3): the kernel is run by ``ci/running/modes.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from collections.abc import Callable
+
+import numpy as np
+
+from gdn2_oracle.oracle import RESULTS, mode_recipes, modes, preprocess
+from gdn2_oracle.oracle.call import Call
+from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
+from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe
+
+from . import diagnose
+from .grades import FAIL, PRECISION, Verdict
+from .tolerance import (ABS_FLOOR, AGREE_FRACTION, BF16_ULP, FLOOR, MULTIPLE, PER_TOKEN, Report, agreement_bound,
+                        dtype_name, metrics, rms, token_profile)
+
+# Every mode name a run may select: ``dense`` (the plain contract) and the training-call modes.
+ALL_MODES = ("dense",) + MODES
+# Results a call may have besides the nine dense ones, in report order.
+EXTRA_RESULTS = ("intermediate_states", "dA_log", "ddt_bias")
+MODE_RESULTS = RESULTS + EXTRA_RESULTS
+# The keywords a kernel must accept for each mode (FLA chunk_gdn2's names; ``**kwargs`` accepts all).
+KEYWORDS = {
+    "varlen": ("cu_seqlens",),
+    "gate": ("use_gate_in_kernel", "A_log", "dt_bias", "lower_bound"),
+    "l2norm": ("use_qk_l2norm_in_kernel",),
+    "state_v_first": ("state_v_first",),
+    "intermediate": ("return_intermediate_states",),
+}
+
+
+def parse_modes(text):
+    """``"varlen,gate"`` -> ``("varlen", "gate")`` in :data:`ALL_MODES` order; ValueError naming an unknown one."""
+    items = [m.strip() for m in str(text).split(",") if m.strip()]
+    unknown = [m for m in items if m not in ALL_MODES]
+    if unknown or not items:
+        raise ValueError(f"modes: {', '.join(unknown) or repr(text)} not among {', '.join(ALL_MODES)}")
+    return tuple(m for m in ALL_MODES if m in items)
+
+
+def call_modes(call: Call):
+    """The modes a Call uses (a subset of :data:`MODES`)."""
+    on = dict(varlen=call.cu_seqlens is not None, gate=bool(call.gate_in_kernel), l2norm=bool(call.qk_l2norm),
+              state_v_first=bool(call.state_v_first), intermediate=call.intermediate_chunk_size is not None)
+    return tuple(m for m in MODES if on[m])
+
+
+def result_names(call: Call):
+    """The results a kernel is judged on for this call, in report order."""
+    extra = {"intermediate_states": call.intermediate_chunk_size is not None,
+             "dA_log": call.A_log is not None, "ddt_bias": call.dt_bias is not None}
+    return RESULTS + tuple(n for n in EXTRA_RESULTS if extra[n])
+
+
+def named(forward, grads, names):
+    """``(ModesForward, ModesGrads)`` as a dict over ``names``."""
+    both = {**forward._asdict(), **grads._asdict()}
+    return {n: np.asarray(both[n], np.float64) for n in names}
+
+
+def _rounded(results, result_dtypes):
+    return {n: round_to(np.asarray(x, np.float64), result_dtypes.get(n, "float32")) for n, x in results.items()}
+
+
+# --- scales: the reference's size, or the envelope of the terms a result is summed from -------------------
+
+
+def envelopes(call: Call, inner):
+    """``{name: envelope}`` for ``dg`` (and ``dA_log`` / ``ddt_bias``) from the float64 core view ``inner``
+    (``oracle.modes.run_call``'s ``inner``: pre-processed inputs and the gradients w.r.t. them)."""
+    x, g = inner["inputs"], inner["grads"]
+    E = np.abs(x["q"] * g["dq"]) + np.abs(x["k"] * g["dk"]) + np.abs(x["b"] * g["db"])
+    if not call.gate_in_kernel:
+        return {"dg": E}
+    # |dgate/dx| E: the gate's slope has one sign everywhere, so gate_vjp of E gives it up to sign.
+    dx, _, _ = preprocess.gate_vjp(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0, E)
+    dx = np.abs(dx)
+    out = {"dg": dx}
+    if call.dt_bias is not None:
+        out["ddt_bias"] = np.sum(dx, axis=(0, 1)).reshape(call.dt_bias.shape)
+    if call.A_log is not None:
+        if call.lower_bound is None:  # dA_log = sum dG * g
+            terms = E * np.abs(x["g"])
+        else:  # dA_log = sum dx * (g_raw + dt_bias)
+            H, K = call.g.shape[-2:]
+            arg = call.g if call.dt_bias is None else call.g + call.dt_bias.reshape(H, K)
+            terms = dx * np.abs(arg)
+        out["dA_log"] = np.sum(terms, axis=(0, 1, 3))
+    return out
+
+
+def scales(name, ref, env):
+    """``(scale_rms, scale_max, on_envelope)`` a result's errors are divided by (tolerance.scales' rule)."""
+    r = np.asarray(ref[name], np.float64)
+    s_rms, s_max = rms(r), float(np.max(np.abs(r), initial=0.0))
+    own = s_rms
+    e = env.get(name)
+    if e is not None:
+        s_rms, s_max = max(s_rms, rms(e)), max(s_max, float(np.max(e, initial=0.0)))
+    return max(s_rms, ABS_FLOOR), max(s_max, ABS_FLOOR), s_rms > max(own, ABS_FLOOR)
+
+
+# Gradients that are sums of another result's terms inherit its baseline error: ``ddt_bias`` and ``dA_log``
+# are sums over tokens (and channels) of ``dg``'s terms, and an error within ``eps x`` dg's envelope per token
+# gives an error within ``eps x`` the summed envelope however the per-token errors correlate (a chunked
+# kernel's dg errors do correlate: it forms dg as a reverse cumulative sum), while the float32 recurrence's
+# own errors in the sum, uncorrelated, average out far below that.
+INHERITS = {"ddt_bias": "dg", "dA_log": "dg"}
+
+
+def _baseline_metrics(name, base, ref, scales_of):
+    """``(err_ratio, max_err)`` of the baseline for ``name``: its own, or at least that of the result it
+    inherits from (:data:`INHERITS`)."""
+    s_rms, s_max, _ = scales_of(name)
+    own = metrics(base[name], ref[name], s_rms, s_max)
+    parent = INHERITS.get(name)
+    if parent is None or parent not in base:
+        return own
+    p_rms, p_max, _ = scales_of(parent)
+    other = metrics(base[parent], ref[parent], p_rms, p_max)
+    return max(own[0], other[0]), max(own[1], other[1])
+
+
+def bound(e_rec, e_cum, dtype):
+    """The precision-loss bound ``max(MULTIPLE x max(e_rec, e_cum), FLOOR)``; a non-finite ``e_cum`` is ignored
+    (docs/DESIGN.md §4; the same rule as ``tolerance.compare``)."""
+    e = max(e_rec, e_cum) if np.isfinite(e_cum) else e_rec
+    return max(MULTIPLE[dtype] * e, FLOOR[dtype])
+
+
+def compare(names, got, ref, base, *, dtype="float32", env=None, cum=None, diagnosis_problem=None) -> Report:
+    """Judge and grade results ``got`` against float64 ``ref`` over ``names`` (``tolerance.compare``, any
+    result set). ``base``: the working-precision baseline (e_rec's source); ``cum``: the cumulative-sum
+    baseline or a function returning it (called only when some finite result exceeds its tolerance);
+    ``env``: envelopes by name. A non-PASS report gets per-token profiles and, given ``diagnosis_problem``
+    (anything with ``g`` and ``initial_state``), a diagnosis."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} not one of {DTYPES}")
+    missing = [n for n in names if n not in got]
+    if missing:
+        raise ValueError(f"got: missing results {missing}")
+    env = env or {}
+    report = Report(dtype=dtype)
+    judged = []
+
+    def scales_of(n):
+        return scales(n, ref, env)
+
+    for name in names:
+        s_rms, s_max, on_env = scales_of(name)
+        err_ratio, max_err = metrics(got[name], ref[name], s_rms, s_max)
+        base_ratio, base_max = _baseline_metrics(name, base, ref, scales_of)
+        by_rule = MULTIPLE[dtype] * base_ratio, MULTIPLE[dtype] * base_max
+        tol_ratio, tol_max = max(by_rule[0], FLOOR[dtype]), max(by_rule[1], FLOOR[dtype])
+        rule = "recurrence" if by_rule[0] >= FLOOR[dtype] else "floor"
+        note = "; ".join(x for x in ("judged on envelope" if on_env else "",
+                                     f"{INHERITS[name]}'s baseline" if name in INHERITS else "") if x)
+        if not np.isfinite(err_ratio):
+            rule, note = "non-finite", "NaN or inf in result"
+        passed = bool(err_ratio <= tol_ratio and max_err <= tol_max)
+        judged.append((Verdict(name, err_ratio, max_err, tol_ratio, tol_max, rule, passed, note),
+                       (s_rms, s_max), (base_ratio, base_max)))
+    over = [v.name for v, _, _ in judged if not v.passed and np.isfinite(v.err_ratio)]
+    if over and callable(cum):
+        cum = cum()
+    for v, (s_rms, _), (base_ratio, base_max) in judged:
+        if v.name in over and cum is not None:
+            cum_ratio, cum_max = _baseline_metrics(v.name, cum, ref, scales_of)
+            b_ratio, b_max = bound(base_ratio, cum_ratio, dtype), bound(base_max, cum_max, dtype)
+            grade = PRECISION if v.err_ratio <= b_ratio and v.max_err <= b_max else FAIL
+            v = Verdict(**{**v.as_dict(), "grade": grade, "bound_ratio": b_ratio, "bound_max": b_max})
+        if not v.passed and v.name in PER_TOKEN and np.ndim(got[v.name]) == 4:
+            report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
+        report.verdicts.append(v)
+    if not report.passed and diagnosis_problem is not None:
+        report.diagnosis = diagnose.diagnose_case(report, diagnosis_problem)
+    return report
+
+
+def agreement(names, a, b, ref, base, dtype, *, env=None, what="agreement", cum=None) -> Report:
+    """Results ``a`` against ``b`` over ``names`` within the tight agreement bound (``tolerance.agreement``,
+    any result set): errors normalised by the reference's scales (envelopes for dg & co), the bound from the
+    working-precision baseline ``base``. Over it is PRECISION within the precision-loss bound of one run
+    (:func:`bound` with the cumulative-sum baseline ``cum``, or a function returning it, called only when needed:
+    two runs whose chunks are aligned differently lose precision independently), else FAIL; without ``cum``
+    over the tight bound is FAIL."""
+    env = env or {}
+    report = Report(dtype=dtype)
+
+    def scales_of(n):
+        return scales(n, ref, env)
+
+    judged = []
+    for name in names:
+        s_rms, s_max, _ = scales_of(name)
+        e_r, e_m = metrics(a[name], b[name], s_rms, s_max)
+        b_r, b_m = _baseline_metrics(name, base, ref, scales_of)
+        bf16 = "bfloat16" in (dtype_name(a[name]), dtype_name(b[name]))
+        t_r, t_m = agreement_bound(b_r, b_m, dtype, bf16)
+        rule = f"{what} ({AGREE_FRACTION:.3g} x recurrence rule{', floor' if t_r <= FLOOR[dtype] else ''})"
+        if bf16:
+            rule += " + 1 bf16 ulp"
+        if not np.isfinite(e_r):
+            rule = "non-finite"
+        judged.append((Verdict(name, e_r, e_m, t_r, t_m, rule, bool(e_r <= t_r and e_m <= t_m)), (b_r, b_m), bf16))
+    over = [v.name for v, _, _ in judged if not v.passed and np.isfinite(v.err_ratio)]
+    if over and callable(cum):
+        cum = cum()
+    for v, (b_r, b_m), bf16 in judged:
+        if v.name in over and cum is not None:
+            c_r, c_m = _baseline_metrics(v.name, cum, ref, scales_of)
+            extra = BF16_ULP if bf16 else 0.0
+            l_r, l_m = max(bound(b_r, c_r, dtype) + extra, v.tol_ratio), max(bound(b_m, c_m, dtype) + extra, v.tol_max)
+            grade = PRECISION if v.err_ratio <= l_r and v.max_err <= l_m else FAIL
+            v = Verdict(**{**v.as_dict(), "grade": grade, "bound_ratio": l_r, "bound_max": l_m})
+        report.verdicts.append(v)
+    return report
+
+
+# --- the case ---------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class ModeCase:
+    """One training call in one input dtype; ``build()`` returns ``(call, do, dfinal_state)``.
+
+    Reference, baselines and envelopes are computed lazily, once per case (baselines per result dtypes;
+    the states at chunk starts once per chunk size) and shared by every kernel judged on it.
+    """
+
+    name: str
+    source: str
+    dtype: str
+    shape: tuple
+    build: Callable
+    modes: tuple
+    regime: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    _data: tuple | None = None
+    _ref: dict | None = None
+    _env: dict | None = None
+    _base: dict = field(default_factory=dict)
+    _cum: dict = field(default_factory=dict)
+    _chunks: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, call: Call, do, dfinal_state, *, dtype="float32", name="mode-case"):
+        """A case over a given call and cotangents."""
+        call.check_cotangents(do, dfinal_state)
+        return cls(name, "given", dtype, call.shape, lambda: (call, do, dfinal_state), call_modes(call))
+
+    @classmethod
+    def from_recipe(cls, name, recipe: ModeRecipe):
+        """The case of a :class:`oracle.mode_recipes.ModeRecipe`, in the recipe's precision."""
+        regime = {"lengths": list(recipe.lengths), "packed": recipe.packed, "decay": recipe.decay,
+                  "gates": recipe.gates, "gate": recipe.gate, "lower_bound": recipe.lower_bound,
+                  "initial_state": recipe.initial_state, "seed": recipe.seed, "modes": list(recipe.modes)}
+        return cls(name, "generated", recipe.precision, recipe.shape, recipe.build, recipe.modes, regime)
+
+    @classmethod
+    def named(cls, name, *, seed=0):
+        """The catalogued recipe ``name`` (``oracle.mode_recipes``), its data seed shifted by ``seed``."""
+        recipe = mode_recipes.get(name)
+        return cls.from_recipe(name, recipe.replace(seed=recipe.seed + seed) if seed else recipe)
+
+    def _timed(self, fn, *args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def data(self):
+        """``(call, do, dfinal_state)``."""
+        if self._data is None:
+            self._data = self.build()
+        return self._data
+
+    @property
+    def call(self) -> Call:
+        return self.data()[0]
+
+    def names(self):
+        """The results judged on this case (:func:`result_names`)."""
+        return result_names(self.call)
+
+    def _without_intermediate(self):
+        call = self.call
+        return dataclasses.replace(call, intermediate_chunk_size=None) if call.intermediate_chunk_size else call
+
+    def _chunk(self, chunk_size):
+        """The chunk size the states at chunk starts are judged at: ``chunk_size``, else the call's (None: none)."""
+        C = self.call.intermediate_chunk_size
+        return None if C is None else int(chunk_size or C)
+
+    def reference(self, chunk_size=None):
+        """The float64 results by name (:meth:`names`); the states at chunk starts at ``chunk_size`` tokens
+        (default: the call's ``intermediate_chunk_size``, FLA's 64)."""
+        if self._ref is None:
+            call, do, dfs = self.data()
+            inner = {}
+            fwd, grads = self._timed(modes.forward_and_vjp_modes, self._without_intermediate(), do, dfs, inner=inner)
+            self._ref = named(fwd, grads, [n for n in self.names() if n != "intermediate_states"])
+            self._env = self._timed(envelopes, call, inner)
+        return self._with_states(self._ref, chunk_size, "reference")
+
+    def envelopes(self):
+        """Envelopes by name (:func:`envelopes`)."""
+        self.reference()
+        return self._env
+
+    def chunk_states(self, C):
+        """``{"reference", "recurrence", "chunked32"}``: the states at the starts of C-token chunks by the float64
+        pipeline and by the two float32 baselines (cached per C)."""
+        if C not in self._chunks:
+            call = dataclasses.replace(self.call, intermediate_chunk_size=int(C))
+            self._chunks[C] = {
+                "reference": self._timed(modes.forward_modes, call).intermediate_states,
+                "recurrence": self._timed(modes.forward_modes, call, np.float32).intermediate_states,
+                "chunked32": self._timed(modes.forward_modes, call, np.float32, core="chunked32").intermediate_states}
+        return self._chunks[C]
+
+    def _with_states(self, results, chunk_size, which, result_dtypes=None):
+        C = self._chunk(chunk_size)
+        if C is None:
+            return results
+        states = self.chunk_states(C)[which]
+        if result_dtypes is not None:
+            states = round_to(states, result_dtypes.get("intermediate_states", "float32"))
+        return {**results, "intermediate_states": states}
+
+    def _baseline(self, cache, core, result_dtypes, chunk_size):
+        names = self.names()
+        key = tuple(result_dtypes.get(n, "float32") for n in names)
+        if key not in cache:
+            _, do, dfs = self.data()
+            fwd, grads = self._timed(modes.forward_and_vjp_modes, self._without_intermediate(), do, dfs, np.float32,
+                                     core=core)
+            cache[key] = _rounded(named(fwd, grads, [n for n in names if n != "intermediate_states"]), result_dtypes)
+        return self._with_states(cache[key], chunk_size, core, result_dtypes)
+
+    def baseline(self, result_dtypes, chunk_size=None):
+        """The float32 pipeline (token-by-token core) on the same inputs, rounded to the result dtypes: e_rec."""
+        return self._baseline(self._base, "recurrence", result_dtypes, chunk_size)
+
+    def cum_baseline(self, result_dtypes, chunk_size=None):
+        """The float32 pipeline with the cumulative-sum chunked core (``oracle.chunked32``), rounded: e_cum."""
+        return self._baseline(self._cum, "chunked32", result_dtypes, chunk_size)
+
+    def diagnosis_problem(self):
+        """What the diagnosis reads: the log-decay the core saw (after the gate) and the initial state."""
+        call = self.call
+        g = call.g
+        if call.gate_in_kernel:
+            g = preprocess.gate(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0)
+        return SimpleNamespace(g=g, initial_state=call.initial_state)
+
+    def judge(self, got, *, chunk_size=None) -> Report:
+        """Grade a kernel's results ``got`` (a mapping over :meth:`names`) against this case's reference;
+        ``chunk_size``: the kernel's, where its states at chunk starts are taken (default the call's)."""
+        names = self.names()
+        result_dtypes = {n: dtype_name(got[n]) for n in names if n in got}
+        return compare(names, got, self.reference(chunk_size), self.baseline(result_dtypes, chunk_size),
+                       dtype=self.dtype, env=self.envelopes(),
+                       cum=lambda: self.cum_baseline(result_dtypes, chunk_size),
+                       diagnosis_problem=self.diagnosis_problem())
+
+    def agreement(self, a, b, *, what="agreement", names=None, chunk_size=None) -> Report:
+        """Two results of this call that should agree (:func:`agreement`), over ``names`` (default all)."""
+        names = tuple(names or self.names())
+        result_dtypes = {n: dtype_name(a[n]) for n in names}
+        return agreement(names, a, b, self.reference(chunk_size), self.baseline(result_dtypes, chunk_size),
+                         self.dtype, env=self.envelopes(), what=what,
+                         cum=lambda: self.cum_baseline(result_dtypes, chunk_size))
+
+    def release(self):
+        """Drop the cached arrays."""
+        self._data = self._ref = self._env = None
+        self._base, self._cum, self._chunks = {}, {}, {}
+
+    def describe(self):
+        """The case's identity in a report."""
+        return {"case": self.name, "source": self.source, "dtype": self.dtype, "shape": list(self.shape),
+                "modes": list(self.modes), **({"regime": self.regime} if self.regime else {})}
+
+
+def cases(kind="quick", dtypes=DTYPES, *, seed=0, modes_selected=MODES):
+    """The mode cases of a case set (``quick``: :data:`oracle.mode_recipes.QUICK`; ``full``: every recipe;
+    ``golden``: none), restricted to ``dtypes`` and to recipes whose modes are all in ``modes_selected``."""
+    if kind == "golden":
+        return []
+    out = []
+    for name in mode_recipes.names(kind):
+        r = mode_recipes.get(name)
+        if r.precision in dtypes and set(r.modes) <= set(modes_selected):
+            out.append(ModeCase.named(name, seed=seed))
+    return out

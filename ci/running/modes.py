@@ -1,0 +1,199 @@
+"""Run a kernel on an FLA ``chunk_gdn2`` training call (docs/DESIGN.md §2, "Call modes (training)").
+
+The kernel is called with FLA's keyword names (``cu_seqlens``, ``use_gate_in_kernel``, ``A_log``, ``dt_bias``,
+``lower_bound``, ``use_qk_l2norm_in_kernel``, ``state_v_first``, ``return_intermediate_states``) and
+differentiated with ``jax.vjp`` w.r.t. ``q, k, v, g, b, w, initial_state`` and, when the call has them,
+``A_log`` and ``dt_bias``. The states at chunk starts come from a second, forward-only call with
+``return_intermediate_states=True`` (FLA returns them only under inference mode, with no backward).
+
+A kernel takes part in a mode when its signature accepts the mode's keywords (``inspect.signature``; a
+``**kwargs`` accepts everything): :func:`accepted_modes`. Judging is ``ci/grading/modes.py``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gdn2_oracle.oracle import INPUTS, RESULTS
+from gdn2_oracle.oracle.call import Call
+
+from ..grading.modes import KEYWORDS, MODES, ModeCase, result_names
+from ..grading.tolerance import Report
+from .harness import ContractError, KernelError, _check_dtype, _quiet_callback_failures, host_callback_error
+
+DEFAULT_CHUNK = 64  # a kernel without a ``chunk_size`` attribute is taken to use FLA's chunk
+
+
+def accepted_modes(fn):
+    """The modes (of ``ci.grading.modes.MODES``) whose keywords ``fn``'s signature accepts, in that order."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: no modes
+        return ()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return MODES
+    names = {p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)}
+    return tuple(m for m in MODES if set(KEYWORDS[m]) <= names)
+
+
+def kernel_chunk_size(fn):
+    """The chunk size a kernel takes its states at chunk starts at: its ``chunk_size`` attribute, else 64."""
+    c = getattr(fn, "chunk_size", None)
+    return c if isinstance(c, int) and not isinstance(c, bool) and c > 0 else DEFAULT_CHUNK
+
+
+class Static(NamedTuple):
+    """The static part of a call: one compiled program per kernel and Static."""
+
+    scale: float
+    cu_seqlens: tuple | None
+    gate: bool
+    lower_bound: float | None
+    l2norm: bool
+    state_v_first: bool
+    params: tuple  # names of the differentiated gate parameters present ("A_log", "dt_bias")
+
+    @classmethod
+    def of(cls, call: Call):
+        cu = None if call.cu_seqlens is None else tuple(int(x) for x in call.cu_seqlens)
+        params = tuple(n for n in ("A_log", "dt_bias") if getattr(call, n) is not None)
+        return cls(float(call.scale), cu, bool(call.gate_in_kernel), call.lower_bound, bool(call.qk_l2norm),
+                   bool(call.state_v_first), params)
+
+    def keywords(self):
+        """FLA's keywords for this call (the differentiated parameters aside), only those that differ from the
+        defaults, so a kernel accepting some modes only is called with those."""
+        kw = {}
+        if self.cu_seqlens is not None:
+            kw["cu_seqlens"] = np.asarray(self.cu_seqlens, np.int32)
+        if self.gate:
+            kw["use_gate_in_kernel"] = True
+            if self.lower_bound is not None:
+                kw["lower_bound"] = self.lower_bound
+        if self.l2norm:
+            kw["use_qk_l2norm_in_kernel"] = True
+        if self.state_v_first:
+            kw["state_v_first"] = True
+        return kw
+
+
+def _check(out, q, v, state_shape, n_results, intermediate_shape=None, o_dtype=None):
+    """ContractError unless ``out`` holds o ``[B,T,H,V]`` in v's dtype (or the kernel's declared ``o_dtype``), the
+    final state in the call's state shape (float32) and, with ``intermediate_shape``, the states at chunk starts
+    (float32 or k's dtype)."""
+    if not isinstance(out, (tuple, list)):
+        raise ContractError(f"returned a {type(out).__name__}, expected a tuple of {n_results} results")
+    if len(out) != n_results:
+        raise ContractError(f"returned {len(out)} results, expected {n_results}")
+    B, T, H, _ = q.shape
+    want = [("o", (B, T, H, v.shape[-1]), (jnp.dtype(o_dtype or v.dtype),)),
+            ("final_state", state_shape, (jnp.dtype(jnp.float32),))]
+    if intermediate_shape is not None:
+        want.append(("intermediate_states", intermediate_shape, (jnp.dtype(jnp.float32), jnp.dtype(q.dtype))))
+    for (name, shape, dtypes), x in zip(want, out):
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise ContractError(f"returned {name} = {x!r:.60}, expected an array of shape {shape}")
+        if tuple(x.shape) != tuple(shape):
+            raise ContractError(f"returned {name} of shape {tuple(x.shape)}, expected {tuple(shape)}")
+        if jnp.dtype(x.dtype) not in dtypes:
+            raise ContractError(f"returned {name} of dtype {jnp.dtype(x.dtype).name}, expected "
+                                f"{' or '.join(d.name for d in dtypes)}")
+
+
+@functools.cache
+def runner(fn, static: Static, state_shape):
+    """A jitted ``(inputs, h0, params, do, dfs) -> (o, final_state, dq..dh0, d<params>)`` for kernel ``fn``."""
+    kw = static.keywords()
+
+    def run(inputs, h0, params, do, dfs):
+        def f(q, k, v, g, b, w, h0, *params):
+            out = fn(q, k, v, g, b, w, scale=static.scale, initial_state=h0, **kw, **dict(zip(static.params, params)))
+            _check(out, q, v, state_shape, 2, o_dtype=getattr(fn, "o_dtype", None))
+            return tuple(out)
+
+        (o, S), pullback = jax.vjp(f, *inputs, h0, *params)
+        return (o, S) + tuple(pullback((do.astype(o.dtype), dfs)))
+
+    return jax.jit(run)
+
+
+@functools.cache
+def state_runner(fn, static: Static, state_shape, intermediate_shape):
+    """A jitted forward-only ``(inputs, h0, params) -> intermediate states`` (``return_intermediate_states``)."""
+    kw = static.keywords()
+
+    def run(inputs, h0, params):
+        out = fn(*inputs, scale=static.scale, initial_state=h0, return_intermediate_states=True, **kw,
+                 **dict(zip(static.params, params)))
+        _check(out, inputs[0], inputs[2], state_shape, 3, intermediate_shape, getattr(fn, "o_dtype", None))
+        return out[2]
+
+    return jax.jit(run)
+
+
+def intermediate_shape(call: Call, C):
+    """``[B, NT, H, K, V]`` (``[..., V, K]`` with state_v_first) of the states at the starts of C-token chunks."""
+    B, T, H, K, V = call.shape
+    lengths = [T] if call.cu_seqlens is None else np.diff(call.cu_seqlens).tolist()
+    NT = sum(-(-n // C) for n in lengths)
+    return (B, NT, H) + ((V, K) if call.state_v_first else (K, V))
+
+
+def check_representable(call: Call, dtype):
+    """ValueError unless the call's per-token inputs are exactly representable in ``dtype`` (and the float32
+    ones -- initial state, gate parameters -- in float32)."""
+    jdt = _check_dtype(dtype)
+    named = [(n, getattr(call, n), jdt) for n in INPUTS]
+    named += [(n, getattr(call, n), jnp.float32) for n in ("initial_state", "A_log", "dt_bias")
+              if getattr(call, n) is not None]
+    for name, x, dt in named:
+        if not np.array_equal(np.asarray(jnp.asarray(x, dtype=dt), dtype=np.float64), x):
+            raise ValueError(f"{name}: values are not exactly representable in {jnp.dtype(dt).name}")
+
+
+def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32"):
+    """``{name: np.ndarray}`` over ``ci.grading.modes.result_names(call)``, in the dtypes the kernel returned.
+
+    ``initial_state`` is always passed (zeros when the call has none, so ``dh0`` is defined); the states at
+    chunk starts are taken at :func:`kernel_chunk_size`.
+    """
+    jdt = _check_dtype(dtype)
+    call.check_cotangents(do, dfinal_state)
+    static = Static.of(call)
+    inputs = tuple(jnp.asarray(x, dtype=jdt) for x in call.inputs())
+    h0 = jnp.asarray(call.initial_state if call.initial_state is not None else np.zeros(call.state_shape), jnp.float32)
+    params = tuple(jnp.asarray(getattr(call, n), jnp.float32) for n in static.params)
+    jdo, jdfs = jnp.asarray(do, dtype=jdt), jnp.asarray(dfinal_state, dtype=jnp.float32)
+    try:
+        with _quiet_callback_failures():
+            out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))
+            inter = None
+            if call.intermediate_chunk_size is not None:
+                shape = intermediate_shape(call, kernel_chunk_size(fn))
+                inter = jax.block_until_ready(state_runner(fn, static, call.state_shape, shape)(inputs, h0, params))
+    except Exception as exc:
+        line = host_callback_error(exc)
+        if line is None:
+            raise
+        raise KernelError(line) from None
+    names = RESULTS + tuple("d" + n for n in static.params)
+    got = {n: np.asarray(x) for n, x in zip(names, out)}
+    if inter is not None:
+        got["intermediate_states"] = np.asarray(inter)
+    assert set(got) == set(result_names(call)), (sorted(got), result_names(call))
+    return got
+
+
+def validate(fn, case: ModeCase) -> Report:
+    """Run ``fn`` on a mode case and judge it (its states at chunk starts at the kernel's chunk size)."""
+    call, do, dfs = case.data()
+    check_representable(call, case.dtype)
+    got = mode_results(fn, call, do, dfs, dtype=case.dtype)
+    return case.judge(got, chunk_size=kernel_chunk_size(fn))

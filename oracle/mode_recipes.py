@@ -1,0 +1,297 @@
+"""Deterministic recipes for FLA ``chunk_gdn2`` training calls (docs/DESIGN.md §2, "Call modes (training)").
+
+A :class:`ModeRecipe` is data -- sequence lengths, packing, decay and gate regimes, which modes are on,
+seeds -- and :meth:`ModeRecipe.build` rebuilds the same :class:`oracle.Call` and cotangents from it bit for
+bit, on every machine. :data:`RECIPES` is the catalogue the judge's mode cases are drawn from
+(``ci/grading/modes.py``; ``gdn2-oracle validate --modes``); :data:`QUICK` names the few cheap ones of the
+``quick`` case set. Lengths are chosen around FLA's chunk (C = 64): 0, 1, C-1, C, C+1, many short
+sequences, boundaries inside chunks and on chunk edges, one sequence of over 1024 tokens among short ones.
+
+Inputs: the per-token inputs are ``oracle.make_problem``'s (its decay, gate and q/k regimes), then, by mode:
+
+* ``gate``: ``g`` is a raw pre-activation ``N(0, 1)``, ``A_log = log U[1, 16]`` (FLA's test range),
+  ``dt_bias ~ N(0, 1)``, both float32 (FLA's parameters are float32); ``lower_bound`` -5 (the shipped
+  setting) for the bounded form, None for the softplus form;
+* ``l2norm``: raw q and k rows of norm ``~ 10^U[-1, 1]`` and, with ``near_zero``, a zero row, a row of
+  norm ``sqrt(eps) = 1e-3`` and a row of norm ``1e-5`` in each (where the epsilon's placement shows);
+* ``initial_state``: ``N(0, 1)`` float32 states ``[N, H, K, V]`` (``[N, H, V, K]`` with ``state_v_first``);
+* cotangents: ``do ~ N(0, 1)`` rounded like the inputs, ``dfinal_state ~ N(0, 1)`` float32.
+
+Every array comes from its own seeded stream (``SeedSequence([seed, tag])``), so changing one mode does not
+change the others' values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from .call import Call
+from .generate import DECAYS, GATES, KERNEL_DTYPES, QK_MODES, make_problem, round_to
+
+# The training-call modes, in the order reports list them (``dense`` is a call without any of them).
+MODES = ("varlen", "gate", "l2norm", "state_v_first", "intermediate")
+GATE_FORMS = (None, "softplus", "bounded")
+FLA_CHUNK = 64  # FLA's chunk_gdn2 chunk size: its intermediate states are taken every 64 tokens
+
+# Stream tags of the seeded generators (one per array family).
+_TAGS = {"qk": 1, "gate": 2, "params": 3, "h0": 4, "cot": 5, "rows": 6}
+
+
+def _check_int(name, n, lo):
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < lo:
+        raise ValueError(f"{name}: expected an integer >= {lo}, got {n!r}")
+    return int(n)
+
+
+@dataclass(frozen=True)
+class ModeRecipe:
+    """One reproducible ``chunk_gdn2`` call.
+
+    ``lengths``: the sequences' token counts; ``packed`` puts them into one row with ``cu_seqlens``
+    (``B = 1``), else they are the ``B`` rows of a dense call and must be equal. ``gate``: None, ``"softplus"``
+    or ``"bounded"`` (``lower_bound``, default -5); ``A_log`` / ``dt_bias``: whether the gate has them.
+    ``qk_l2norm`` with ``near_zero``: zero and tiny q/k rows. ``intermediate_chunk_size``: the states at
+    chunk starts are asked for (FLA: 64). ``precision``: the kernel's input dtype.
+    """
+
+    H: int
+    K: int
+    V: int
+    lengths: tuple
+    packed: bool = True
+    decay: str = "moderate"
+    gates: str = "uniform"
+    qk: str = "l2"
+    gate: str | None = None
+    lower_bound: float | None = None
+    A_log: bool = True
+    dt_bias: bool = True
+    qk_l2norm: bool = False
+    near_zero: bool = False
+    state_v_first: bool = False
+    intermediate_chunk_size: int | None = None
+    initial_state: bool = False
+    precision: str = "float32"
+    seed: int = 0
+    cot_seed: int | None = None
+
+    def __post_init__(self):
+        for dim in ("H", "K", "V"):
+            object.__setattr__(self, dim, _check_int(dim, getattr(self, dim), 1))
+        lengths = tuple(_check_int("lengths", n, 0) for n in self.lengths)
+        if not lengths or sum(lengths) == 0:
+            raise ValueError(f"lengths: expected at least one token, got {self.lengths!r}")
+        if not self.packed and (min(lengths) != max(lengths)):
+            raise ValueError(f"lengths: a dense call needs equal lengths, got {lengths}")
+        object.__setattr__(self, "lengths", lengths)
+        for name, value, choices in (("decay", self.decay, DECAYS), ("gates", self.gates, tuple(GATES)),
+                                     ("qk", self.qk, QK_MODES), ("gate", self.gate, GATE_FORMS),
+                                     ("precision", self.precision, KERNEL_DTYPES)):
+            if value not in choices:
+                raise ValueError(f"{name}: {value!r} not one of {choices}")
+        for name in ("packed", "A_log", "dt_bias", "qk_l2norm", "near_zero", "state_v_first", "initial_state"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
+        if self.gate == "bounded" and self.lower_bound is None:
+            object.__setattr__(self, "lower_bound", -5.0)
+        if self.lower_bound is not None:
+            if self.gate != "bounded":
+                raise ValueError("lower_bound: only with gate='bounded'")
+            object.__setattr__(self, "lower_bound", float(self.lower_bound))
+        if self.gate == "softplus" and not self.A_log:
+            raise ValueError("A_log: the softplus gate needs A_log")
+        if self.near_zero and not self.qk_l2norm:
+            raise ValueError("near_zero: only with qk_l2norm (unnormalised q/k rows)")
+        if self.intermediate_chunk_size is not None:
+            _check_int("intermediate_chunk_size", self.intermediate_chunk_size, 1)
+        object.__setattr__(self, "seed", _check_int("seed", self.seed, 0))
+        if self.cot_seed is not None:
+            object.__setattr__(self, "cot_seed", _check_int("cot_seed", self.cot_seed, 0))
+
+    # --- what the recipe is --------------------------------------------------------------------------
+
+    @property
+    def modes(self):
+        """The modes this call uses (a subset of :data:`MODES`, in that order); empty: a dense call."""
+        on = dict(varlen=self.packed, gate=self.gate is not None, l2norm=self.qk_l2norm,
+                  state_v_first=self.state_v_first, intermediate=self.intermediate_chunk_size is not None)
+        return tuple(m for m in MODES if on[m])
+
+    @property
+    def num_sequences(self):
+        return len(self.lengths)
+
+    @property
+    def shape(self):
+        """``(B, T, H, K, V)`` of the call's per-token inputs."""
+        if self.packed:
+            return 1, sum(self.lengths), self.H, self.K, self.V
+        return len(self.lengths), self.lengths[0], self.H, self.K, self.V
+
+    @property
+    def dtype(self):
+        return self.precision
+
+    @property
+    def cu_seqlens(self):
+        """``[N+1]`` int64 offsets when packed, else None."""
+        return np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64) if self.packed else None
+
+    @property
+    def cotangent_seed(self):
+        return self.seed if self.cot_seed is None else self.cot_seed
+
+    def replace(self, **changes):
+        """A new validated recipe with some fields replaced."""
+        return dataclasses.replace(self, **changes)
+
+    def fields(self):
+        """The recipe as a JSON-ready dict (every field)."""
+        d = dataclasses.asdict(self)
+        d["lengths"] = list(self.lengths)
+        return d
+
+    def checksum(self):
+        """sha256 of the recipe's canonical JSON (sorted keys, no whitespace)."""
+        return hashlib.sha256(json.dumps(self.fields(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def call_source(self):
+        """The recipe as Python source (``from gdn2_oracle.oracle.mode_recipes import ModeRecipe``)."""
+        return "ModeRecipe(" + ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self).items()) + ")"
+
+    # --- building it -------------------------------------------------------------------------------
+
+    def _rng(self, tag, seed=None):
+        return np.random.default_rng(np.random.SeedSequence([self.seed if seed is None else seed, _TAGS[tag]]))
+
+    def _qk_raw(self, shape):
+        """Unnormalised q, k for the L2-norm mode (rows of norm ~10^U[-1,1]; near-zero rows on request)."""
+        rng = self._rng("qk")
+        B, T, H, K = shape
+        out = []
+        for _ in range(2):
+            x = rng.standard_normal(shape)
+            x = x / np.linalg.norm(x, axis=-1, keepdims=True) * 10.0 ** rng.uniform(-1, 1, (B, T, H, 1))
+            out.append(x)
+        if self.near_zero and T:
+            rows = self._rng("rows").permutation(T)
+            q, k = out
+            for i, norm in zip(rows[:3], (0.0, 1e-3, 1e-5)):  # zero, sqrt(eps), below sqrt(eps)
+                for x in (q, k):
+                    x[:, i] = 0.0 if norm == 0 else x[:, i] / np.linalg.norm(x[:, i], axis=-1, keepdims=True) * norm
+            if len(rows) > 3:  # one row zero in q only, one tiny in k only
+                q[:, rows[3]] = 0.0
+            if len(rows) > 4:
+                k[:, rows[4]] *= 1e-4 / np.linalg.norm(k[:, rows[4]], axis=-1, keepdims=True)
+        return [round_to(x, self.precision) for x in out]
+
+    def build(self):
+        """``(call, do, dfinal_state)``: the exact call and cotangents of this recipe."""
+        B, T, H, K, V = self.shape
+        base = make_problem(B, T, H, K, V, decay=self.decay, gates=self.gates, qk=self.qk,
+                            precision=self.precision, seed=self.seed)
+        q, k, v, g, b, w = base.inputs()
+        kw = {}
+        if self.qk_l2norm:
+            q, k = self._qk_raw(q.shape)
+        if self.gate is not None:
+            g = round_to(self._rng("gate").standard_normal(g.shape), self.precision)
+            rng = self._rng("params")
+            A_log = round_to(np.log(rng.uniform(1.0, 16.0, H)), "float32")
+            dt_bias = round_to(rng.standard_normal(H * K), "float32")
+            kw = dict(gate_in_kernel=True, A_log=A_log if self.A_log else None,
+                      dt_bias=dt_bias if self.dt_bias else None, lower_bound=self.lower_bound)
+        N = self.num_sequences
+        state_shape = (N, H) + ((V, K) if self.state_v_first else (K, V))
+        h0 = round_to(self._rng("h0").standard_normal(state_shape), "float32") if self.initial_state else None
+        call = Call(q, k, v, g, b, w, initial_state=h0, cu_seqlens=self.cu_seqlens, qk_l2norm=self.qk_l2norm,
+                    state_v_first=self.state_v_first, intermediate_chunk_size=self.intermediate_chunk_size, **kw)
+        rng = self._rng("cot", self.cotangent_seed)
+        do = round_to(rng.standard_normal((B, T, H, V)), self.precision)
+        dfs = round_to(rng.standard_normal(state_shape), "float32")
+        return call, do, dfs
+
+
+# --- the catalogue ------------------------------------------------------------------------------------
+
+C = FLA_CHUNK
+# 0, 1, C-1, C, C+1 and short ones: boundaries inside chunks and on chunk edges (64, 128, 192 -> 1+63+64 = 128).
+EDGE_LENGTHS = (0, 1, C - 1, C, C + 1, 2, 0, 3)
+# Many short sequences (40, lengths 1..9): several boundaries in every chunk.
+MANY_SHORT = (3, 1, 7, 2, 9, 5, 1, 1, 4, 6, 2, 8, 3, 1, 5, 2, 7, 1, 9, 4,
+              2, 6, 1, 3, 8, 1, 1, 5, 2, 9, 4, 1, 7, 3, 2, 6, 1, 1, 2, 5)
+# Boundaries exactly on chunk edges (64, 128, 256) and inside (288, 352 - 32).
+CHUNK_EDGES = (C, C, 2 * C, C // 2, C // 2, C - 32)
+# One sequence past 1024 tokens (past the 128/256/512-token block boundaries) among short ones.
+LONG_AMONG_SHORT = (5, 2, 1030, 3, 0, 7)
+# A dense call: two rows of C+1 tokens.
+DENSE = (C + 36, C + 36)
+
+RECIPES = {
+    # packed variable-length sequences
+    "varlen_edges": ModeRecipe(2, 16, 16, EDGE_LENGTHS, initial_state=True, seed=11),
+    "varlen_edges_no_h0": ModeRecipe(2, 16, 16, EDGE_LENGTHS, decay="strong", gates="negative", seed=12),
+    "varlen_many_short": ModeRecipe(2, 16, 8, MANY_SHORT, decay="strong", initial_state=True, seed=13),
+    "varlen_chunk_edges": ModeRecipe(1, 16, 16, CHUNK_EDGES, decay="mixed", gates="write_one", initial_state=True,
+                                     seed=14),
+    "varlen_long": ModeRecipe(1, 8, 8, LONG_AMONG_SHORT, decay="weak", gates="erase_zero", initial_state=True,
+                              seed=15),
+    "varlen_edges_bf16": ModeRecipe(2, 16, 16, EDGE_LENGTHS, initial_state=True, precision="bfloat16", seed=16),
+    # in-kernel gate
+    "gate_bounded": ModeRecipe(2, 16, 16, DENSE, packed=False, gate="bounded", initial_state=True, seed=21),
+    "gate_bounded_no_A_log": ModeRecipe(2, 16, 16, DENSE, packed=False, gate="bounded", A_log=False, seed=22),
+    "gate_softplus": ModeRecipe(2, 16, 16, DENSE, packed=False, gate="softplus", initial_state=True, seed=23),
+    "gate_softplus_no_dt_bias": ModeRecipe(2, 16, 16, DENSE, packed=False, gate="softplus", dt_bias=False,
+                                           seed=24),
+    "gate_varlen": ModeRecipe(2, 16, 16, EDGE_LENGTHS, gate="bounded", initial_state=True, seed=25),
+    "gate_bounded_bf16": ModeRecipe(2, 16, 16, DENSE, packed=False, gate="bounded", initial_state=True,
+                                    precision="bfloat16", seed=26),
+    # in-kernel q/k L2 normalisation
+    "l2norm": ModeRecipe(2, 16, 16, DENSE, packed=False, qk_l2norm=True, near_zero=True, initial_state=True,
+                         seed=31),
+    "l2norm_varlen": ModeRecipe(2, 16, 16, EDGE_LENGTHS, qk_l2norm=True, near_zero=True, seed=32),
+    # [V, K] state layout
+    "state_v_first": ModeRecipe(2, 16, 8, DENSE, packed=False, state_v_first=True, initial_state=True, seed=41),
+    "state_v_first_varlen": ModeRecipe(2, 16, 8, EDGE_LENGTHS, state_v_first=True, initial_state=True, seed=42),
+    # states at chunk starts
+    "intermediate": ModeRecipe(2, 16, 16, (3 * C + 8,) * 2, packed=False, intermediate_chunk_size=C,
+                               initial_state=True, seed=51),
+    "intermediate_varlen": ModeRecipe(2, 16, 16, EDGE_LENGTHS + (2 * C + 5,), intermediate_chunk_size=C,
+                                      initial_state=True, seed=52),
+    # everything in one call
+    "all_modes": ModeRecipe(2, 16, 16, EDGE_LENGTHS, gate="bounded", qk_l2norm=True, near_zero=True,
+                            state_v_first=True, intermediate_chunk_size=C, initial_state=True, seed=61),
+    "all_modes_softplus_bf16": ModeRecipe(2, 16, 16, EDGE_LENGTHS, gate="softplus", qk_l2norm=True,
+                                          state_v_first=True, intermediate_chunk_size=C, initial_state=True,
+                                          precision="bfloat16", seed=62),
+}
+
+# The cheap cases of ``validate --cases quick``: one packed call, one gated call (one compile each).
+QUICK = {
+    "varlen_quick": ModeRecipe(1, 16, 16, (0, 1, C - 1, C, C + 1, 3), initial_state=True, seed=71),
+    "gate_quick": ModeRecipe(1, 16, 16, (C + 36,), packed=False, gate="bounded", initial_state=True, seed=72),
+}
+
+
+def names(kind="full"):
+    """The recipe names of a case set: ``quick`` (:data:`QUICK`) or ``full`` (:data:`RECIPES` and ``QUICK``)."""
+    if kind == "quick":
+        return list(QUICK)
+    if kind == "full":
+        return list(RECIPES) + list(QUICK)
+    raise ValueError(f"kind: {kind!r} not one of ('quick', 'full')")
+
+
+def get(name):
+    """The recipe called ``name`` (ValueError naming the known ones otherwise)."""
+    found = RECIPES.get(name) or QUICK.get(name)
+    if found is None:
+        raise ValueError(f"name: unknown mode recipe {name!r}; known: {names('full')}")
+    return found
