@@ -372,3 +372,60 @@ def test_replay_bad_inputs():
         buf.push(kk, vv, kk, kk, vv)
     with pytest.raises(ValueError, match="^num_accepted_tokens:"):
         serving.committed_state(_pool(4, seed=45), np.array([[0, 1], [2, 3]]), np.array([0, 2]))
+
+
+# --- stored-state baselines: store_dtype and carry_dtype -----------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", serving.STATE_DTYPES)
+def test_store_dtype_rounds_every_stored_state_once(fmt):
+    """A speculative call (every token's state stored) with ``store_dtype``: the outputs and the carried states are
+    the unrounded float32 run's, bit for bit; each stored state is that state rounded once to the format."""
+    xs = _inputs(2, 3, seed=50)
+    pool = _pool(7, seed=51).astype(np.float32)
+    kw = dict(state_pool=pool, state_indices=np.array([[0, 1, 2], [3, 4, -1]]), num_accepted_tokens=np.array([1, 1]))
+    plain = serving.decode(*xs, **kw, dtype=np.float32)
+    stored = serving.decode(*xs, **kw, dtype=np.float32, store_dtype=fmt)
+    _same_bits(stored.o, plain.o)
+    _same_bits(stored.states, plain.states)
+    assert stored.pool.dtype == np.float32
+    for slot in stored.written_slots:
+        _same_bits(stored.pool[slot], serving.round_state(plain.pool[slot], fmt))
+    _untouched(stored.pool.astype(np.float64), pool.astype(np.float64), stored.written_slots)
+
+
+def test_round_state_formats():
+    x = np.array([1.0 + 2.0 ** -9, 1.0 + 3 * 2.0 ** -9, 70000.0, np.nan], np.float32)
+    b = serving.round_state(x, "bfloat16")
+    assert b[0] == 1.0 and b[1] == 1.0 + 2.0 ** -7 and b[2] == 70144.0 and np.isnan(b[3])  # ties to even
+    h = serving.round_state(x, "float16")
+    assert h[0] == x[0] and np.isinf(h[2]) and np.isnan(h[3])  # exact; beyond float16's range: inf
+    _same_bits(serving.round_state(x, "float32"), x)
+    with pytest.raises(ValueError, match="^dtype:"):
+        serving.round_state(x, "float8")
+
+
+def test_carry_dtype_rounds_the_running_state_after_every_token():
+    """``carry_dtype``: a T-token call's states equal those of T single-token calls each storing the rounded state
+    (the state kept in the format inside the loop), its outputs read the rounded states, and it differs from
+    rounding only at the store."""
+    xs = _inputs(1, 6, seed=52, decay="weak")
+    pool = serving.round_state(_pool(2, seed=53), "bfloat16")
+    loop = serving.decode(*xs, state_pool=pool, state_indices=np.array([1]), dtype=np.float32, carry_dtype="bfloat16")
+    p = pool.astype(np.float32)
+    for t in range(6):
+        step = serving.decode(*(x[:, t:t + 1] for x in xs), state_pool=p, state_indices=np.array([1]),
+                              dtype=np.float32, store_dtype="bfloat16")
+        _same_bits(step.pool[1], loop.states[0, t])
+        p = step.pool
+    S = loop.states[0].astype(np.float64)
+    _close(loop.o[0], np.einsum("thkv,thk->thv", S, xs[0][0]) * K ** -0.5, 1e-6)
+    _same_bits(p, loop.pool)
+    once = serving.decode(*xs, state_pool=pool, state_indices=np.array([1]), dtype=np.float32, store_dtype="bfloat16")
+    assert not np.array_equal(once.pool[1], loop.pool[1])
+
+
+@pytest.mark.parametrize("arg", ["store_dtype", "carry_dtype"])
+def test_bad_state_dtype_names_the_argument(arg):
+    xs = _inputs(1, 2, seed=54)
+    with pytest.raises(ValueError, match=f"^{arg}:"):
+        serving.decode(*xs, state_pool=_pool(1, seed=55), state_indices=np.array([0]), **{arg: "float64"})

@@ -1,0 +1,509 @@
+"""Judging a serving (decode) kernel: calls chained on a state pool, with stored-state precision as its own axis.
+
+A :class:`Session` is a scripted run of decode calls (docs/DESIGN.md §2, "Decode contract (serving)"): an initial
+pool and calls, each reading and writing slots of the pool the previous call left. A kernel runs the calls chained
+on its own pool; its results are judged against the float64 oracle (``oracle/serving.py``) chained on the exact
+pool, by the tolerance model of docs/DESIGN.md §4, per result:
+
+* ``o``: every call's outputs at live tokens whose reference is finite (rejected drafts are garbage), together;
+* ``state``: the states every call wrote (its written slots right after the call, finite references), together;
+* ``untouched`` (hard): every slot a call does not write comes back bit-identical;
+* ``padding`` (hard): padding rows and tokens of no live sequence output exact zeros.
+
+Tolerance, bound and grade (derivation and measurements: docs/serving.md)::
+
+    tol   = max(MULTIPLE[result dtype] * e_rec, FLOOR[result dtype])
+    bound = max(tol, MULTIPLE[state dtype] * e_store)          # the stored-state bound
+    PASS <= tol < PRECISION <= bound < FAIL  (both metrics; NaN/inf: FAIL)
+
+``e_rec``: the same metric of the oracle chained in float32 with a float32 pool (results rounded to the dtypes the
+kernel returned them in: ``o`` to ``v.dtype``, the states to the pool's dtype). ``e_store``: the oracle chained in
+float32 with every stored state rounded to the pool's dtype (``serving.decode(store_dtype=...)``): a kernel that
+stores a bfloat16 / float16 pool between calls with float32 compute. For a float32 pool ``e_store`` is ``e_rec``:
+no PRECISION band. A correct 16-bit pool is PRECISION wherever a rounded state is read again (float32 ``o`` of a
+later call; states once they drift past one rounding, over long horizons), and a kernel that rounds more often
+than once per store (the state kept in 16 bits inside the token loop) is FAIL.
+
+NumPy and the oracle only (the ``ci/grading`` floor): a runner (``ci/running/serving.py``) feeds the judge.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from gdn2_oracle.oracle import serving
+from gdn2_oracle.oracle.generate import round_to
+
+from .diagnose import LOGIC_ERROR, Finding
+from .grades import FAIL, PASS, PRECISION, Verdict
+from .tolerance import ABS_FLOOR, AGREE_FRACTION, FLOOR as _FLOOR, MULTIPLE as _MULTIPLE, Report
+
+STATE_DTYPES = serving.STATE_DTYPES
+# docs/DESIGN.md §4, extended to float16 (same reasons as bfloat16: a 16-bit result's error is its rounding,
+# which the baseline shares): MULTIPLE 8, FLOOR half an ulp of 1.
+MULTIPLE = {**_MULTIPLE, "float16": 8.0}
+FLOOR = {**_FLOOR, "float16": 2.0 ** -11}
+GRADED = ("o", "state")
+# A FAIL below this err_ratio is compared with a running state rounded to 16 bits after every token (diagnosis).
+IN_LOOP_MAX = 1.0
+HARD = ("untouched", "padding")
+INPUT_NAMES = ("q", "k", "v", "g", "b", "w")
+
+
+def dtype_name(x):
+    """The dtype name of an array (``bfloat16`` for ml_dtypes' bfloat16)."""
+    return np.dtype(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype).name
+
+
+def _f64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+# --- what a session is made of ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class DecodeCall:
+    """One decode call's arguments: the six inputs (float64 values, exact in the session's input dtype) and the
+    bookkeeping (``state_indices [N]`` or ``[N, S]``, ``cu_seqlens [N+1]``, ``num_accepted_tokens [N]``)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    g: np.ndarray
+    b: np.ndarray
+    w: np.ndarray
+    state_indices: np.ndarray
+    cu_seqlens: np.ndarray | None = None
+    num_accepted_tokens: np.ndarray | None = None
+    scale: float | None = None
+
+    def inputs(self):
+        return (self.q, self.k, self.v, self.g, self.b, self.w)
+
+    def bookkeeping(self):
+        """The non-None keyword arguments besides the inputs and the pool (``scale`` included)."""
+        out = {"state_indices": self.state_indices, "cu_seqlens": self.cu_seqlens,
+               "num_accepted_tokens": self.num_accepted_tokens, "scale": self.scale}
+        return {k: v for k, v in out.items() if v is not None}
+
+    @property
+    def shape(self):
+        return self.q.shape[:3] + (self.q.shape[3], self.v.shape[3])
+
+
+class _Call:
+    """The reference of one call: masks, reference outputs and states, slots (float64 chain)."""
+
+    def __init__(self, call, result, plan):
+        B, T = call.q.shape[:2]
+        live = np.zeros((B, T), bool)
+        for s in plan.sequences:
+            live[s.row, s.start:s.start + s.length] |= s.live
+        self.judged = live & np.all(np.isfinite(result.o), axis=(2, 3))
+        first = np.zeros((B, T), bool)
+        for s in plan.sequences:
+            if s.live:
+                first[s.row, s.start] = True
+        self.first = first[self.judged]  # among the judged tokens: the first token of a live sequence
+        self.idle = ~live
+        self.o = result.o[self.judged]
+        self.written = result.written_slots
+        self.state_slots = np.array([s for s in result.written_slots if np.all(np.isfinite(result.pool[s]))],
+                                    np.int64)
+        self.state = result.pool[self.state_slots]
+        self.plan = plan
+
+
+class _Metric:
+    """§4's err_ratio and max_err over a result concatenated across calls, accumulated call by call, with a
+    per-call profile (``rms`` of the call's error over the result's scale)."""
+
+    def __init__(self, n_calls):
+        self.d2 = self.r2 = 0.0
+        self.n = 0
+        self.dmax = self.rmax = 0.0
+        self.first_bad = None  # first call with a non-finite value
+        self.calls = np.zeros((n_calls, 2))  # per call: sum of squared errors, count
+
+    def add(self, i, got, ref):
+        got = _f64(got)
+        if got.size == 0:
+            return
+        self.r2 += float(np.sum(np.square(ref)))
+        self.rmax = max(self.rmax, float(np.max(np.abs(ref))))
+        self.n += ref.size
+        if not np.all(np.isfinite(got)):
+            self.first_bad = i if self.first_bad is None else self.first_bad
+            self.calls[i] = (math.inf, ref.size)
+            return
+        d = got - ref
+        d2 = float(np.sum(np.square(d)))
+        self.d2 += d2
+        self.dmax = max(self.dmax, float(np.max(np.abs(d))))
+        self.calls[i] += (d2, ref.size)
+
+    @property
+    def scales(self):
+        return (max(math.sqrt(self.r2 / self.n), ABS_FLOOR) if self.n else ABS_FLOOR), max(self.rmax, ABS_FLOOR)
+
+    def errors(self):
+        """``(err_ratio, max_err)``; inf when some value was not finite, 0 when nothing was judged."""
+        if self.first_bad is not None:
+            return math.inf, math.inf
+        if not self.n:
+            return 0.0, 0.0
+        s_rms, s_max = self.scales
+        return math.sqrt(self.d2 / self.n) / s_rms, self.dmax / s_max
+
+    def profile(self):
+        """Per call: rms of its error over the result's rms scale (inf: non-finite; 0: nothing judged)."""
+        d2, n = self.calls[:, 0], self.calls[:, 1]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, np.sqrt(d2 / np.maximum(n, 1)) / self.scales[0], 0.0)
+
+
+class Session:
+    """A scripted serving session: ``calls`` (:class:`DecodeCall`) chained from the initial ``pool`` ``[P, H, K,
+    V]`` (float64 values exact in float32; a kernel can be judged on it when they are exact in its pool dtype too:
+    the recipes' pools are exact in bfloat16 and float16, so one reference serves every pool dtype), inputs exact
+    in ``dtype`` (the kernel's input dtype, float32 or bfloat16).
+
+    The float64 reference and the baselines are computed once (lazily) and shared by every kernel judged on it.
+    ``mode`` (``decode`` | ``speculative``), ``regime`` and ``purpose`` describe it in reports.
+    """
+
+    def __init__(self, name, calls, pool, *, dtype="float32", mode="decode", regime=None, purpose=""):
+        self.name, self.calls, self.dtype, self.mode = name, list(calls), dtype, mode
+        self.regime, self.purpose = dict(regime or {}), purpose
+        self.pool = np.asarray(pool, np.float64)
+        if not self.calls:
+            raise ValueError("calls: a session needs at least one call")
+        if self.pool.ndim != 4:
+            raise ValueError(f"pool: expected [P, H, K, V], got shape {self.pool.shape}")
+        if not self.exact_in("float32"):
+            raise ValueError("pool: values are not exact in float32")
+        for i, c in enumerate(self.calls):
+            for n, x in zip(INPUT_NAMES, c.inputs()):
+                if not np.array_equal(round_to(x, dtype), x, equal_nan=True):
+                    raise ValueError(f"calls[{i}].{n}: values are not exact in {dtype}")
+        self._ref = None
+        self._base = {}
+
+    def exact_in(self, state_dtype):
+        """Whether the initial pool is exact in ``state_dtype`` (a kernel with that pool dtype can be judged)."""
+        return np.array_equal(serving.round_state(self.pool, state_dtype), self.pool, equal_nan=True)
+
+    # -- identity --
+    @property
+    def shape(self):
+        """``(P, H, K, V)`` of the pool."""
+        return self.pool.shape
+
+    def tokens(self):
+        """Token positions over all calls (``sum B * T``)."""
+        return sum(int(np.prod(c.q.shape[:2])) for c in self.calls)
+
+    def describe(self):
+        return {"case": self.name, "source": "serving", "mode": self.mode, "dtype": self.dtype,
+                "shape": list(self.pool.shape), "calls": len(self.calls), "tokens": self.tokens(),
+                **({"regime": self.regime} if self.regime else {}), **({"purpose": self.purpose} if self.purpose
+                                                                        else {})}
+
+    def release(self):
+        """Drop the cached reference and baselines."""
+        self._ref, self._base = None, {}
+
+    # -- the oracle --
+    def chain(self, **options):
+        """Yield ``(call, DecodeResult, plan)`` of the oracle chained over the calls (``serving.decode`` options:
+        ``dtype``, ``store_dtype``, ``carry_dtype``); the pool is carried in the working precision."""
+        dtype = options.get("dtype", np.float64)
+        pool = self.pool.astype(dtype)
+        for c in self.calls:
+            r = serving.decode(*c.inputs(), state_pool=pool, **c.bookkeeping(), **options)
+            plan = serving.plan(c.shape, pool.shape[0], c.state_indices, c.cu_seqlens, c.num_accepted_tokens)
+            yield c, r, plan
+            pool = r.pool
+
+    def reference(self):
+        """The per-call float64 references (list of :class:`_Call`), computed once."""
+        if self._ref is None:
+            self._ref = [_Call(c, r, p) for c, r, p in self.chain()]
+        return self._ref
+
+    def baseline(self, kind, o_dtype, state_dtype):
+        """``{"o": (err_ratio, max_err), "state": (...)}`` of a float32 oracle chain against the reference, its
+        results rounded to the kernel's result dtypes. ``kind``: ``rec`` (float32 pool), ``store`` (every stored
+        state rounded to ``state_dtype``), ``loop:DT`` (the running state rounded to DT after every token)."""
+        key = (kind, o_dtype, state_dtype)
+        if key not in self._base:
+            options = {"dtype": np.float32}
+            if kind == "store":
+                options["store_dtype"] = state_dtype
+            elif kind.startswith("loop:"):
+                options["carry_dtype"] = kind[5:]
+                options["store_dtype"] = state_dtype
+            ref = self.reference()
+            m = {n: _Metric(len(ref)) for n in GRADED}
+            for i, ((_, r, _), rc) in enumerate(zip(self.chain(**options), ref)):
+                with np.errstate(invalid="ignore"):
+                    m["o"].add(i, serving.round_state(r.o[rc.judged], o_dtype), rc.o)
+                    m["state"].add(i, serving.round_state(r.pool[rc.state_slots], state_dtype), rc.state)
+            self._base[key] = {n: x.errors() for n, x in m.items()}
+        return self._base[key]
+
+    def judge(self, state_dtype, o_dtype=None):
+        """A :class:`SessionJudge` for a kernel whose pool is stored in ``state_dtype``."""
+        return SessionJudge(self, state_dtype, o_dtype)
+
+    def initial_pool(self):
+        """The initial pool (float64 values; the runner casts it to the kernel's pool dtype, exactly)."""
+        return self.pool.copy()
+
+
+# --- the judgement ----------------------------------------------------------------------------------------------
+
+def stored_state_bound(e_rec, e_store, result_dtype, state_dtype):
+    """``(tol, bound)`` of one metric: ``tol = max(MULTIPLE[result] e_rec, FLOOR[result])``, ``bound = max(tol,
+    MULTIPLE[state dtype] e_store)`` (a non-finite ``e_store`` is ignored)."""
+    tol = max(MULTIPLE[result_dtype] * e_rec, FLOOR[result_dtype])
+    bound = max(tol, MULTIPLE[state_dtype] * e_store) if math.isfinite(e_store) else tol
+    return tol, bound
+
+
+class SessionJudge:
+    """Judges one kernel on a :class:`Session`, call by call: :meth:`add` each call's results (NumPy arrays in
+    the dtypes the kernel returned), then :meth:`report`."""
+
+    def __init__(self, session, state_dtype, o_dtype=None):
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype: {state_dtype!r} not one of {STATE_DTYPES}")
+        if not session.exact_in(state_dtype):
+            raise ValueError(f"state_dtype: session {session.name!r} starts from a pool not exact in {state_dtype}")
+        self.session, self.state_dtype, self.o_dtype = session, state_dtype, o_dtype
+        self.ref = session.reference()
+        n = len(self.ref)
+        self.metrics = {name: _Metric(n) for name in GRADED}
+        self.changed = []  # (call, [slots]) that changed but must not
+        self.nonzero = []  # (call, count) of nonzero idle outputs
+        self.idle_total = self.keep_total = 0
+        self.first_token = np.zeros(n)  # per call: largest error at a sequence's first token / max|o| of the call
+        self.done = 0
+
+    def add(self, i, o, pool_before, pool_after):
+        """Judge call ``i``: its outputs ``o`` and the pool before and after it (the kernel's own arrays)."""
+        if i != self.done:
+            raise ValueError(f"i: calls must be added in order, expected call {self.done}, got {i}")
+        rc = self.ref[i]
+        o_dtype, p_dtype = dtype_name(o), dtype_name(pool_after)
+        self.o_dtype = self.o_dtype or o_dtype
+        if o_dtype != self.o_dtype:
+            raise ValueError(f"o: call {i} returned {o_dtype}, earlier calls {self.o_dtype}")
+        if p_dtype != self.state_dtype or dtype_name(pool_before) != self.state_dtype:
+            raise ValueError(f"state_pool: call {i} returned the pool in {p_dtype}, expected {self.state_dtype} "
+                             "(the dtype it was handed)")
+        o, before, after = np.asarray(o), np.asarray(pool_before), np.asarray(pool_after)
+        if o.shape != rc.judged.shape + rc.o.shape[1:] or after.shape != before.shape:
+            raise ValueError(f"o: call {i} returned o {o.shape} and a pool {after.shape}, expected "
+                             f"{rc.judged.shape + rc.o.shape[1:]} and {before.shape}")
+        o64 = _f64(o)
+        self.metrics["o"].add(i, o64[rc.judged], rc.o)
+        if rc.first.any():
+            d = np.abs(o64[rc.judged][rc.first] - rc.o[rc.first])
+            scale = max(float(np.max(np.abs(rc.o))), ABS_FLOOR)
+            self.first_token[i] = float(np.max(d)) / scale if np.all(np.isfinite(d)) else math.inf
+        self.metrics["state"].add(i, _f64(after[rc.state_slots]), rc.state)
+        idle = o64[rc.idle]
+        self.idle_total += idle.size
+        if np.any(idle != 0):  # NaN counts as nonzero
+            self.nonzero.append((i, int(np.sum(idle != 0))))
+        keep = np.setdiff1d(np.arange(before.shape[0]), rc.written)
+        self.keep_total += keep.size
+        diff = [int(s) for s in keep if before[s].tobytes() != after[s].tobytes()]
+        if diff:
+            self.changed.append((i, diff))
+        self.done += 1
+
+    def report(self) -> Report:
+        """The graded :class:`tolerance.Report`: verdicts ``o``, ``state``, ``untouched``, ``padding`` and, when not
+        PASS, a diagnosis; ``profiles`` holds the per-call error profiles of results over their tolerance."""
+        if self.done != len(self.ref):
+            raise ValueError(f"report: {self.done} of {len(self.ref)} calls were added")
+        s = self.session
+        o_dtype = self.o_dtype or s.dtype
+        rec = s.baseline("rec", o_dtype, self.state_dtype)
+        store = s.baseline("store", o_dtype, self.state_dtype) if self.state_dtype != "float32" else rec
+        report = Report(dtype=s.dtype)
+        for name in GRADED:
+            m = self.metrics[name]
+            rdt = o_dtype if name == "o" else self.state_dtype
+            errs = m.errors()
+            (tr, br), (tm, bm) = (stored_state_bound(rec[name][j], store[name][j], rdt, self.state_dtype)
+                                  for j in (0, 1))
+            rule = "recurrence" if MULTIPLE[rdt] * rec[name][0] >= FLOOR[rdt] else "floor"
+            note = ""
+            if not math.isfinite(errs[0]):
+                rule, note = "non-finite", f"NaN or inf in a result (first at call {m.first_bad})"
+            passed = errs[0] <= tr and errs[1] <= tm
+            grade = PASS if passed else (PRECISION if errs[0] <= br and errs[1] <= bm else FAIL)
+            if grade != PASS and self.state_dtype != "float32":
+                note = "; ".join(x for x in (note, f"stored-state bound: {MULTIPLE[self.state_dtype]:g} x e_store "
+                                                   f"({self.state_dtype} pool)") if x)
+            report.verdicts.append(Verdict(name, errs[0], errs[1], tr, tm, rule, passed, note, grade,
+                                           br if grade != PASS else None, bm if grade != PASS else None))
+            if grade != PASS:
+                report.profiles[name] = m.profile()
+        n_changed = sum(len(d) for _, d in self.changed)
+        note = (f"call {self.changed[0][0]}: slots {self.changed[0][1]} changed; {len(self.changed)} call(s)"
+                if self.changed else "")
+        report.verdicts.append(Verdict("untouched", n_changed / max(self.keep_total, 1), float(n_changed > 0),
+                                       0.0, 0.0, "bit-identical", not self.changed, note))
+        n_nonzero = sum(c for _, c in self.nonzero)
+        note = (f"call {self.nonzero[0][0]}: {self.nonzero[0][1]} nonzero values; {len(self.nonzero)} call(s)"
+                if self.nonzero else "")
+        report.verdicts.append(Verdict("padding", n_nonzero / max(self.idle_total, 1), float(n_nonzero > 0),
+                                       0.0, 0.0, "exact-zero", not self.nonzero, note))
+        if not report.passed:
+            report.diagnosis = diagnose(self, report, rec, store)
+        return report
+
+
+# --- diagnosis ------------------------------------------------------------------------------------------------
+
+def _first_over(profile, tol):
+    over = np.flatnonzero(np.asarray(profile) > tol)
+    return int(over[0]) if over.size else None
+
+
+def diagnose(judge, report, rec, store):
+    """What a non-PASS serving report points at (heuristics; the grade is the verdict)."""
+    found = []
+    sd = judge.state_dtype
+    if judge.changed:
+        i, slots = judge.changed[0]
+        found.append(Finding("pool-bookkeeping", f"call {i} changed slot(s) {slots} that no live sequence writes "
+                                                 "(a padding row, an unaddressed slot, or a write to the wrong slot)",
+                             i))
+    if judge.nonzero:
+        i, n = judge.nonzero[0]
+        found.append(Finding("padding", f"call {i} output {n} nonzero value(s) for padding rows or tokens of no "
+                                        "live sequence (they must be exact zeros)", i))
+    bad = [v for v in report.verdicts if v.name in GRADED and v.grade != PASS]
+    nonfinite = [v for v in bad if v.rule == "non-finite"]
+    if nonfinite:
+        first = min(judge.metrics[v.name].first_bad for v in nonfinite)
+        found.append(Finding("non-finite", f"NaN or inf in {', '.join(v.name for v in nonfinite)} from call {first}: "
+                                           "a NaN read from a slot it should not read (a rejected draft's state, "
+                                           "a padding row's tokens) or an overflow", first))
+    finite = [v for v in bad if v.rule != "non-finite"]
+    prof = {v.name: report.profiles[v.name] for v in finite}
+    first = {n: _first_over(p, report[n].tol_ratio) for n, p in prof.items()}
+    in_loop = set()
+    moderate = [v for v in finite if v.grade == FAIL and v.err_ratio < IN_LOOP_MAX]
+    if moderate:
+        o_dtype = judge.o_dtype or judge.session.dtype
+        for dt in ("bfloat16", "float16"):
+            loop = judge.session.baseline(f"loop:{dt}", o_dtype, sd)
+            hits = [v for v in moderate if v.err_ratio <= MULTIPLE[dt] * loop[v.name][0]
+                    and v.err_ratio >= loop[v.name][0] / MULTIPLE[dt]]
+            if len(hits) == len(moderate):
+                found.append(Finding("state-in-loop", f"{', '.join(v.name for v in hits)} beyond the stored-state "
+                                                      f"bound, of the size of a running state rounded to {dt} after "
+                                                      f"every token (err_ratio {hits[0].err_ratio:.2g}, that "
+                                                      f"baseline's {loop[hits[0].name][0]:.2g}; one rounding per "
+                                                      f"store of a {sd} pool: {store[hits[0].name][0]:.2g}): the "
+                                                      f"state is kept in {dt} inside the token loop, not only "
+                                                      "rounded where it is stored"))
+                in_loop = {v.name for v in hits}
+                break
+    big = [v for v in finite if v.grade == FAIL and v.err_ratio >= LOGIC_ERROR and v.name not in in_loop]
+    if big:
+        at = min((x for x in first.values() if x is not None), default=None)
+        where = ""
+        if at is not None and judge.first_token[at] >= LOGIC_ERROR:
+            where = (f"; from call {at}, whose first token of some sequence is already off (error "
+                     f"{judge.first_token[at]:.2g} of its largest output): the state it starts from is wrong "
+                     "(the slot read, or the accepted count: idx[n, a_n - 1])")
+        elif at is not None:
+            where = (f"; from call {at}, whose sequences start right (first tokens within "
+                     f"{judge.first_token[at]:.2g}): the update or the slot written")
+        worst = max(big, key=lambda v: v.err_ratio)
+        found.append(Finding("logic", f"O(1) relative error in {', '.join(v.name for v in big)} (err_ratio up to "
+                                      f"{worst.err_ratio:.2g}){where}", at))
+    precision = [v for v in finite if v.grade == PRECISION]
+    if precision:
+        worst = max(v.err_ratio for v in precision)
+        stall = "" if worst < LOGIC_ERROR else (
+            f"; WARNING: an O(1) error (err_ratio {worst:.2g}) that every correct kernel with this pool has: the "
+            f"{sd} pool cannot hold this state across these calls (a per-call decay closer to 1 than half an ulp "
+            f"of {sd} is rounded away at every store and the decay stalls): store the state in float32")
+        found.append(Finding("stored-state", f"{', '.join(v.name for v in precision)} over the float32-storage "
+                                             f"tolerance, within {MULTIPLE[sd]:g} x the error of storing the state "
+                                             f"in {sd} once per store (e_store: o {store['o'][0]:.2g}, state "
+                                             f"{store['state'][0]:.2g}): precision lost to the pool's {sd} format, "
+                                             "as expected of it (docs/serving.md)" + stall))
+    if not found and finite:
+        worst = max(finite, key=lambda v: v.err_ratio / (v.bound_ratio or v.tol_ratio))
+        at = min((x for x in first.values() if x is not None), default=None)
+        over = worst.err_ratio / (worst.bound_ratio or worst.tol_ratio)
+        where = "" if at is None else f", first over tolerance at call {at}"
+        found.append(Finding("systematic", f"{', '.join(v.name for v in finite)} off by err_ratio up to "
+                                           f"{worst.err_ratio:.2g} ({over:.3g}x the bound){where}: not the rounding "
+                                           "of the stored state", at))
+    return found
+
+
+def diagnosis_text(report):
+    """One line per finding (empty for a PASS report)."""
+    return "\n".join(str(f) for f in report.diagnosis)
+
+
+# --- agreement: two runs of one kernel that must give the same results (other call splits, a replay) ------------
+
+def agreement(what, a, b, ref, errors, result_dtypes, state_dtype):
+    """Judge results ``a`` against ``b`` (mappings name -> array, e.g. ``{"o": ..., "state": ...}``) that should
+    agree: per name, errors normalised by the reference ``ref[name]``'s scales (§4), within
+    ``max(AGREE_FRACTION x MULTIPLE[result] x e_rec, AGREE_FRACTION x MULTIPLE[state dtype] x e_store,
+    FLOOR[result])`` (+ one ulp of a 16-bit result at its largest element), ``errors[name]`` being the largest
+    ``(e_rec, e_store)`` pair of the two runs' sessions (each a ``(err_ratio, max_err)`` pair). A Report (PASS or
+    FAIL)."""
+    report = Report()
+    for name in a:
+        r = np.asarray(ref[name], np.float64)
+        s_rms = max(math.sqrt(float(np.mean(np.square(r)))), ABS_FLOOR)
+        s_max = max(float(np.max(np.abs(r))), ABS_FLOOR)
+        x, y = _f64(a[name]), _f64(b[name])
+        if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+            e = (math.inf, math.inf)
+        else:
+            d = x - y
+            e = (math.sqrt(float(np.mean(np.square(d)))) / s_rms, float(np.max(np.abs(d))) / s_max)
+        rdt = result_dtypes[name]
+        (rec, store) = errors[name]
+        ulp = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}.get(rdt, 0.0)
+        tol = [max(AGREE_FRACTION * MULTIPLE[rdt] * rec[j], AGREE_FRACTION * MULTIPLE[state_dtype] * store[j],
+                   FLOOR[rdt]) + ulp for j in (0, 1)]
+        rule = f"{what} ({AGREE_FRACTION:.3g} x the serving bound)" if math.isfinite(e[0]) else "non-finite"
+        report.verdicts.append(Verdict(f"{name} ({what})", e[0], e[1], tol[0], tol[1], rule,
+                                       bool(e[0] <= tol[0] and e[1] <= tol[1])))
+    return report
+
+
+def largest_errors(*pairs):
+    """Elementwise largest of some ``{"o": (rec, store), ...}`` error mappings (see :func:`agreement`)."""
+    out = {}
+    for p in pairs:
+        for name, (rec, store) in p.items():
+            r0, s0 = out.get(name, ((0.0, 0.0), (0.0, 0.0)))
+            out[name] = (tuple(max(u, v) for u, v in zip(r0, rec)), tuple(max(u, v) for u, v in zip(s0, store)))
+    return out
+
+
+def session_errors(session, o_dtype, state_dtype):
+    """``{"o": (e_rec, e_store), "state": (...)}`` of a session for a kernel's result dtypes (for :func:`agreement`)."""
+    rec = session.baseline("rec", o_dtype, state_dtype)
+    store = session.baseline("store", o_dtype, state_dtype) if state_dtype != "float32" else rec
+    return {n: (rec[n], store[n]) for n in GRADED}

@@ -1,0 +1,198 @@
+"""Serving sessions for ``validate --modes decode,speculative`` and the serving properties: deterministic recipes.
+
+Each recipe builds a :class:`ci.grading.serving.Session` (an initial pool and decode calls chained on it; judged
+as in ``ci/grading/serving.py``) from an input dtype and a seed:
+
+* ``pool_gather_scatter`` (decode): packed and batched calls on a 10-slot pool, slots unrelated to sequence
+  numbers, an empty sequence, padding rows (-1) fed NaN, a NaN slot never addressed, repeated calls;
+* ``chunked_prefill`` (decode): two sequences in different phases packed into each call (prefill chunks of 6, 4,
+  3 tokens continuing from their slot, decode steps), with a padding sequence;
+* ``speculative_accept`` (speculative): 4 draft slots per sequence; over the calls every sequence is told every
+  accept count 1..4; rejected drafts are NaN, draft slots start NaN, a row with -1 draft columns, a padding row,
+  a final packed call with fewer tokens than draft slots;
+* ``long_horizon`` (decode): 4,096 single-token calls at per-step decay 0.99992 (the stored-state figure);
+* ``long_horizon_prefill`` (decode): 4,096 tokens as 16 calls of 256 tokens, one head only decaying: one store per
+  256 tokens, so a state kept in 16 bits inside the token loop (which stalls the decay) is told apart from a 16-bit
+  pool (which does not at 256 tokens a store).
+
+The runner side (``case.run(fn)``, ``serving_cases``, ``accepts_serving``) is ``ci/running/serving.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gdn2_oracle.oracle import make_problem
+from gdn2_oracle.oracle.generate import round_to, round_to_bfloat16
+
+from .serving import DecodeCall, Session
+
+MODES = ("decode", "speculative")
+H, K, V = 2, 16, 8  # the short sessions' heads and dimensions
+DRAFTS = 4
+HORIZON, HORIZON_DECAY = 4096, 0.99992
+HORIZON_SHAPE = (1, 32, 32)  # H, K, V of the validate horizons (docs/serving.md measures H = 2 as well)
+
+
+def pool_values(P, H, K, V, seed, nan_slots=()):
+    """A ``[P, H, K, V]`` pool of standard normals rounded to bfloat16 (so exact in float32, bfloat16 and float16:
+    magnitudes below 2^-12 are set to 0), ``nan_slots`` NaN."""
+    x = round_to_bfloat16(np.random.default_rng(seed).standard_normal((P, H, K, V)))
+    x[np.abs(x) < 2.0 ** -12] = 0.0
+    x[list(nan_slots)] = np.nan
+    return x
+
+
+def tokens(B, T, dtype, seed, *, decay="moderate", gates="uniform", h=H, k=K, v=V):
+    """Six inputs ``[B, T, h, dim]`` (float64 values exact in ``dtype``), writable copies."""
+    return [x.copy() for x in make_problem(B, T, h, k, v, decay=decay, gates=gates, precision=dtype,
+                                           seed=seed).inputs()]
+
+
+def _packed(lengths, dtype, seed, nan_seqs=(), **kw):
+    """Packed inputs ``[1, sum(lengths), ...]`` and ``cu_seqlens``; sequences in ``nan_seqs`` are NaN-filled."""
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    xs = tokens(1, int(cu[-1]), dtype, seed, **kw)
+    for n in nan_seqs:
+        for x in xs:
+            x[0, cu[n]:cu[n + 1]] = np.nan
+    return xs, cu
+
+
+def _call(xs, idx, cu=None, acc=None):
+    return DecodeCall(*xs, state_indices=np.asarray(idx, np.int64), cu_seqlens=cu,
+                      num_accepted_tokens=None if acc is None else np.asarray(acc, np.int64))
+
+
+def pool_gather_scatter(dtype="float32", seed=0):
+    """Packed and batched calls on a 10-slot pool (see the module docstring)."""
+    calls = []
+    xs, cu = _packed([3, 0, 1, 5, 2, 1], dtype, seed + 1, nan_seqs=(4,))
+    calls.append(_call(xs, [5, 2, 7, 1, -1, 3], cu))  # sequence 1 is empty (slot 2 untouched), 4 is padding
+    xs = tokens(5, 1, dtype, seed + 2)
+    for x in xs:
+        x[1] = np.nan
+    calls.append(_call(xs, [5, -1, 7, 1, 3]))  # batched decode step, row 1 padding
+    xs, cu = _packed([1, 2, 1, 1], dtype, seed + 3, nan_seqs=(3,))
+    calls.append(_call(xs, [3, 5, 1, -1], cu))  # the same sequences in another order, another padding slot
+    xs = tokens(5, 1, dtype, seed + 4)
+    for x in xs:
+        x[4] = np.nan
+    calls.append(_call(xs, [1, 3, 5, 7, -1]))
+    pool = pool_values(10, H, K, V, seed, nan_slots=(8,))  # 0, 2, 4, 6, 9 finite and never written; 8 NaN
+    return Session(f"serving_pool_gather_scatter{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+                   regime={"seed": seed}, purpose="pool gather/scatter: padding rows, empty sequence, repeated calls")
+
+
+def chunked_prefill(dtype="float32", seed=0):
+    """Two sequences (slots 2 and 0) in different phases in every packed call, plus a padding sequence."""
+    schedule = [(6, 1), (4, 3), (1, 5), (1, 1), (3, 0), (1, 1)]
+    calls = []
+    for j, (a, b) in enumerate(schedule):
+        pad = 2 if j % 2 == 0 else 0
+        lengths = [a, b] + ([pad] if pad else [])
+        xs, cu = _packed(lengths, dtype, seed + 10 + j, nan_seqs=(2,) if pad else (), decay="weak")
+        calls.append(_call(xs, [2, 0] + ([-1] if pad else []), cu))
+    pool = pool_values(4, H, K, V, seed + 5, nan_slots=(3,))
+    return Session(f"serving_chunked_prefill{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+                   regime={"seed": seed, "decay": "weak"},
+                   purpose="chunked-prefill continuation: prefill chunks and decode steps packed together")
+
+
+def speculative_accept(dtype="float32", seed=0):
+    """Every accept count 1..DRAFTS for every sequence, NaN rejected drafts (see the module docstring)."""
+    S = DRAFTS
+    live = 4
+    idx = np.full((live + 2, S), -1, np.int64)
+    for n in range(live):
+        idx[n] = np.arange(n * S, (n + 1) * S)
+    idx[live, :2] = (16, 17)  # row 4: two draft slots, later drafts not stored; row 5: padding
+    P = 20  # 18 finite, 19 NaN: never addressed
+
+    def accepted(c):  # what call c is told about call c - 1 (call 0: the first column)
+        if c == 0:
+            return np.ones(live + 2, np.int64)
+        return np.array([(n + c) % S + 1 for n in range(live)] + [c % 2 + 1, 1], np.int64)
+
+    calls = []
+    n_calls = S + 2
+    for c in range(n_calls - 1):  # batched calls of S tokens per row
+        xs = tokens(live + 2, S, dtype, seed + 20 + c)
+        nxt = accepted(c + 1)
+        for x in xs:
+            for n in range(live + 1):
+                x[n, nxt[n]:] = np.nan  # drafts the next call rejects
+            x[live + 1] = np.nan  # padding row
+        calls.append(_call(xs, idx, acc=accepted(c)))
+    lengths = [2, 4, 1, 3, 1, 0]  # a final packed call, fewer tokens than draft slots, an empty padding row
+    xs, cu = _packed(lengths, dtype, seed + 20 + n_calls)
+    calls.append(_call(xs, idx, cu, accepted(n_calls - 1)))
+    pool = pool_values(P, H, K, V, seed + 6, nan_slots=[s for n in range(live) for s in idx[n, 1:]] + [17, 19])
+    return Session(f"serving_speculative_accept{_suffix(dtype)}", calls, pool, dtype=dtype, mode="speculative",
+                   regime={"seed": seed, "drafts": S},
+                   purpose="speculative decoding: every accept count 1..S, NaN-filled rejected drafts")
+
+
+def long_horizon(dtype="float32", seed=0, *, steps=HORIZON, tokens_per_call=1, decay=HORIZON_DECAY,
+                 shape=HORIZON_SHAPE, gates="uniform", decay_only_heads=0):
+    """``steps`` tokens of one sequence (slot 0 of 2) at per-step decay ``decay`` in every channel, as calls of
+    ``tokens_per_call`` tokens; the first ``decay_only_heads`` heads have ``b = w = 0`` (the state only decays)."""
+    if steps % tokens_per_call:
+        raise ValueError(f"tokens_per_call: {tokens_per_call} does not divide steps = {steps}")
+    h, k, v = shape
+    p = make_problem(1, steps, h, k, v, decay="none", gates=gates, initial_state=True, precision=dtype, seed=seed)
+    xs = [x.copy() for x in p.inputs()]
+    xs[3] = np.full(xs[3].shape, float(round_to(np.log(decay), dtype)))
+    xs[4][:, :, :decay_only_heads] = 0.0
+    xs[5][:, :, :decay_only_heads] = 0.0
+    pool = pool_values(2, h, k, v, seed + 7)
+    pool[0] = round_to_bfloat16(p.h0()[0])
+    idx = np.zeros(1, np.int64)
+    calls = [_call([x[:, t:t + tokens_per_call] for x in xs], idx) for t in range(0, steps, tokens_per_call)]
+    what = "single-token calls" if tokens_per_call == 1 else f"calls of {tokens_per_call} tokens"
+    name = "serving_long_horizon" + ("" if tokens_per_call == 1 else "_prefill")
+    return Session(f"{name}{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+                   regime={"seed": seed, "decay_per_step": decay, "steps": steps, "tokens_per_call": tokens_per_call,
+                           "gates": gates, "decay_only_heads": decay_only_heads},
+                   purpose=f"long horizon: {steps} tokens as {what} at per-step decay {decay}")
+
+
+PREFILL_CHUNK = 256
+
+
+def long_horizon_prefill(dtype="float32", seed=0, **kw):
+    """4,096 tokens as 16 calls of PREFILL_CHUNK = 256 tokens, two heads: head 0 only decays (a state rounded to 16
+    bits after every token stalls there, docs/serving.md), head 1 has uniform gates."""
+    kw = {"shape": (2,) + HORIZON_SHAPE[1:], "decay_only_heads": 1, **kw}
+    return long_horizon(dtype, seed, tokens_per_call=PREFILL_CHUNK, **kw)
+
+
+def _suffix(dtype):
+    return "" if dtype == "float32" else "_bf16"
+
+
+# name -> (mode, builder)
+RECIPES = {
+    "pool_gather_scatter": ("decode", pool_gather_scatter),
+    "chunked_prefill": ("decode", chunked_prefill),
+    "speculative_accept": ("speculative", speculative_accept),
+    "long_horizon": ("decode", long_horizon),
+    "long_horizon_prefill": ("decode", long_horizon_prefill),
+}
+
+
+def sessions(dtypes=("float32", "bfloat16"), seed=0, modes=MODES, only=None):
+    """The recipes' sessions for each input dtype (restricted to ``modes`` and to the recipe names in ``only``)."""
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"modes: unknown serving mode(s) {unknown}; expected some of {MODES}")
+    if only is not None:
+        bad = sorted(set(only) - set(RECIPES))
+        if bad:
+            raise ValueError(f"only: unknown recipe(s) {bad}; expected some of {sorted(RECIPES)}")
+    out = []
+    for dtype in dtypes:
+        for name, (mode, build) in RECIPES.items():
+            if mode in modes and (only is None or name in only):
+                out.append(build(dtype, seed))
+    return out

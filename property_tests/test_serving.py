@@ -1,0 +1,307 @@
+"""Serving (decode) properties of any kernel that takes a state pool, graded by ``ci/grading/serving.py``.
+
+The kernels: the selected ones (``--gdn2-kernel`` / ``GDN2_KERNEL``) that take a state pool (``state_pool``, or
+FLA's ``initial_state`` + ``ssm_state_indices``: ``ci/running/serving.py``), else ``decode``; tests take the
+argument ``serving_kernel`` (this module's ``pytest_generate_tests``). Every run of calls is judged against the
+float64 serving oracle chained on the exact pool (grades PASS / PRECISION / FAIL: a 16-bit pool is PRECISION
+where its rounding once per store costs more than the float32 tolerance; docs/serving.md), and two ways of
+running the same tokens must agree within a third of that bound (docs/DESIGN.md §4's agreement fraction):
+
+* **chunked-prefill continuation**: one prefill == prefill then decode steps == prefill then the rest ==
+  token by token, at every split point;
+* **every accept count** 1..S with NaN-filled rejected drafts (the committed slot equals a prefill of the
+  accepted prefix);
+* **pool gather/scatter** with padding rows, an empty sequence, repeated calls; relabelling the slots changes
+  nothing;
+* **replay identity**: replaying the last L tokens from the kernel's own checkpoint gives its states again;
+* **long horizon**: 4,096 tokens at per-step decay 0.99992, as single-token calls and as 256-token chunks.
+
+The property functions (``check_*``) return ``[(label, Report)]`` so that ``tests/test_serving_mutants.py`` can
+show which property catches each wrong kernel of ``kernels/testing_decode.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from gdn2_oracle import oracle
+from gdn2_oracle.ci.grading import serving as judge
+from gdn2_oracle.ci.grading import serving_cases as recipes
+from gdn2_oracle.ci.grading.serving import DecodeCall, Session
+from gdn2_oracle.ci.running.serving import ServingRunner, accepts_serving, run_session
+from gdn2_oracle.oracle import serving as oracle_serving
+from gdn2_oracle.property_tests import grading, strategies
+
+H, K, V = recipes.H, recipes.K, recipes.V
+DTYPES = oracle.KERNEL_DTYPES
+FALLBACK = "decode"
+PREFILL_T = 6
+DRAFTS = 4
+REPLAY_L, REPLAY_CAPACITY = 12, 5
+
+
+class ServingKernel(NamedTuple):
+    """A serving kernel under test: its name as selected and its callable."""
+
+    name: str
+    fn: Callable
+
+    @property
+    def runner(self):
+        return _runner(self.fn)
+
+
+@functools.cache
+def _runner(fn):
+    return ServingRunner(fn)
+
+
+def serving_kernels(config):
+    """The selected kernels that take a state pool, else ``decode`` (a usage error for one that cannot be built)."""
+    out = []
+    for name in config._gdn2_kernel_names:
+        try:
+            fn = strategies.kernel_fn(name)
+        except ValueError as exc:
+            raise pytest.UsageError(f"kernel {name!r} (from --gdn2-kernel or GDN2_KERNEL): {exc}") from None
+        if accepts_serving(fn):
+            out.append(ServingKernel(name, fn))
+    return out or [ServingKernel(FALLBACK, strategies.kernel_fn(FALLBACK))]
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize ``serving_kernel`` over :func:`serving_kernels` (ids = the names as selected)."""
+    if "serving_kernel" in metafunc.fixturenames:
+        ks = serving_kernels(metafunc.config)
+        metafunc.parametrize("serving_kernel", ks, ids=[k.name for k in ks], scope="session")
+
+
+# --- helpers ------------------------------------------------------------------------------------------------
+
+def _run(kernel, session):
+    """``(graded report, [(o, pool after)])`` of the kernel on a session."""
+    return run_session(kernel.runner, session, keep=True)
+
+
+def _errors(kernel, kept, *sessions):
+    """The largest ``(e_rec, e_store)`` of some sessions, for the kernel's result dtypes (agreement bounds)."""
+    o_dtype = judge.dtype_name(kept[0][0])
+    return judge.largest_errors(*(judge.session_errors(s, o_dtype, kernel.runner.state_dtype) for s in sessions))
+
+
+def _dtypes(kernel, kept):
+    return {"o": judge.dtype_name(kept[0][0]), "state": kernel.runner.state_dtype}
+
+
+def _split(xs, pattern):
+    """The six inputs cut along T into pieces of the given lengths."""
+    out, t = [], 0
+    for n in pattern:
+        out.append([x[:, t:t + n] for x in xs])
+        t += n
+    return out
+
+
+def enforce_all(checks, what):
+    """Apply the suite's grade policy (FAIL fails, PRECISION warns) to every ``(label, report)``."""
+    for label, report in checks:
+        grading.enforce(report, f"{what}, {label}:\n{report.format()}")
+
+
+# --- 1. chunked-prefill continuation ------------------------------------------------------------------------------
+
+def check_prefill_continuation(kernel, dtype="float32", seed=0, *, T=PREFILL_T, decay="moderate", gates="uniform"):
+    """Two sequences (slots 3 and 1 of 5) of T tokens run as one prefill, token by token, and at every split point
+    t as a t-token prefill followed by decode steps or by one prefill of the rest."""
+    xs = recipes.tokens(2, T, dtype, seed, decay=decay, gates=gates)
+    pool = recipes.pool_values(5, H, K, V, seed, nan_slots=(4,))
+    slots = np.array([3, 1])
+    patterns = {"one prefill": (T,), "token by token": (1,) * T}
+    for t in range(1, T):
+        for label, pattern in ((f"prefill {t} + decode steps", (t,) + (1,) * (T - t)),
+                               (f"prefill {t} + prefill {T - t}", (t, T - t))):
+            if pattern not in patterns.values():
+                patterns[label] = pattern
+    ref = oracle_serving.decode(*xs, state_pool=pool, state_indices=slots)
+    ref = {"o": ref.o, "state": ref.pool[slots]}
+    out, runs = [], {}
+    for label, pattern in patterns.items():
+        calls = [DecodeCall(*piece, state_indices=slots) for piece in _split(xs, pattern)]
+        session = Session(f"prefill_{'_'.join(map(str, pattern))}", calls, pool, dtype=dtype)
+        report, kept = _run(kernel, session)
+        out.append((label, report))
+        runs[label] = (session, kept, {"o": np.concatenate([o for o, _ in kept], axis=1), "state": kept[-1][1][slots]})
+    base_session, base_kept, base = runs["one prefill"]
+    for label, (session, kept, got) in runs.items():
+        if label != "one prefill":
+            out.append((f"{label} == one prefill", judge.agreement(
+                "continuation", got, base, ref, _errors(kernel, kept, session, base_session),
+                _dtypes(kernel, kept), kernel.runner.state_dtype)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(seed=strategies.seeds, decay=st.sampled_from(oracle.DECAYS), gates=st.sampled_from(tuple(oracle.GATES)))
+@example(seed=0, decay="moderate", gates="uniform")
+def test_prefill_continuation_at_every_split(serving_kernel, dtype, seed, decay, gates):
+    enforce_all(check_prefill_continuation(serving_kernel, dtype, seed, decay=decay, gates=gates),
+                f"{serving_kernel.name} {dtype} seed={seed} decay={decay} gates={gates}")
+
+
+# --- 2. every accept count ----------------------------------------------------------------------------------------
+
+def check_accept_counts(kernel, dtype="float32", seed=0, *, S=DRAFTS):
+    """For every a in 1..S: a draft call (S tokens, draft slots starting NaN, drafts after the accepted ones NaN)
+    then a call told the accepted counts (row 0: a, row 1: S + 1 - a, row 2 padding); the committed slot must
+    equal a prefill of the accepted tokens from the same pool."""
+    idx = np.array([list(range(S)), list(range(S, 2 * S)), [-1] * S])
+    draft_nan = [s for s in range(2 * S) if s % S]
+    out = []
+    for a in range(1, S + 1):
+        acc = np.array([a, S + 1 - a, 1])
+        pool = recipes.pool_values(2 * S + 2, H, K, V, seed + a, nan_slots=draft_nan + [2 * S + 1])
+        first = recipes.tokens(3, S, dtype, seed + 10 * a)
+        for x in first:
+            x[0, acc[0]:] = np.nan
+            x[1, acc[1]:] = np.nan
+            x[2] = np.nan
+        second = recipes.tokens(3, S, dtype, seed + 10 * a + 1)
+        for x in second:
+            x[2] = np.nan
+        calls = [DecodeCall(*first, state_indices=idx, num_accepted_tokens=np.ones(3, np.int64)),
+                 DecodeCall(*second, state_indices=idx, num_accepted_tokens=acc)]
+        session = Session(f"accept_{a}", calls, pool, dtype=dtype, mode="speculative")
+        report, kept = _run(kernel, session)
+        out.append((f"accept counts {acc[:2].tolist()}", report))
+        # the committed slots after the draft call == a prefill of the accepted prefix (packed, [N] slots)
+        cu = np.array([0, acc[0], acc[0] + acc[1]])
+        packed = [np.concatenate([x[0:1, :acc[0]], x[1:2, :acc[1]]], axis=1) for x in first]
+        prefill = Session(f"accept_{a}_prefill", [DecodeCall(*packed, state_indices=idx[:2, 0], cu_seqlens=cu)],
+                          pool, dtype=dtype)
+        p_report, p_kept = _run(kernel, prefill)
+        out.append((f"prefill of the accepted tokens {acc[:2].tolist()}", p_report))
+        committed = [int(idx[n, acc[n] - 1]) for n in range(2)]
+        r = oracle_serving.decode(*packed, state_pool=pool, state_indices=idx[:2, 0], cu_seqlens=cu)
+        out.append((f"committed == prefill (accept {acc[:2].tolist()})", judge.agreement(
+            "commit", {"state": kept[0][1][committed]}, {"state": p_kept[0][1][idx[:2, 0]]},
+            {"state": r.pool[idx[:2, 0]]}, _errors(kernel, kept, session, prefill), _dtypes(kernel, kept),
+            kernel.runner.state_dtype)))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(seed=strategies.seeds)
+@example(seed=0)
+def test_every_accept_count(serving_kernel, dtype, seed):
+    enforce_all(check_accept_counts(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
+
+
+# --- 3. pool gather / scatter ---------------------------------------------------------------------------------------
+
+def _relabel(session, perm):
+    """The same session on a pool whose slot s is moved to perm[s] (indices mapped, -1 kept)."""
+    def m(idx):
+        idx = np.asarray(idx)
+        return np.where(idx < 0, idx, perm[np.maximum(idx, 0)])
+
+    pool = np.empty_like(session.pool)
+    pool[perm] = session.pool
+    calls = [DecodeCall(*c.inputs(), state_indices=m(c.state_indices), cu_seqlens=c.cu_seqlens,
+                        num_accepted_tokens=c.num_accepted_tokens, scale=c.scale) for c in session.calls]
+    return Session(session.name + "_relabelled", calls, pool, dtype=session.dtype, mode=session.mode)
+
+
+def check_pool_gather_scatter(kernel, dtype="float32", seed=0):
+    """The ``pool_gather_scatter`` recipe (padding rows fed NaN, an empty sequence, slots unrelated to sequence
+    numbers, repeated calls), and the same with the slots relabelled: the same outputs and states."""
+    session = recipes.pool_gather_scatter(dtype, seed)
+    perm = np.random.default_rng(seed).permutation(session.pool.shape[0])
+    moved = _relabel(session, perm)
+    report, kept = _run(kernel, session)
+    m_report, m_kept = _run(kernel, moved)
+    chain = list(session.chain())  # the float64 oracle's full results (scales of the agreement)
+    final = chain[-1][1].pool
+    live = np.array([s for s in range(final.shape[0]) if np.all(np.isfinite(final[s]))])
+
+    def flat(kept, slots):
+        return {"o": np.concatenate([np.asarray(o, np.float64).ravel() for o, _ in kept]),
+                "state": np.asarray(kept[-1][1], np.float64)[slots]}
+
+    exact = {"o": np.concatenate([r.o.ravel() for _, r, _ in chain]), "state": final[live]}
+    return [("pool_gather_scatter", report), ("relabelled slots", m_report),
+            ("relabelled == original", judge.agreement("relabelling", flat(m_kept, perm[live]), flat(kept, live),
+                                                       exact, _errors(kernel, kept, session, moved),
+                                                       _dtypes(kernel, kept), kernel.runner.state_dtype))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(seed=strategies.seeds)
+@example(seed=0)
+def test_pool_gather_scatter(serving_kernel, dtype, seed):
+    enforce_all(check_pool_gather_scatter(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
+
+
+# --- 4. replay identity ----------------------------------------------------------------------------------------------
+
+def check_replay(kernel, dtype="float32", seed=0, *, L=REPLAY_L, capacity=REPLAY_CAPACITY):
+    """L single-token calls on slot 0; then, from the kernel's own state after L - capacity tokens (the
+    checkpoint of a ring buffer of ``capacity`` tokens that has wrapped), one call replays the buffered tokens
+    writing each state to its own slot: they must be the kernel's states again, and the oracle's replay."""
+    xs = recipes.tokens(1, L, dtype, seed, decay="weak")
+    pool = recipes.pool_values(capacity + 1, H, K, V, seed)
+    steps = Session("replay_steps", [DecodeCall(*x, state_indices=np.zeros(1, np.int64)) for x in _split(xs, (1,) * L)],
+                    pool, dtype=dtype)
+    report, kept = _run(kernel, steps)
+    # the oracle's replay identity: a wrapped ring buffer reconstructs the reference states bit for bit
+    buf = oracle_serving.ReplayBuffer(pool[0], capacity)
+    for t in range(L):
+        buf.push(*(x[0, t] for x in xs[1:]))
+    ref_states = [c.state[0] for c in steps.reference()]
+    assert buf.start == L - capacity
+    for t in range(buf.start, L + 1):
+        want = pool[0] if t == 0 else ref_states[t - 1]
+        assert np.array_equal(buf.state_at(t), want), f"oracle replay identity broken at token {t}"
+    c = L - capacity
+    checkpoint = np.asarray(kept[c - 1][1][0], np.float64) if c else pool[0]
+    start = pool.copy()
+    start[0] = checkpoint
+    idx = np.arange(capacity)[None]
+    replay = Session("replay", [DecodeCall(*(x[:, c:] for x in xs), state_indices=idx)], start, dtype=dtype)
+    r_report, r_kept = _run(kernel, replay)
+    replayed = {"state": np.asarray(r_kept[0][1])[:capacity]}
+    stepped = {"state": np.stack([np.asarray(kept[t][1][0]) for t in range(c, L)])}
+    exact = {"state": np.stack(ref_states[c:])}
+    return [("token by token", report), ("replay from the checkpoint", r_report),
+            ("replayed == stepped", judge.agreement("replay", replayed, stepped, exact,
+                                                    _errors(kernel, kept, steps, replay), _dtypes(kernel, kept),
+                                                    kernel.runner.state_dtype))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(seed=strategies.seeds)
+@example(seed=0)
+def test_replay_identity(serving_kernel, dtype, seed):
+    enforce_all(check_replay(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
+
+
+# --- 5. long horizon ------------------------------------------------------------------------------------------------
+
+def check_long_horizon(kernel, dtype="float32", seed=0):
+    """4,096 tokens at per-step decay 0.99992: single-token calls (uniform gates) and 256-token calls (one head
+    only decaying), ``ci/grading/serving_cases.py``."""
+    return [(s.purpose, run_session(kernel.runner, s)) for s in (recipes.long_horizon(dtype, seed),
+                                                                 recipes.long_horizon_prefill(dtype, seed))]
+
+
+def test_long_horizon(serving_kernel, record_property):
+    checks = check_long_horizon(serving_kernel)
+    record_property("serving_long_horizon", {label: {v.name: v.err_ratio for v in r.verdicts if v.name in judge.GRADED}
+                                             for label, r in checks})
+    enforce_all(checks, f"{serving_kernel.name} float32")
