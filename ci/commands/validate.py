@@ -37,12 +37,19 @@ from ..grading.grades import FAIL, PASS, PRECISION, Verdict, worst_grade
 from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
 from ..running import modes as mode_running
+from ..running import serving as serving_running
+from ..grading.serving_cases import MODES as SERVING_MODES
 from ..running.mesh import format_mesh
 from . import args as cli_args
 from .output import EXIT, UsageError, fmt_err, progress, say_interrupted, table, write_json
 from .provenance import environment, kernel_notes, source_sha256
 
 CASE_SETS = ("golden", "quick", "full")
+# Every mode validate judges: the dense contract, FLA chunk_gdn2's training-call modes, the serving modes
+# (decode steps on a state pool, speculative slots: docs/serving.md).
+VALIDATE_MODES = ALL_MODES + SERVING_MODES
+# The serving recipes of the quick set (the 4,096-step horizons only in full).
+QUICK_SERVING = ("pool_gather_scatter", "chunked_prefill", "speculative_accept")
 SCHEMA = "gdn2-oracle/validate/1"
 
 # quick: a handful of regimes on two shapes (two compilations per kernel and dtype).
@@ -86,12 +93,12 @@ def generated(kind):
 def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=None):
     """The cases of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given).
 
-    ``modes`` (default: :data:`ci.grading.modes.ALL_MODES`): the dense cases when it has ``dense``, and the
-    mode cases (:func:`ci.grading.modes.cases`) whose modes it all has.
+    ``modes`` (default: :data:`VALIDATE_MODES`): the dense cases when it has ``dense``, the training-call mode cases
+    (:func:`ci.grading.modes.cases`) whose modes it all has, and the serving sessions of its serving modes.
     """
     if kind not in CASE_SETS:
         raise ValueError(f"cases: {kind!r} not one of {CASE_SETS}")
-    modes = ALL_MODES if modes is None else tuple(modes)
+    modes = VALIDATE_MODES if modes is None else tuple(modes)
     cases = []
     if "dense" in modes:
         from gdn2_oracle import golden  # the corpus is read only when validating
@@ -102,6 +109,9 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
                 recipe = Recipe(*s, decay=d, gates=g, initial_state=h, precision=dtype, seed=seed + 1000 + j)
                 cases.append(recipe_case(n, recipe))
     cases += mode_grading.cases(kind, dtypes, seed=seed, modes_selected=modes)
+    serving = [m for m in SERVING_MODES if m in modes]
+    if serving and kind != "golden":
+        cases += serving_running.serving_cases(dtypes, seed, serving, QUICK_SERVING if kind == "quick" else None)
     if only:
         unknown = sorted(set(only) - {c.name for c in cases})
         if unknown:
@@ -120,6 +130,8 @@ def run_case(fn, case: Case, mesh=None):
     """
     if isinstance(case, ModeCase):
         return run_mode_case(fn, case)
+    if isinstance(case, serving_running.ServingCase):
+        return case.run(fn)
     t0 = time.perf_counter()
     try:
         problem, do, dfs = case.data()
@@ -162,7 +174,14 @@ def run_mode_case(fn, case: ModeCase):
 
 def takes_part(case, accepted):
     """Whether a kernel accepting the modes ``accepted`` is judged on ``case`` (a dense case: always)."""
-    return set(getattr(case, "modes", ())) <= set(accepted)
+    modes = (case.mode,) if isinstance(case, serving_running.ServingCase) else getattr(case, "modes", ())
+    return set(modes) <= set(accepted)
+
+
+def accepted_modes(fn):
+    """The modes other than dense that kernel ``fn`` accepts: training-call keywords, a state pool."""
+    serving = SERVING_MODES if serving_running.accepts_serving(fn) else ()
+    return [*mode_running.accepted_modes(fn), *serving]
 
 
 # A judged case's outcome by its grade (PRECISION: over tolerance, within the precision-loss bound).
@@ -221,7 +240,7 @@ class ValidationReport:
     outcome: str  # pass | precision | fail | input-error | interrupted (``cli.EXIT`` maps it)
     grade: str
     kernels: list = field(default_factory=list)
-    modes: list = field(default_factory=lambda: list(ALL_MODES))  # the modes selected (``--modes``)
+    modes: list = field(default_factory=lambda: list(VALIDATE_MODES))  # the modes selected (``--modes``)
 
     def to_json(self):
         """The JSON report (schema :data:`SCHEMA`)."""
@@ -238,14 +257,14 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
 
     Kernels are built first, so an unknown name or import failure raises ``UsageError`` before any work.
     """
-    modes = ALL_MODES if modes is None else tuple(modes)
+    modes = VALIDATE_MODES if modes is None else tuple(modes)
     built = [(spec, cli_args.build(spec)) for spec in specs]
     case_list = build_cases(cases, dtypes, seed=seed, only=only, modes=modes)
     # Group by shape and dtype so each kernel compiles once per group while the arrays are warm.
     case_list.sort(key=lambda c: (c.dtype, c.shape))
     kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
                     "source": source_sha256(fn), "notes": kernel_notes(fn), "cases": [],
-                    "accepted_modes": list(mode_running.accepted_modes(fn)), "not_accepted_cases": []}
+                    "accepted_modes": accepted_modes(fn), "not_accepted_cases": []}
                    for spec, fn in built]
     bar = progress(total=len(built) * len(case_list), desc="validate", unit="case") if show_progress else None
     t0 = time.perf_counter()
@@ -282,8 +301,8 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
         kout["grade"] = worst_grade(g for g in map(case_grade, kout["cases"]) if g is not None)
         kout["summary"] = summarize(kout["cases"])
         kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(kout["cases"])]
-        judged = {m for c in kout["cases"] for m in c.get("modes") or ()} | (
-            {"dense"} if any("modes" not in c for c in kout["cases"]) else set())
+        judged = {m for c in kout["cases"] for m in c.get("modes") or ([c["mode"]] if "mode" in c else ())} | (
+            {"dense"} if any("modes" not in c and "mode" not in c for c in kout["cases"]) else set())
         kout["modes"] = {"judged": [m for m in modes if m in judged],
                          "not_accepted": [m for m in modes if m != "dense" and m not in kout["accepted_modes"]]}
     return ValidationReport(cases=cases, dtypes=list(dtypes), seed=seed, only=list(only) if only else None,
@@ -313,16 +332,16 @@ def format_validation(report, *, max_failures=60):
     """The verdict table (kernel x dtype x result: worst case), per-case failures and the verdict line."""
     env = report.environment
     n_gold = sum(1 for c in report.kernels[0]["cases"] if c["source"] == "golden") if report.kernels else 0
-    modes = getattr(report, "modes", list(ALL_MODES))
+    modes = getattr(report, "modes", list(VALIDATE_MODES))
     lines = [f"gdn2-oracle validate: {report.n_cases} cases ({n_gold} golden, {report.n_cases - n_gold} generated; "
              f"set {report.cases!r}), dtypes {','.join(report.dtypes)}; device {env['device_kind']} "
              f"({env['platform']}), jax {env['jax_version']}"
              + (f"; mesh {report.mesh}" if report.mesh else "")
-             + (f"; modes {','.join(modes)}" if list(modes) != list(ALL_MODES) else ""), ""]
+             + (f"; modes {','.join(modes)}" if list(modes) != list(VALIDATE_MODES) else ""), ""]
     rows = []
     for k in report.kernels:
         for dtype, per in k["summary"].items():
-            for name in MODE_RESULTS:
+            for name in [*MODE_RESULTS, *(n for n in per if n not in MODE_RESULTS and not n.startswith("_"))]:
                 s = per.get(name)
                 if s is None:
                     continue
@@ -372,7 +391,7 @@ def format_validation(report, *, max_failures=60):
                       "known kind. Not a failure (exit 0) unless --strict."]
     mode_lines = [format_modes(k, modes) for k in report.kernels if set(modes) - {"dense"}]
     if mode_lines:
-        lines += ["", "Training-call modes (docs/modes.md):"] + mode_lines
+        lines += ["", "Call modes (docs/modes.md, docs/serving.md):"] + mode_lines
     notes = [(k["name"], n) for k in report.kernels for n in k["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"  {name}: {n}" for name, n in notes]
@@ -406,17 +425,18 @@ def format_modes(k, selected):
         line += f"; no case of this set uses {', '.join(unused)}"
     if m.get("not_accepted"):
         skipped = k.get("not_accepted_cases") or []
-        line += (f"; does not accept {', '.join(m['not_accepted'])} (its keywords are not in the kernel's "
-                 f"signature: {len(skipped)} case(s) not run)")
+        line += (f"; does not accept {', '.join(m['not_accepted'])} (not in the kernel's signature: "
+                 f"{len(skipped)} case(s) not run)")
     return line
 
 
 def modes_arg(text):
-    """``--modes`` value: comma-separated names of :data:`ci.grading.modes.ALL_MODES`."""
-    try:
-        return mode_grading.parse_modes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("modes: ")) from None
+    """``--modes`` value: comma-separated names of :data:`VALIDATE_MODES`, in that order."""
+    items = [m.strip() for m in str(text).split(",") if m.strip()]
+    unknown = [m for m in items if m not in VALIDATE_MODES]
+    if unknown or not items:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or repr(text)} not among {', '.join(VALIDATE_MODES)}")
+    return tuple(m for m in VALIDATE_MODES if m in items)
 
 
 def add_parser(sub):
@@ -433,9 +453,9 @@ def add_parser(sub):
     v.add_argument("--case", action="append", metavar="NAME", help="only this case of the set (repeatable)")
     v.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
     v.add_argument("--modes", type=modes_arg, default=None, metavar="LIST",
-                   help=f"call modes to judge, comma-separated among {','.join(ALL_MODES)} (default: all; dense is "
-                        "the plain contract, the others FLA chunk_gdn2's training-call modes, each judged on the "
-                        "kernels whose signature accepts it)")
+                   help=f"call modes to judge, comma-separated among {','.join(VALIDATE_MODES)} (default: all; "
+                        "dense is the plain contract, varlen..intermediate FLA chunk_gdn2's training-call modes, "
+                        "decode and speculative a state pool; each judged on the kernels whose signature accepts it)")
     v.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/validate.json)")
     v.add_argument("--max-failures", type=int, default=60, metavar="N", help="failing cases printed (default 60)")
     v.add_argument("--strict", action="store_true",

@@ -9,6 +9,7 @@ reference through the torch adapter; the long-horizon test measures the figure o
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 
 import jax.numpy as jnp
@@ -250,3 +251,21 @@ def test_torch_adapter_copies_the_pool_and_accepts_a_functional_kernel():
         TorchDecode(lambda q, k, v, g, b, w, **kw: None)
     with pytest.raises(ValueError, match="^state_dtype:"):
         TorchDecode(functional, options={"state_dtype": "float64"})
+
+
+def test_validate_modes_decode_speculative_judges_a_serving_kernel_and_catches_a_mutant(cli, monkeypatch, tmp_path):
+    """``gdn2-oracle validate --modes decode,speculative``: the serving sessions for kernels that take a state
+    pool; a contract-only kernel is listed as not accepting them; a decode mutant FAILs."""
+    from gdn2_oracle.kernels import spec as kernel_spec
+    from gdn2_oracle.kernels.testing_decode import mutant
+
+    monkeypatch.setitem(kernel_spec._REGISTERED, "decode-wrong-slot", lambda: mutant("wrong_slot", "float32"))
+    path = tmp_path / "v.json"
+    code, out, err = cli("validate", "--kernel", "decode", "--kernel", "pairwise", "--kernel", "decode-wrong-slot",
+                         "--modes", "decode,speculative", "--dtype", "float32", "--no-progress", "--json", path)
+    assert code == 1, out + err
+    report = json.loads(path.read_text())
+    decode, pairwise, wrong = report["kernels"]
+    assert decode["passed"] and decode["modes"]["judged"] == ["decode", "speculative"]
+    assert pairwise["modes"]["not_accepted"] == ["decode", "speculative"] and pairwise["n_cases"] == 0
+    assert not wrong["passed"] and "decode-wrong-slot: FAIL" in out
