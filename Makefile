@@ -11,14 +11,15 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Besides the project: for the torch bridge's tests, the CPU build of torch 2.13.0 (a local wheel on these
-# machines; an unpinned torch pulls a CUDA build of several GB) and FLA's pure-PyTorch references (fla-core
-# needs only einops; no Triton). --no-deps keeps pip from resolving fla-core's and torch's own requirements
-# (Triton, a CUDA torch); their small pure-Python dependencies follow on the next line. sympy (autograd
+# machines; an unpinned torch pulls a CUDA build of several GB), FLA's pure-PyTorch references (fla-core needs
+# only einops) and Triton 3.9.0, whose interpreter runs FLA's Triton kernels on the CPU
+# (fla-gdn2-chunk[interpret=1]). --no-deps keeps pip from resolving fla-core's and torch's own requirements
+# (a CUDA torch); their small pure-Python dependencies follow on the next line. sympy (autograd
 # imports it) caps mpmath < 1.4; sympy 1.14 runs with the mpmath 1.4 installed here (pip warns only).
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps torch==2.13.0 sympy==1.14.0 fla-core==0.6.0
+	$(PY) -m pip install -q --no-deps torch==2.13.0 sympy==1.14.0 fla-core==0.6.0 triton==3.9.0
 	$(PY) -m pip install -q filelock 'typing-extensions>=4.10' networkx jinja2 fsspec 'einops>=0.8'
 	touch $(STAMP)
 

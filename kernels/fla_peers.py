@@ -7,10 +7,10 @@ torch bridge's, ``kernels/torch_bridge.py``, e.g. ``device=cpu``, plus ``chunk_s
 
 * ``fla-gdn2-naive-recurrent`` -- ``fla.ops.gdn2.naive.naive_recurrent_gdn2``;
 * ``fla-gdn2-naive-chunk``     -- ``fla.ops.gdn2.naive.naive_chunk_gdn2`` (``chunk_size``, default 64);
-* ``fla-gdn2-chunk``           -- ``fla.ops.gdn2.chunk_gdn2`` (Triton: needs a CUDA device);
+* ``fla-gdn2-chunk``           -- ``fla.ops.gdn2.chunk_gdn2`` (Triton: a CUDA device, or ``interpret=1``);
 * ``fla-kda-naive-recurrent``  -- ``fla.ops.kda.naive.naive_recurrent_kda``;
 * ``fla-kda-naive-chunk``      -- ``fla.ops.kda.naive.naive_chunk_kda`` (``chunk_size``, default 64);
-* ``fla-kda-chunk``            -- ``fla.ops.kda.chunk_kda`` (Triton: needs a CUDA device).
+* ``fla-kda-chunk``            -- ``fla.ops.kda.chunk_kda`` (Triton: a CUDA device, or ``interpret=1``).
 
 FLA's GDN-2 signature is the suite's (``q, k, v, g, b, w, scale, initial_state, output_final_state``),
 so the GDN-2 peers are ``torch:`` kernels with ``output_final_state=True`` and nothing else. The KDA
@@ -21,7 +21,10 @@ Loading: importing ``fla.ops`` or ``fla.ops.<model>`` runs their ``__init__.py``
 Triton kernels (and so Triton, and a GPU). The naive references need only torch and einops, so we
 locate the package with ``importlib.util.find_spec`` (which does not execute it) and load
 ``ops/<model>/naive.py`` by file path. The Triton kernels import ``fla.ops`` as usual, only where CUDA
-is present.
+is present -- or, with ``interpret=1``, in Triton's interpreter on the CPU (``kernels/triton_interpret.py``:
+``TRITON_INTERPRET=1`` is set before Triton is imported, two shims make FLA's kernels run there; float32
+only, :data:`INTERPRET_NOTE`). Needs Triton (``pip install --no-deps triton==3.9.0``). The variable stays
+set for the process, so the compiled ``fla-*-chunk`` is refused in a process that interprets.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from . import triton_interpret
 from .torch_bridge import TorchKernel, import_torch
 
 _EXTRA = "install the fla extra: pip install 'gdn2-oracle[fla]' (fla-core, torch)"
@@ -40,6 +44,8 @@ KDA_NOTE = ("KDA peer: takes one gate beta per head and token, so it covers b = 
             "sum_c db_c + sum_c dw_c comes back in db[..., 0] with the rest of db and all of dw zero: db and dw "
             "cannot match the per-channel oracle and fail by construction; o, final_state, dq, dk, dv, dg, dh0 "
             "are comparable")
+INTERPRET_NOTE = ("run in Triton's interpreter on the CPU (interpret=1; kernels/triton_interpret.py): float32 "
+                  "only, bfloat16 calls are refused: " + triton_interpret.BF16_DOT_NOTE)
 CHUNK_NOTE = ("naive_chunk_kda needs T % chunk_size == 0: the adapter pads T with identity tokens "
               "(q=k=v=0, g=0, beta=0), exact")
 
@@ -74,17 +80,52 @@ def load_naive(model):
     return module
 
 
-def _triton(model, attr, name):
-    """FLA's Triton kernel ``fla.ops.<model>.<attr>``; ValueError saying it needs CUDA when none is present."""
+def _interpret_flag(interpret):
+    """The ``interpret`` option as a bool (0/1/False/True); ValueError naming it otherwise."""
+    if isinstance(interpret, bool) or interpret in (0, 1):
+        return bool(interpret)
+    raise ValueError(f"interpret: expected 0 or 1 (run FLA's Triton kernel in Triton's interpreter on the CPU), "
+                     f"got {interpret!r}")
+
+
+def _triton(model, attr, name, interpret=False):
+    """FLA's Triton kernel ``fla.ops.<model>.<attr>``: compiled (ValueError saying it needs CUDA when none is
+    present), or with ``interpret`` in Triton's interpreter (set up before ``fla.ops`` imports Triton)."""
+    if interpret:
+        triton_interpret.enable(f"kernel '{name}[interpret=1]'")  # before anything imports triton
     torch = import_torch()
-    if not torch.cuda.is_available():
-        raise ValueError(f"name: kernel {name!r} is FLA's Triton kernel {attr}, which needs a CUDA device; "
-                         f"torch.cuda.is_available() is False here (torch {torch.__version__})")
+    if not interpret:
+        if not torch.cuda.is_available():
+            raise ValueError(f"name: kernel {name!r} is FLA's Triton kernel {attr}, which needs a CUDA device; "
+                             f"torch.cuda.is_available() is False here (torch {torch.__version__}); on the CPU, "
+                             f"{name}[interpret=1] runs it in Triton's interpreter (float32 only, slow)")
+        if triton_interpret.interpreting():
+            raise ValueError(f"name: {triton_interpret.ENV}=1 is set in this process, so Triton would run "
+                             f"{name!r} in its interpreter, not compiled for CUDA; ask for {name}[interpret=1], "
+                             f"or run the compiled kernel in a process without {triton_interpret.ENV}")
     try:
         module = importlib.import_module(f"fla.ops.{model}")
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"name: cannot import fla.ops.{model} ({type(exc).__name__}: {exc}); {_EXTRA}") from None
     return getattr(module, attr)
+
+
+def float32_only(fn, name):
+    """``fn`` refusing (ValueError) any floating tensor argument other than float32: the interpreter's bf16
+    ``tl.dot`` is wrong (:data:`triton_interpret.BF16_DOT_NOTE`), so such a call would report a logic error
+    that is the interpreter's."""
+
+    def kernel(*args, **kwargs):
+        torch = import_torch()
+        for i, x in enumerate(args):
+            if torch.is_tensor(x) and x.is_floating_point() and x.dtype != torch.float32:
+                raise ValueError(f"dtype: {name}[interpret=1] refuses {str(x.dtype).replace('torch.', '')} inputs "
+                                 f"(argument {i}): {triton_interpret.BF16_DOT_NOTE}; validate it with "
+                                 f"--dtype float32")
+        return fn(*args, **kwargs)
+
+    kernel.__name__ = f"{getattr(fn, '__name__', 'kernel')}_float32_only"
+    return kernel
 
 
 def kda_as_gdn2(kda, pad_to=None):
@@ -130,10 +171,24 @@ def gdn2_naive_chunk(**options):
                        modules=_naive_modules("gdn2")[:1])
 
 
-def gdn2_chunk(**options):
-    """``fla-gdn2-chunk``: FLA's Triton chunk kernel for GDN-2 (CUDA only)."""
-    fn = _triton("gdn2", "chunk_gdn2", "fla-gdn2-chunk")
-    return TorchKernel(fn, name="fla-gdn2-chunk", options={"output_final_state": True, **options})
+def gdn2_chunk(interpret=False, **options):
+    """``fla-gdn2-chunk``: FLA's Triton chunk kernel for GDN-2 (CUDA; ``interpret=1``: Triton's interpreter on
+    the CPU, float32 only, device ``cpu`` unless given)."""
+    fn, options, note, modules = _chunk("gdn2", "chunk_gdn2", "fla-gdn2-chunk", interpret, options)
+    return TorchKernel(fn, name="fla-gdn2-chunk", options={"output_final_state": True, **options}, note=note,
+                       modules=modules or None)
+
+
+def _chunk(model, attr, name, interpret, options):
+    """``(torch function, bridge options, note, modules)`` of FLA's Triton chunk kernel, compiled or interpreted
+    (``modules``: the ones the report's source hash covers besides the bridge's default)."""
+    interpret = _interpret_flag(interpret)
+    fn = _triton(model, attr, name, interpret)
+    if not interpret:
+        return fn, options, None, ()
+    modules = (getattr(fn, "__module__", None), __name__, triton_interpret.__name__)
+    return (float32_only(fn, name), {"device": "cpu", **options}, INTERPRET_NOTE,
+            tuple(m for m in modules if isinstance(m, str) and m in sys.modules))
 
 
 def kda_naive_recurrent(**options):
@@ -151,8 +206,9 @@ def kda_naive_chunk(chunk_size=64, **options):
                        note=f"{KDA_NOTE}; {CHUNK_NOTE}", modules=_naive_modules("kda"))
 
 
-def kda_chunk(**options):
-    """``fla-kda-chunk``: FLA's Triton chunk kernel for KDA (CUDA only), on b = w = beta * 1."""
-    fn = kda_as_gdn2(_triton("kda", "chunk_kda", "fla-kda-chunk"))
-    return TorchKernel(fn, name="fla-kda-chunk", options={"output_final_state": True, **options},
-                       note=KDA_NOTE, modules=(__name__,))
+def kda_chunk(interpret=False, **options):
+    """``fla-kda-chunk``: FLA's Triton chunk kernel for KDA (CUDA; ``interpret=1``: Triton's interpreter on the
+    CPU, float32 only), on b = w = beta * 1."""
+    fn, options, note, modules = _chunk("kda", "chunk_kda", "fla-kda-chunk", interpret, options)
+    return TorchKernel(kda_as_gdn2(fn), name="fla-kda-chunk", options={"output_final_state": True, **options},
+                       note=KDA_NOTE + (f"; {note}" if note else ""), modules=modules or (__name__,))

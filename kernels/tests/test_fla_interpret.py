@@ -1,0 +1,188 @@
+"""FLA's Triton chunk kernels on the CPU, in Triton's interpreter: ``fla-gdn2-chunk[interpret=1]`` and
+``fla-kda-chunk[interpret=1]`` (kernels/fla_peers.py, kernels/triton_interpret.py).
+
+Triton (``triton==3.9.0``, installed by ``make test``) is required: these tests never skip, a missing Triton
+fails them with the install line. The interpreted kernels run in one subprocess (:func:`interpreted`):
+``TRITON_INTERPRET=1`` must be set before Triton is imported and then holds for the whole process, which must
+not leak into the other tests of a pytest worker (a compiled ``fla-*-chunk`` is refused where it is set).
+Small problems only: the interpreter runs the kernels as NumPy, program by program (~5 s a case).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from gdn2_oracle import kernels
+from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION
+from gdn2_oracle.kernels import triton_interpret
+from gdn2_oracle.kernels.triton_interpret import ENV, LoopIndex
+
+INSTALL = f"make test installs it; by hand: pip install --no-deps '{triton_interpret.TRITON_PIN}'"
+GDN2 = "fla-gdn2-chunk[interpret=1]"
+KDA = "fla-kda-chunk[interpret=1]"
+# Small float32 golden cases: K != V and two sequences, negative gates, one past a 16-token chunk, and
+# extreme decay with an initial state (graded PRECISION: FLA forms exponents as differences of cumulative sums).
+GOLDEN_MODERATE = ("kv_16x32", "gates_negative", "len_c16_plus1")
+GOLDEN = (*GOLDEN_MODERATE, "decay_extreme_h0")
+# Generated problems (Recipe(B, T, H, K, V, ...)): past FLA's 64-token chunk with a tail, a custom scale and an
+# initial state; hard resets of the state (log-decays ~ -1e3) in two sequences.
+GENERATED = {
+    "gen_moderate_h0_T70": dict(shape=(1, 70, 1, 16, 8), decay="moderate", gates="uniform", initial_state=True,
+                                scale=0.3, seed=3),
+    "gen_resets_T40": dict(shape=(2, 40, 1, 8, 16), decay="resets", gates="erase_one", initial_state=False, seed=4),
+}
+KDA_GOLDEN = "kda_strong_h0"
+
+SCRIPT = r"""
+import json, os, sys
+from gdn2_oracle import kernels
+from gdn2_oracle.ci.commands.validate import run_case
+from gdn2_oracle.ci.grading.case import Case
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.oracle import Recipe
+
+spec = json.loads(sys.argv[1])
+out = {"env_before": os.environ.get("TRITON_INTERPRET"), "cases": {}}
+gdn2 = kernels.get(spec["gdn2"])
+out["env_after"] = os.environ.get("TRITON_INTERPRET")
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+out["tl_sum_interpreted"] = isinstance(tl.sum, InterpretedFunction)
+out["device"] = str(gdn2.device)
+
+def judge(fn, case):
+    problem, do, dfs = case.data()
+    report = case.judge(harness.kernel_results(fn, problem, do, dfs, dtype=case.dtype))
+    return {"grade": report.grade, "kinds": sorted({f.kind for f in report.diagnosis}),
+            "over": {v.name: v.grade for v in report.verdicts if not v.passed}}
+
+for name in spec["golden"]:
+    out["cases"][name] = judge(gdn2, Case.golden(name))
+for name, r in spec["generated"].items():
+    shape = r.pop("shape")
+    out["cases"][name] = judge(gdn2, Case.from_recipe(name, Recipe(*shape, **r)))
+bf16 = run_case(gdn2, Case.golden("bf16_moderate"))  # as gdn2-oracle validate runs a case
+out["bf16"] = {"outcome": bf16["outcome"], "error": bf16["error"]}
+out["kda"] = judge(kernels.get(spec["kda"]), Case.golden(spec["kda_golden"]))
+try:
+    kernels.get("fla-gdn2-chunk")
+    out["compiled"] = None
+except ValueError as exc:
+    out["compiled"] = str(exc)
+import torch
+out["cuda"] = torch.cuda.is_available()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _triton_installed():
+    return importlib.util.find_spec("triton") is not None
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The subprocess's findings: grades of the interpreted kernels, the bf16 refusal, the compiled name's."""
+    assert _triton_installed(), f"Triton is not installed: these tests need it; {INSTALL}"
+    spec = {"gdn2": GDN2, "kda": KDA, "golden": GOLDEN, "generated": GENERATED, "kda_golden": KDA_GOLDEN}
+    env = {k: v for k, v in os.environ.items() if k != ENV}  # the factory must set it itself
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(spec)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_triton_is_installed():
+    assert _triton_installed(), f"Triton is not installed; {INSTALL}"
+
+
+def test_the_factory_sets_up_the_interpreter_before_triton_is_imported(interpreted):
+    assert interpreted["env_before"] is None and interpreted["env_after"] == "1"
+    assert interpreted["tl_sum_interpreted"], "triton's library functions must be interpreted ones"
+    assert interpreted["device"] == "cpu"
+
+
+@pytest.mark.parametrize("name", GOLDEN + tuple(GENERATED))
+def test_interpreted_gdn2_chunk_matches_the_oracle(interpreted, name):
+    """PASS, or PRECISION of the known kind (exponents as differences of float32 cumulative sums); never FAIL."""
+    got = interpreted["cases"][name]
+    assert got["grade"] in (PASS, PRECISION), got
+    if got["grade"] == PRECISION:
+        assert got["kinds"] == ["exponent-cancellation"], got
+    assert FAIL not in got["over"].values(), got
+
+
+def test_interpreted_gdn2_passes_outright_without_strong_decay(interpreted):
+    """Where the decay is moderate there is no cancellation to excuse: those cases PASS outright."""
+    moderate = (*GOLDEN_MODERATE, "gen_moderate_h0_T70")
+    grades = {n: interpreted["cases"][n]["grade"] for n in moderate}
+    assert grades == dict.fromkeys(moderate, PASS), grades
+
+
+def test_interpreted_bf16_is_refused_with_the_reason(interpreted):
+    bf16 = interpreted["bf16"]
+    assert bf16["outcome"] == "error", bf16
+    for part in ("fla-gdn2-chunk[interpret=1] refuses bfloat16", "tl.dot on bfloat16 operands", "--dtype float32"):
+        assert part in bf16["error"], bf16
+
+
+def test_interpreted_kda_chunk_matches_but_its_gates(interpreted):
+    """As for FLA's KDA references: every result but db, dw (per-channel gates it cannot express) matches."""
+    got = interpreted["kda"]
+    assert set(got["over"]) == {"db", "dw"}, got
+
+
+def test_compiled_name_is_refused_in_an_interpreting_process(interpreted):
+    msg = interpreted["compiled"]
+    if interpreted["cuda"]:
+        assert msg is not None and f"{ENV}=1 is set in this process" in msg, msg
+    else:
+        assert msg is not None and "needs a CUDA device" in msg and "fla-gdn2-chunk[interpret=1]" in msg, msg
+
+
+# --- in this process: nothing here imports triton or sets the variable ------------------------------------
+
+@pytest.fixture
+def no_interpreter(monkeypatch):
+    """A process that has not asked for the interpreter; afterwards the variable must still be unset."""
+    monkeypatch.delenv(ENV, raising=False)
+    yield
+    assert ENV not in os.environ, "a refused interpret=1 must not set TRITON_INTERPRET"
+
+
+@pytest.mark.parametrize("name", [GDN2, KDA])
+def test_interpret_without_triton_is_a_clear_value_error(monkeypatch, no_interpreter, name):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "triton" else real(n, *a))
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    with pytest.raises(ValueError, match=r"interpret: .* Triton is not installed; install Triton: pip install "
+                                         r"--no-deps 'triton==3\.9\.0'"):
+        kernels.get(name)
+
+
+def test_triton_imported_without_the_interpreter_is_refused(monkeypatch, no_interpreter):
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))  # as if imported earlier
+    with pytest.raises(ValueError, match=r"triton was already imported in this process without TRITON_INTERPRET=1"):
+        kernels.get(GDN2)
+
+
+@pytest.mark.parametrize("value", [2, "yes", 0.5])
+def test_interpret_option_takes_0_or_1(no_interpreter, value):
+    with pytest.raises(ValueError, match=r"^interpret: expected 0 or 1"):
+        kernels.get("fla-gdn2-chunk", interpret=value)
+
+
+def test_loop_index_shim_changes_nothing_but_adds_to():
+    """Shim 2: the index is an int in every operation (results are plain ints), bools and others pass through."""
+    i = LoopIndex(5)
+    assert i == 5 and hash(i) == hash(5) and isinstance(i, int)
+    assert type(i * 64) is int and type(i + 1) is int and list(range(i)) == [0, 1, 2, 3, 4]
+    items = list(triton_interpret._loop_indices([0, 3, True, "x"]))
+    assert [type(x) for x in items] == [LoopIndex, LoopIndex, bool, str] and items == [0, 3, True, "x"]

@@ -1,0 +1,184 @@
+"""Triton kernels on a CPU, in Triton's interpreter (``TRITON_INTERPRET=1``), for validation only.
+
+The interpreter runs a ``@triton.jit`` kernel as NumPy code, program by program, on the host: no GPU, no
+compiler, a few seconds for a small problem. It is how a kernel author runs FLA's Triton chunk kernels
+(``kernels/fla_peers.py``, option ``interpret=1``) on a machine without a GPU. Three things make it usable:
+
+* **Set up before Triton is imported.** ``triton.jit`` decides at decoration time whether a function becomes
+  an ``InterpretedFunction`` or a compiled ``JITFunction``, and Triton's own library functions
+  (``tl.sum``, ``tl.cumsum``, ``tl.max``, ... in ``triton/language/standard.py``) are decorated when
+  ``triton`` is imported. Imported without the variable, those stay compiled functions and an interpreted
+  kernel that calls them fails ("Cannot call @triton.jit'd outside of the scope of a kernel"; checked on
+  triton 3.9.0). :func:`enable` therefore sets ``TRITON_INTERPRET=1`` when Triton is not imported yet, and
+  refuses (ValueError) when it was imported without it. The variable stays set for the process: every
+  Triton kernel decorated afterwards is interpreted too.
+* **Two shims** (:func:`install_shims`), each a workaround for the interpreter, not for the kernel:
+  :func:`_first_config_when_interpreting` (the autotuner) and :func:`_loop_indices` (loop indices).
+* **float32 only** (:data:`BF16_DOT_NOTE`): the interpreter's ``tl.dot`` on bfloat16 operands is wrong.
+
+Nothing here imports Triton at module import; the functions do, when asked.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import os
+import sys
+
+ENV = "TRITON_INTERPRET"
+TRITON_PIN = "triton==3.9.0"  # the version these shims were written and checked against
+_INSTALL = f"install Triton: pip install --no-deps '{TRITON_PIN}' (the fla extra lists it)"
+BF16_DOT_NOTE = ("Triton's interpreter computes tl.dot on bfloat16 operands wrongly (relative error ~4e9 on a "
+                 "16x16 product, triton 3.9.0), so interpreted Triton kernels are validated in float32 only")
+_LOOP_HELPER = "_gdn2_oracle_loop_indices"  # the name the rewritten kernels call (shim 2)
+
+
+def triton_installed():
+    """Whether the ``triton`` package is imported or can be (found without importing it)."""
+    if "triton" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def interpreting():
+    """Whether ``TRITON_INTERPRET`` is on in this process (as Triton reads it: 1, true, on, yes)."""
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def enable(who="kernel"):
+    """Put Triton into interpreter mode for this process and install the shims; returns the ``triton`` module.
+
+    ValueError (naming ``interpret``) when Triton is not installed, or was imported before without
+    ``TRITON_INTERPRET=1`` (its library functions are then compiled ones: start a fresh process, or set the
+    variable before anything imports Triton).
+    """
+    if not triton_installed():
+        raise ValueError(f"interpret: {who} runs in Triton's interpreter, but Triton is not installed; {_INSTALL}")
+    if "triton" in sys.modules and not interpreting():
+        raise ValueError(f"interpret: {who} needs Triton's interpreter, but triton was already imported in this "
+                         f"process without {ENV}=1, so its library functions (tl.sum, tl.cumsum, ...) are "
+                         f"compiled ones the interpreter cannot call; set {ENV}=1 in the environment before "
+                         f"starting Python, or ask for this kernel before anything imports triton")
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "1"
+    try:
+        triton = importlib.import_module("triton")
+    except Exception as exc:  # noqa: BLE001 - any import failure: say what to install
+        if before is None:  # nothing was interpreted: leave the process as it was
+            os.environ.pop(ENV, None)
+        raise ValueError(f"interpret: cannot import triton ({type(exc).__name__}: {exc}); {_INSTALL}") from None
+    install_shims()
+    return triton
+
+
+# --- shim 1: the autotuner --------------------------------------------------------------------------------
+
+def _first_config_when_interpreting(prune_configs):
+    """Shim 1, for ``triton.runtime.autotuner.Autotuner.prune_configs`` (triton 3.9.0).
+
+    Works around: a kernel with several ``triton.Config``s is timed on first use (``Autotuner.run`` ->
+    ``_bench`` -> ``driver.active.get_benchmarker()``), and without a GPU there is no active driver:
+    "RuntimeError: 0 active drivers". FLA 0.6.0 autotunes nearly every kernel (``num_warps`` x
+    ``num_stages``, and for some ``BK``/``BV``). Here, when interpreting, the configs left after Triton's own
+    pruning are cut to the first, which is ``Autotuner.run``'s single-config path: nothing is timed, nothing
+    runs twice (timing would run the kernel once per config, slowly, in the interpreter).
+
+    Why the results do not change beyond what FLA itself varies: the interpreter ignores ``num_warps``,
+    ``num_stages`` and the other launch settings, all that distinguishes most of FLA's configs. Where configs
+    also differ in a block size (FLA 0.6.0's GDN-2 path: ``BK``/``BV`` of ``chunk_gdn2_bwd_kernel_wy_dqkg_fused``,
+    ``chunk_gla_fwd_kernel_o``, ``chunk_gdn2_fwd_kernel_inter_solve_fused``, ``BS`` of
+    ``chunk_local_cumsum_vector_kernel``, ``BH`` of ``chunk_gdn2_fwd_kernel_intra_token_parallel``), the tiling
+    of a float32 sum changes and with it the last bits (first vs last config on T = 70, K = 32, V = 16: up to
+    2.4e-7 absolute on O(1) results): the first config is one of the launches FLA's own autotuner may pick on a
+    GPU, where the choice is made by timing and so varies between machines; here it is deterministic. Compiled
+    autotuning is left as it was.
+    """
+
+    def prune(self, kwargs):
+        configs = prune_configs(self, kwargs)
+        if _interpreting_now():
+            return list(configs)[:1]
+        return configs
+
+    prune.__wrapped__ = prune_configs
+    prune.__doc__ = _first_config_when_interpreting.__doc__
+    return prune
+
+
+def _interpreting_now():
+    from triton import knobs
+
+    return bool(knobs.runtime.interpret)
+
+
+# --- shim 2: loop indices ---------------------------------------------------------------------------------
+
+class LoopIndex(int):
+    """A ``for`` loop's index in an interpreted kernel: a Python int that also has ``.to(dtype)``.
+
+    Compiled Triton makes the index of ``for i in range(n)`` an integer *tensor*, so kernels write
+    ``i.to(tl.int64)`` (FLA 0.6.0: ``i_t_int64 = i_t.to(tl.int64)`` in ``fla/ops/common/chunk_delta_h.py``,
+    ``chunk_h.py``, ``fused_chunk.py``, ...). The interpreter runs the loop as Python's ``range``, so the index
+    is a plain int and ``.to`` fails: "AttributeError: 'int' object has no attribute 'to'". ``.to`` here is
+    the tensor's: the same integer as an interpreter scalar tensor, cast to ``dtype``. Every other operation
+    is int's own (``i * BT`` is a plain int, as the interpreter had it), so the kernel computes exactly what
+    it computed before, with the one call that failed now working.
+    """
+
+    __slots__ = ()
+
+    def to(self, dtype, *args, **kwargs):
+        from triton.runtime.interpreter import _implicit_cvt
+
+        return _implicit_cvt(int(self)).to(dtype, *args, **kwargs)
+
+
+def _loop_indices(iterable):
+    """Shim 2: the items of a kernel's ``for`` loop, ints as :class:`LoopIndex` (bools and tensors as they are)."""
+    for item in iterable:
+        yield LoopIndex(item) if type(item) is int else item
+
+
+def _loop_transformer(base):
+    """The interpreter's AST rewriter (``FunctionRewriter.ast_transformer``) plus: ``for x in it`` runs as
+    ``for x in _gdn2_oracle_loop_indices(it)`` (shim 2)."""
+
+    class LoopIndexTransformer(base):
+        def visit_For(self, node):  # noqa: N802 - ast.NodeTransformer's naming
+            node = self.generic_visit(node)
+            node.iter = ast.copy_location(
+                ast.Call(func=ast.Name(id=_LOOP_HELPER, ctx=ast.Load()), args=[node.iter], keywords=[]), node.iter)
+            return node
+
+    return LoopIndexTransformer()
+
+
+def _with_loop_helper(compile_and_exec):
+    """``FunctionRewriter._compile_and_exec`` with the shim's helper visible to the rewritten kernel (its module's
+    globals get the one name ``_gdn2_oracle_loop_indices``; the interpreter puts its own names there the same way)."""
+
+    def run(self, transformed_ast):
+        self.fn.__globals__.setdefault(_LOOP_HELPER, _loop_indices)
+        return compile_and_exec(self, transformed_ast)
+
+    run.__wrapped__ = compile_and_exec
+    return run
+
+
+def install_shims():
+    """Install both shims into the imported Triton (idempotent). Triton must be imported in interpreter mode."""
+    from triton.runtime import autotuner, interpreter
+
+    if getattr(autotuner.Autotuner.prune_configs, "__wrapped__", None) is None:
+        autotuner.Autotuner.prune_configs = _first_config_when_interpreting(autotuner.Autotuner.prune_configs)
+    rewriter = interpreter.FunctionRewriter
+    if getattr(rewriter._compile_and_exec, "__wrapped__", None) is None:
+        rewriter.ast_transformer = _loop_transformer(type(rewriter.ast_transformer))
+        rewriter._compile_and_exec = _with_loop_helper(rewriter._compile_and_exec)
+        # A kernel rewritten before shim 2 was installed would keep its unshimmed code.
+        interpreter.InterpretedFunction.rewritten_fn.clear()
