@@ -295,7 +295,8 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
     for kout in kernels_out:
         kout["passed"] = not interrupted and all(c["passed"] for c in kout["cases"])
         kout["n_cases"] = len(kout["cases"])
-        kout["n_failed"] = sum(not c["passed"] for c in kout["cases"])
+        # n_failed: graded FAIL or the kernel raised (PRECISION and input errors are counted apart)
+        kout["n_failed"] = sum(case_grade(c) == FAIL for c in kout["cases"])
         kout["n_input_errors"] = sum(c.get("outcome") == "input-error" for c in kout["cases"])
         kout["n_precision"] = sum(case_grade(c) == PRECISION for c in kout["cases"])
         kout["grade"] = worst_grade(g for g in map(case_grade, kout["cases"]) if g is not None)
@@ -328,6 +329,20 @@ def outcome(kernels_out, interrupted=False):
     return "precision" if any(case_grade(c) == PRECISION for c in cases) else "pass"
 
 
+def case_lines(k, c):
+    """The lines of one case not graded PASS: what happened, then its diagnosis."""
+    head = f"  {k['name']:<14} {c['dtype']:<8} {c['case']:<28}"
+    if c.get("outcome") == "input-error":
+        return [f"{head} input error (not judged): {c['error']}"]
+    if c["error"]:
+        return [f"{head} error: {c['error']}"]
+    bad = sorted((v for v in c["verdicts"] if not v["passed"]), key=severity, reverse=True)
+    desc = ", ".join(f"{v['name']} x{severity(v):.3g}" for v in bad)
+    return ([f"{head} {case_grade(c)}: {len(bad)}/{len(c['verdicts'])} over tolerance (error/tolerance): {desc}"]
+            + [f"      {'diagnosis' if f.get('primary', i == 0) else '    also'} {f['kind']}: {f['text']}"
+               for i, f in enumerate(c.get("diagnosis") or [])])
+
+
 def format_validation(report, *, max_failures=60):
     """The verdict table (kernel x dtype x result: worst case), per-case failures and the verdict line."""
     env = report.environment
@@ -358,29 +373,13 @@ def format_validation(report, *, max_failures=60):
                              f"{len(per['_input_errors'])} case(s)", f"{len(per['_input_errors'])}", "NOT JUDGED"])
     lines.append(table(["kernel", "dtype", "result", "err_ratio", "tol", "max_err", "tol", "rule",
                         "worst case", "failed", "verdict"], rows, "<<<>>>><<><"))
-    failures = []
-    for k in report.kernels:
-        for c in k["cases"]:
-            if c["passed"]:
-                continue
-            if c.get("outcome") == "input-error":
-                failures.append(f"  {k['name']:<14} {c['dtype']:<8} {c['case']:<28} input error (not judged): "
-                                f"{c['error']}")
-            elif c["error"]:
-                failures.append(f"  {k['name']:<14} {c['dtype']:<8} {c['case']:<28} error: {c['error']}")
-            else:
-                bad = [v for v in c["verdicts"] if not v["passed"]]
-                desc = ", ".join(f"{v['name']} x{severity(v):.3g}" for v in sorted(bad, key=severity, reverse=True))
-                failures.append(f"  {k['name']:<14} {c['dtype']:<8} {c['case']:<28} {case_grade(c)}: "
-                                f"{len(bad)}/{len(c['verdicts'])} "
-                                f"over tolerance (error/tolerance): {desc}")
-                failures += [f"      diagnosis {f['kind']}: {f['text']}" for f in c.get("diagnosis") or []]
+    failures = [case_lines(k, c) for k in report.kernels for c in k["cases"] if not c["passed"]]
     if failures:
-        n_bad = sum(not c["passed"] for k in report.kernels for c in k["cases"])
-        lines += ["", f"Cases not graded PASS ({n_bad}):"]
-        lines += failures[:max_failures]
+        lines += ["", f"Cases not graded PASS ({len(failures)}):"]
+        for block in failures[:max_failures]:
+            lines += block
         if len(failures) > max_failures:
-            lines.append(f"  ... {len(failures) - max_failures} more lines in the JSON report")
+            lines.append(f"  ... {len(failures) - max_failures} more case(s) in the JSON report (--max-failures)")
     diagnoses = [(k["name"], f) for k in report.kernels for f in k.get("diagnosis") or []]
     if diagnoses:
         lines += ["", "Diagnosis (across cases):"] + [f"  {name}: {f['kind']}: {f['text']}" for name, f in diagnoses]
@@ -401,13 +400,18 @@ def format_validation(report, *, max_failures=60):
     for k in report.kernels:
         kinds = outcome([k])
         n_in = k.get("n_input_errors", 0)
+        n_p, n_f = k.get("n_precision", 0), k["n_failed"]
+        n_pass = k["n_cases"] - n_f - n_p - n_in
         lines.append(f"{k['name']}: {'PASS' if k['passed'] else verdict[kinds]}"
                      f"{' so far' if report.interrupted else ''} "
-                     f"({k['n_cases'] - k['n_failed']}/{k['n_cases']} cases pass"
-                     f"{f', {n_p} graded PRECISION' if (n_p := k.get('n_precision', 0)) else ''}"
+                     f"({n_pass}/{k['n_cases']} cases pass"
+                     f"{f', {n_p} graded PRECISION' if n_p else ''}"
+                     f"{f', {n_f} FAIL' if n_f else ''}"
                      f"{f', {n_in} not judged: input error' if n_in else ''})")
     what = report.outcome
-    why = {"input-error": "; some cases could not be loaded (see above), every other case passed",
+    judged = sum(k["n_cases"] - k.get("n_input_errors", 0) for k in report.kernels)
+    why = {"input-error": ("; some cases could not be loaded (see above), every other case passed" if judged else
+                           "; no case could be judged (see above)"),
            "interrupted": f"; {max((k['n_cases'] for k in report.kernels), default=0)} of {report.n_cases} "
                           "cases were run"}.get(what, "")
     lines.append(f"overall: {verdict[what]}{why} ({report.seconds:.0f} s)")
@@ -457,7 +461,8 @@ def add_parser(sub):
                         "dense is the plain contract, varlen..intermediate FLA chunk_gdn2's training-call modes, "
                         "decode and speculative a state pool; each judged on the kernels whose signature accepts it)")
     v.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/validate.json)")
-    v.add_argument("--max-failures", type=int, default=60, metavar="N", help="failing cases printed (default 60)")
+    v.add_argument("--max-failures", type=int, default=60, metavar="N",
+                   help="cases not graded PASS printed, each with its diagnosis (default 60)")
     v.add_argument("--strict", action="store_true",
                    help="fail (exit 1) on cases graded PRECISION too: over the working-precision tolerance but within "
                         "the precision-loss bound (default: a warning, exit 0)")
@@ -466,6 +471,8 @@ def add_parser(sub):
 
 def run(args):
     """Validate, print the verdict table, write ``--json``; the exit status."""
+    if args.max_failures < 0:
+        raise UsageError(f"gdn2-oracle validate: error: --max-failures must be >= 0, got {args.max_failures}")
     out = cli_args.outputs(args, json="validate.json")
     report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
                             only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),

@@ -233,3 +233,18 @@ def test_global_options_are_in_every_subcommands_help_and_work_after_its_name(cl
     args = build_parser().parse_args([command, "--no-compile-cache", *rest])
     assert args.no_compile_cache is True and args.distributed is False
     assert build_parser().parse_args(["--no-compile-cache", command, *rest]).no_compile_cache is True
+
+
+def test_max_failures_counts_cases_and_json_counts_match_the_table(cli, tmp_path):
+    """--max-failures 1 prints one whole case (with its diagnosis); n_failed counts FAIL only (PRECISION apart)."""
+    path = tmp_path / "v.json"
+    code, out, _ = cli("validate", "--kernel", f"{WRONG}:perturbed", "--cases", "golden", "--case", "len_1",
+                       "--case", "decay_moderate", "--dtype", "float32", "--no-progress", "--max-failures", "1",
+                       "--json", path)
+    assert code == 1
+    block = out.split("Cases not graded PASS (2):", 1)[1].split("more case(s) in the JSON report")[0]
+    assert block.count("FAIL:") == 1 and "diagnosis" in block and "... 1 more case(s)" in out, out
+    k = json.loads(path.read_text())["kernels"][0]
+    assert k["n_failed"] == 2 and k["n_precision"] == 0 and "(0/2 cases pass, 2 FAIL)" in out
+    code, _, err = cli("validate", "--max-failures", "-1")
+    assert code == 2 and "--max-failures must be >= 0" in err

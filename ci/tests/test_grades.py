@@ -160,14 +160,17 @@ def _case(name, dtype, grade, h0=False, kind=None):
 
 
 def test_kernel_diagnosis_spots_bf16_only_and_initial_state_only():
-    cases = [_case("a", "float32", PASS), _case("b", "bfloat16", FAIL, kind="systematic"),
-             _case("c", "bfloat16", PASS, h0=True)]
-    kinds = [f.kind for f in diagnose.diagnose_kernel(cases)]
-    assert kinds == ["systematic", "bfloat16"]
-    cases = [_case("a", "float32", PASS), _case("b", "float32", FAIL, h0=True, kind="logic"),
-             _case("c", "bfloat16", FAIL, h0=True, kind="logic")]
+    # a pattern needs enough cases on each side not to be chance (diagnose.PATTERN_CHANCE)
+    cases = [_case(f"a{i}", "float32", PASS) for i in range(5)] + [
+        _case(f"b{i}", "bfloat16", FAIL, kind="systematic") for i in range(5)] + [_case("c", "bfloat16", PASS, h0=True)]
     found = diagnose.diagnose_kernel(cases)
-    assert [f.kind for f in found] == ["logic", "initial-state"] and "2 case(s): b, c" in found[0].text
+    assert [f.kind for f in found] == ["systematic", "pattern"] and "fails only in bfloat16" in found[1].text
+    cases = [_case(f"a{i}", "float32", PASS) for i in range(4)] + [
+        _case("b", "float32", FAIL, h0=True, kind="logic")] + [
+        _case(n, "bfloat16", FAIL, h0=True, kind="logic") for n in "cde"]
+    found = diagnose.diagnose_kernel(cases)
+    assert [f.kind for f in found] == ["logic", "pattern"] and "4 case(s): b, c, d, e" in found[0].text
+    assert "fails only with h0" in found[1].text
     assert diagnose.diagnose_kernel([_case("a", "float32", PASS)]) == []
 
 
