@@ -98,3 +98,24 @@ def interrupt_after(argv, ready, *, sig=signal.SIGINT, timeout=120):
         if proc.poll() is None:
             proc.kill()
     return proc.returncode, out, "".join(lines) + err, kids
+
+
+def corpus_copy(tmp_path, names=(), drop_entries=()):
+    """A temporary golden root: the real manifest (minus ``drop_entries``) and the data files of ``names``."""
+    import importlib
+    import shutil
+
+    from gdn2_oracle import golden
+    from gdn2_oracle.golden import regenerate
+
+    load = importlib.import_module("gdn2_oracle.golden.load")  # the module (golden.load is the function)
+
+    root = tmp_path / "golden"
+    (root / "data").mkdir(parents=True)
+    manifest = golden.read_manifest()
+    for n in drop_entries:
+        del manifest["cases"][n]
+    (root / "MANIFEST.json").write_text(regenerate.manifest_text(manifest), encoding="utf-8")
+    for n in names:
+        shutil.copy(load.DATA_DIR / f"{n}.npz", root / "data" / f"{n}.npz")
+    return root

@@ -149,7 +149,7 @@ def _loop_transformer(base):
     ``for x in _gdn2_oracle_loop_indices(it)`` (shim 2)."""
 
     class LoopIndexTransformer(base):
-        def visit_For(self, node):  # noqa: N802 - ast.NodeTransformer's naming
+        def visit_For(self, node):  # ast.NodeTransformer's naming
             node = self.generic_visit(node)
             node.iter = ast.copy_location(
                 ast.Call(func=ast.Name(id=_LOOP_HELPER, ctx=ast.Load()), args=[node.iter], keywords=[]), node.iter)

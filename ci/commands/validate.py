@@ -128,45 +128,43 @@ def run_case(fn, case: Case, mesh=None):
     (the case's own data could not be loaded, e.g. a missing or damaged golden file: nothing is
     known about the kernel; the message names the file and how to restore it).
     """
-    if isinstance(case, ModeCase):
-        return run_mode_case(fn, case)
     if isinstance(case, serving_running.ServingCase):
         return case.run(fn)
-    t0 = time.perf_counter()
-    try:
-        problem, do, dfs = case.data()
-    except Exception as exc:  # noqa: BLE001 - a bad input is reported for this case; the others are judged
-        return {"passed": False, "outcome": "input-error", "verdicts": [], "seconds": time.perf_counter() - t0,
-                "error": f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:1000]}
-    try:
+    if isinstance(case, ModeCase):
+        def run(call, do, dfs):
+            mode_running.check_representable(call, case.dtype)
+            return mode_running.mode_results(fn, call, do, dfs, dtype=case.dtype)
+
+        return _judged(case, run, lambda got: case.judge(got, chunk_size=mode_running.kernel_chunk_size(fn)))
+
+    def run_dense(problem, do, dfs):
         harness.check_representable(problem, case.dtype)
-        got = harness.kernel_results(fn, problem, do, dfs, dtype=case.dtype, mesh=mesh)
-    except Exception as exc:  # noqa: BLE001 - any kernel failure is a failed case, reported by name
-        msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
-        return {"passed": False, "outcome": "error", "verdicts": [], "error": msg,
-                "seconds": time.perf_counter() - t0}
-    report = case.judge(got)
-    return {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
-            "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
-            "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}
+        return harness.kernel_results(fn, problem, do, dfs, dtype=case.dtype, mesh=mesh)
+
+    return _judged(case, run_dense, case.judge)
 
 
 def run_mode_case(fn, case: ModeCase):
-    """Judge kernel ``fn`` on one training-call case (``ci.running.modes``; no mesh): as :func:`run_case`."""
+    """Judge kernel ``fn`` on one training-call case (no mesh): as :func:`run_case`."""
+    return run_case(fn, case)
+
+
+def _judged(case, run, judge):
+    """``judge(run(*case.data()))`` as a case result: an input error when the case's data cannot be built, an
+    error when the kernel raises (``run``), else the graded report (``judge``: the oracle's side, never caught)."""
     t0 = time.perf_counter()
     try:
-        call, do, dfs = case.data()
+        data = case.data()
     except Exception as exc:  # noqa: BLE001 - a bad input is reported for this case; the others are judged
         return {"passed": False, "outcome": "input-error", "verdicts": [], "seconds": time.perf_counter() - t0,
                 "error": f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:1000]}
     try:
-        mode_running.check_representable(call, case.dtype)
-        got = mode_running.mode_results(fn, call, do, dfs, dtype=case.dtype)
+        got = run(*data)
     except Exception as exc:  # noqa: BLE001 - any kernel failure is a failed case, reported by name
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
         return {"passed": False, "outcome": "error", "verdicts": [], "error": msg,
                 "seconds": time.perf_counter() - t0}
-    report = case.judge(got, chunk_size=mode_running.kernel_chunk_size(fn))
+    report = judge(got)
     return {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
             "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
             "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import shutil
 import subprocess
 import sys
 from io import StringIO
@@ -21,7 +20,7 @@ import pytest
 from gdn2_oracle import golden, kernels, oracle
 from gdn2_oracle.ci import cli as cli_module
 from gdn2_oracle.ci.commands import validate
-from gdn2_oracle.ci.testing import interrupt_after
+from gdn2_oracle.ci.testing import corpus_copy, interrupt_after
 from gdn2_oracle.kernels import KernelSpec, split_specs
 from gdn2_oracle.golden import regenerate
 from gdn2_oracle.kernels import spec as kernel_spec
@@ -33,19 +32,6 @@ TINY_BENCH = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--r
 # cheap golden cases (mpmath: ~1 s each, float32, distinct shapes)
 SMALL = ("len_c16_minus1", "len_c16")
 
-
-
-def corpus_copy(tmp_path, names=(), drop_entries=()):
-    """A temporary golden root: the real manifest (minus ``drop_entries``) and the files of ``names``."""
-    root = tmp_path / "golden"
-    (root / "data").mkdir(parents=True)
-    manifest = golden.read_manifest()
-    for n in drop_entries:
-        del manifest["cases"][n]
-    (root / "MANIFEST.json").write_text(regenerate.manifest_text(manifest), encoding="utf-8")
-    for n in names:
-        shutil.copy(golden_load.DATA_DIR / f"{n}.npz", root / "data" / f"{n}.npz")
-    return root
 
 
 def corrupt(path, text='{"cases": {"len_1": {"sha256": '):

@@ -16,22 +16,10 @@ import pytest
 
 from gdn2_oracle import golden
 from gdn2_oracle.ci.grading import references
-from gdn2_oracle.ci.testing import alive, interrupt_after
-from gdn2_oracle.golden import regenerate
+from gdn2_oracle.ci.testing import alive, corpus_copy, interrupt_after
 from gdn2_oracle.oracle import make_problem, random_cotangents
 
 TINY_BENCH = ["--batch", "1", "--seq", "32", "--heads", "2", "--dim", "16", "--repeats", "1", "--no-progress"]
-
-
-def _corpus_without(tmp_path, names):
-    """A golden root whose manifest lacks ``names`` (so regenerate computes them)."""
-    root = tmp_path / "golden"
-    (root / "data").mkdir(parents=True)
-    manifest = golden.read_manifest()
-    for n in names:
-        del manifest["cases"][n]
-    (root / "MANIFEST.json").write_text(regenerate.manifest_text(manifest), encoding="utf-8")
-    return root
 
 
 def _gone(pids, timeout=10):
@@ -43,7 +31,7 @@ def _gone(pids, timeout=10):
 
 def test_sigterm_to_golden_regenerate_reports_stops_its_workers_and_exits_143(tmp_path):
     names = ["gdn_resets_len17", "len_c16_plus1", "len_c16_minus1", "len_c16"]
-    root = _corpus_without(tmp_path, names)
+    root = corpus_copy(tmp_path, drop_entries=names)
     argv = ["gdn2_oracle.ci.cli", "golden", "regenerate", "--root", str(root), "--jobs", "2",
             *(a for n in names for a in ("--case", n))]
     code, out, err, workers = interrupt_after(argv, "regenerate: 1/", sig=signal.SIGTERM)
