@@ -35,7 +35,7 @@ from . import args as cli_args
 from .output import EXIT, output_dir, progress, say_interrupted, table, write_after_work, write_json
 from .provenance import environment
 
-SCHEMA = "gdn2-oracle/domain/1"
+SCHEMA = "gdn2-oracle/domain/2"  # 2: + interrupted
 RESETS = "resets"  # the oracle's resets regime, as a value of the decay-strength sweep
 SHAPE = (1, 2, 16, 16)  # (B, H, K, V): small and fixed, so a kernel compiles once per (T, dtype)
 DEFAULT_CHUNK = 64  # the span is measured over chunks of the kernel's chunk_size, else of this many tokens

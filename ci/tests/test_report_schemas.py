@@ -1,0 +1,60 @@
+"""The JSON reports' keys, per schema version (docs/commands.md): a key added or removed without a new schema
+version fails here, and each version says what it changed."""
+
+from __future__ import annotations
+
+import json
+
+from gdn2_oracle.ci.commands import bench, domain, validate
+
+# What each schema version changed against the one before it.
+CHANGES = {
+    "gdn2-oracle/validate/2": {"added": {"modes"}, "added per kernel": {"accepted_modes", "modes",
+                                                                        "not_accepted_cases"}},
+    "gdn2-oracle/domain/2": {"added": {"interrupted"}},
+}
+VALIDATE = {"schema", "command", "cases", "dtypes", "seed", "only", "mesh", "environment", "n_cases", "seconds",
+            "passed", "interrupted", "outcome", "grade", "kernels", "modes"}
+VALIDATE_KERNEL = {"name", "spec", "options", "source", "notes", "cases", "accepted_modes", "not_accepted_cases",
+                   "passed", "n_cases", "n_failed", "n_input_errors", "n_precision", "grade", "summary", "diagnosis",
+                   "modes"}
+VALIDATE_CASE = {"case", "source", "dtype", "shape", "passed", "outcome", "grade", "verdicts", "error", "diagnosis",
+                 "seconds"}
+BENCH = {"schema", "command", "environment", "repeats", "seed", "tiles", "mesh", "problem", "timed", "oracle_seconds",
+         "seconds", "passed", "interrupted", "outcome", "results"}
+DOMAIN = {"schema", "kernel", "grid", "seeds", "chunk", "shape", "base", "results", "panels", "seconds",
+          "environment", "interrupted", "boundaries", "summary"}
+
+
+def test_the_versions_are_the_documented_ones():
+    assert {validate.SCHEMA, domain.SCHEMA} == set(CHANGES) and bench.SCHEMA == "gdn2-oracle/bench/1"
+
+
+def test_validate_json_keys(cli, tmp_path):
+    path = tmp_path / "v.json"
+    cli("validate", "--kernel", "pairwise[chunk_size=16]", "--cases", "golden", "--case", "len_1", "--dtype",
+        "float32", "--no-progress", "--json", path)
+    report = json.loads(path.read_text())
+    assert set(report) == VALIDATE
+    [kernel] = report["kernels"]
+    assert set(kernel) == VALIDATE_KERNEL
+    [case] = kernel["cases"]
+    assert set(case) - {"regime"} == VALIDATE_CASE
+    assert CHANGES[report["schema"]]["added"] <= set(report)
+    assert CHANGES[report["schema"]]["added per kernel"] <= set(kernel)
+
+
+def test_bench_json_keys(cli, tmp_path):
+    path = tmp_path / "b.json"
+    cli("bench", "--kernel", "pairwise[chunk_size=16]", "--batch", "1", "--seq", "16", "--heads", "1", "--dim", "8",
+        "--repeats", "1", "--no-progress", "--json", path)
+    assert set(json.loads(path.read_text())) == BENCH
+
+
+def test_domain_json_keys(cli, tmp_path, monkeypatch):
+    tiny = domain.Grid("quick", (domain.Axis("erase", "erase gate b", (1.0,)),), seeds=1, base=domain.Point(T=8),
+                       shape=(1, 1, 4, 4))
+    monkeypatch.setitem(domain.GRIDS, "quick", tiny)
+    cli("domain", "--kernel", "pairwise[chunk_size=16]", "--out", tmp_path, "--no-progress")
+    report = json.loads((tmp_path / "domain.json").read_text())
+    assert set(report) == DOMAIN and CHANGES[report["schema"]]["added"] <= set(report)
