@@ -31,6 +31,7 @@ def test_env_chooses_or_disables_the_directory(monkeypatch, value, expected):
 
 def test_default_directory_is_under_the_user_cache(monkeypatch, tmp_path):
     monkeypatch.delenv(compile_cache.ENV, raising=False)
+    monkeypatch.delenv(compile_cache.JAX_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert compile_cache.cache_dir() == tmp_path / "gdn2-oracle" / "jax"
 

@@ -52,7 +52,7 @@ import pytest
 
 from gdn2_oracle import kernels
 from gdn2_oracle.ci import cli
-from gdn2_oracle.ci.commands import bench, domain
+from gdn2_oracle.ci.commands import bench, domain, validate
 from gdn2_oracle.ci.grading import references
 from gdn2_oracle.ci.commands.output import output_path
 from gdn2_oracle.kernels import KernelSpec
@@ -242,6 +242,16 @@ def _runnable(command):
             and not any(k.startswith("pallas-") for a in command.argv for k in a.split(",")))
 
 
+def _first_case(argv):
+    """The case a validate command is capped to: ``len_1``, or with ``--modes`` lacking ``dense`` the first case
+    of its set and modes."""
+    modes = argv[argv.index("--modes") + 1] if "--modes" in argv else "dense"
+    if "dense" in modes.split(","):
+        return "len_1"
+    kind = argv[argv.index("--cases") + 1] if "--cases" in argv else "quick"
+    return validate.build_cases(kind, ("float32",), modes=validate.modes_arg(modes))[0].name
+
+
 TINY = ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "16", "--dtype", "float32", "--repeats", "1",
         "--tiles", ""]
 
@@ -253,7 +263,7 @@ def test_gdn2_oracle_command_runs(command, user_dir, tmp_path, capsys, monkeypat
     subcommand = next(a for a in argv[1:] if not a.startswith("-"))  # after global options
     extra = []
     if subcommand == "validate":
-        extra = ["--case", "len_1", "--dtype", "float32"]
+        extra = ["--case", _first_case(argv), "--dtype", "float32"]
     elif subcommand == "bench":
         extra = TINY
     elif subcommand == "golden" and argv[2] == "regenerate":
