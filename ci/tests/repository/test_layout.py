@@ -246,3 +246,11 @@ def test_no_issue_tracker_references_in_code():
     bad = [f"{_rel(p)}:{n}: {line.strip()}" for p in SOURCES
            for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not bad, "\n".join(bad)
+
+
+def test_test_modules_outside_packages_have_unique_names():
+    """Test folders have no __init__.py, so pytest imports their files by basename: two ``test_x.py`` in
+    different folders collide ("import file mismatch") under pytest's default import mode."""
+    loose = [p for p in SOURCES if p.name.startswith("test_") and not (p.parent / "__init__.py").exists()]
+    names = [p.name for p in loose]
+    assert len(loose) > 30 and len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
