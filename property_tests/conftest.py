@@ -9,6 +9,7 @@ whose signature does not accept the mode, or for a mode left out of ``--gdn2-mod
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ def _ours(item):
 def pytest_configure(config):
     config._gdn2_profile = profiles.select(config)
     config._gdn2_kernel_names = _selected_names(config)
+    config._gdn2_kernels = _built(config._gdn2_kernel_names)  # a bad kernel: one line, before collection
     grading.STRICT = strict(config)
     config._gdn2_modes = _selected_modes(config)
     if mesh_spec(config):  # every kernel call (ci.harness) runs in this mesh, on NamedSharding inputs
@@ -73,14 +75,26 @@ def pytest_unconfigure(config):
         config._gdn2_mesh.__exit__(None, None, None)
 
 
-def selected_kernels(config):
+IMPORT_HINT = ("is its module installed in this environment, or on PYTHONPATH? pytest does not add the working "
+               "directory to sys.path: from your repository's root, PYTHONPATH=. pytest --pyargs ...")
+
+
+def _built(names):
+    """The selected kernels, built once; a usage error (one line, exit 4) naming the kernel and what to do."""
     out = []
-    for name in config._gdn2_kernel_names:
+    for name in names:
         try:
             out.append(Kernel(name, kernel_fn(name)))
         except ValueError as exc:
-            raise pytest.UsageError(f"kernel {name!r} (from --gdn2-kernel or GDN2_KERNEL): {exc}") from None
+            why = str(exc).removeprefix("name: ")
+            hint = f"; {IMPORT_HINT}" if "cannot import module" in why else ""
+            raise pytest.UsageError(f"--gdn2-kernel / GDN2_KERNEL {name!r}: {why}{hint}") from None
     return out
+
+
+def selected_kernels(config):
+    """The kernels under test (built when pytest started)."""
+    return config._gdn2_kernels
 
 
 def _already_parametrized(metafunc, argname):
@@ -115,7 +129,7 @@ def _listed(item, entries):
 
 def pytest_collection_modifyitems(config, items):
     """Deselect option variants of other kernels; mark the tests listed in --gdn2-xfails as xfail."""
-    keep, drop = [], []
+    keep, drop, used = [], [], set()
     for item in items:
         if not _ours(item):
             keep.append(item)
@@ -130,8 +144,14 @@ def pytest_collection_modifyitems(config, items):
             continue
         entry = _listed(item, config.stash[XFAILS])
         if entry is not None:
+            used.add(entry)
             item.add_marker(pytest.mark.xfail(reason=f"listed in --gdn2-xfails ({entry})", strict=False))
         keep.append(item)
+    unmatched = [e for e in config.stash[XFAILS] if e not in used]
+    if unmatched:  # a misspelt entry would otherwise be ignored silently
+        names = ", ".join(map(repr, unmatched))
+        warnings.warn(pytest.PytestConfigWarning(f"--gdn2-xfails: no test matches {names} (a test id or its "
+                                                 "suffix, a test name or a golden case name)"), stacklevel=2)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -128,6 +128,26 @@ def _read_xfails(path):
     return [e for e in (ln.split("#", 1)[0].strip() for ln in lines) if e]
 
 
+def _check_importable(spec):
+    """A ``pkg.mod:attr`` (or ``torch:pkg.mod:attr``) kernel whose module cannot be found is a usage error
+    naming the module and PYTHONPATH (looked up with importlib.util.find_spec: nothing is imported)."""
+    import importlib.util
+
+    name = spec.split("[", 1)[0].removeprefix("torch:")
+    if ":" not in name:
+        return
+    module = name.split(":", 1)[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package is missing
+        found = False
+    if not found:
+        raise pytest.UsageError(
+            f"--gdn2-kernel / GDN2_KERNEL {spec!r}: cannot import module {module!r}: is it installed in this "
+            "environment, or on PYTHONPATH? pytest does not add the working directory to sys.path: from your "
+            "repository's root, PYTHONPATH=. pytest --pyargs ...")
+
+
 def pytest_configure(config):
     # The conformance suite marks its long tests; registered here because the installed suite has
     # no ini file of its own (with --strict-markers an unregistered marker is an error).
@@ -135,7 +155,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", MODES_MARK)
     path = config.getoption("gdn2_xfails", default=None)
     config.stash[XFAILS] = _read_xfails(path) if path else []
-    kernel_names(config)  # a malformed kernel list is a usage error before collection
+    for name in kernel_names(config):  # a malformed list or a missing module: a usage error before collection
+        _check_importable(name)
 
 
 def pytest_report_header(config):

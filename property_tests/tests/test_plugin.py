@@ -74,3 +74,21 @@ def test_gdn2_kernel_lists_split_at_commas_outside_brackets(tmp_path):
     code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--collect-only", "-q",
                            env={"GDN2_KERNEL": "factorized[chunk_size=32"})
     assert code == 4 and "unbalanced" in out, out
+
+
+def test_an_xfails_entry_that_matches_no_test_is_warned_by_name(tmp_path):
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("test_kernel_matches_golden\ntest_kernel_matches_goldn  # misspelt\n")
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-xfails", str(xfails),
+                           "--collect-only", "-q", *ONE_GOLDEN)
+    assert code == 0 and "no test matches 'test_kernel_matches_goldn'" in out, out
+    assert "no test matches 'test_kernel_matches_golden'" not in out
+
+
+def test_an_unimportable_kernel_is_one_line_naming_the_module_and_pythonpath(tmp_path):
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-kernel", "mypkg.gdn:kernel",
+                           "--collect-only", "-q")
+    assert code == 4, out
+    errors = [line for line in out.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1 and "cannot import module 'mypkg.gdn'" in errors[0] and "PYTHONPATH" in errors[0], out
+    assert "Traceback" not in out
