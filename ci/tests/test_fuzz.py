@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from gdn2_oracle import kernels, oracle
 from gdn2_oracle.ci import cli
-from gdn2_oracle.ci.commands import bench
+from gdn2_oracle.ci.commands import bench, domain, hunt
 from gdn2_oracle.ci.running import harness
 from gdn2_oracle.golden import regenerate
 
@@ -79,9 +79,24 @@ def no_heavy_work():
                 "status": "ok", "reason": None, "sweep": [], "label": spec.label(), "compile_s": 0.1,
                 "median_s": 1e-3, "min_s": 1e-3, "times_s": [1e-3]}
 
+    def no_search(fn, kernel, *, budget, result, seed, shapes, show_progress):
+        return hunt.HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result, examples=0,
+                               first_fail=None, seconds=0.0, worst=None, found=None)
+
+    def no_cluster(**kwargs):
+        raise RuntimeError("fuzz: no other process")  # our checks before it are what is fuzzed
+
+    import jax
+
+    tiny = domain.Grid("tiny", (domain.Axis("erase", "erase gate b", (1.0,)),), seeds=1, base=domain.Point(T=4),
+                       shape=(1, 1, 2, 2))
     mp.setattr(harness, "kernel_results", no_kernel_run)
     mp.setattr(bench, "bench_one", made_up_record)
     mp.setattr(regenerate, "_run_all", lambda names, jobs, desc: iter(()))
+    mp.setattr(hunt, "hunt", no_search)
+    mp.setitem(domain.GRIDS, "quick", tiny)
+    mp.setitem(domain.GRIDS, "full", tiny)
+    mp.setattr(jax.distributed, "initialize", no_cluster)
     yield
     mp.undo()
 
@@ -93,7 +108,16 @@ KERNEL_SPECS = st.one_of(
                      "pairwise,factorized", "pallas-pairwise,pallas-factorized", "factorized[chunk_size=32,leaf=8]",
                      "no-such-kernel", "gdn2_oracle.kernels.testing:correct", "gdn2_oracle.kernels.testing:nope",
                      "no_such_module_xyz:fn", "math:sqrt", "pairwise[", "pairwise]", ",", "pairwise,,factorized",
-                     "atomic-ops", ":", "[]", "a[b=1]"]),
+                     "atomic-ops", ":", "[]", "a[b=1]",
+                     # torch options, mapping and padding options, repeated keys
+                     "torch:gdn2_oracle.kernels.testing_torch:recurrent[output_final_state=True,order=qkvwbg]",
+                     "torch:gdn2_oracle.kernels.testing_torch:recurrent[order=qkv]",
+                     "torch:gdn2_oracle.kernels.testing_torch:recurrent[layout=thbk,device=nope]",
+                     "torch:gdn2_oracle.kernels.testing_torch:recurrent[order=qkvgbw,order=qkvwbg]",
+                     "torch:gdn2_oracle.kernels.testing_torch:recurrent[bogus=1]",
+                     "gdn2_oracle.kernels.testing:correct[order=qkvwbgsh,layout=bhtk]",
+                     "gdn2_oracle.kernels.testing:correct[pad=K8V8T16]", "pairwise[pad=X1]",
+                     "pairwise[o_dtype=float16]", "pairwise[chunk_size=16,chunk_size=32]", "decode[state_dtype=int8]"]),
     st.builds(lambda k, v: f"{k}[{v}]", st.sampled_from(["pairwise", "factorized", "pallas-factorized"]),
               st.builds(lambda key, val: f"{key}={val}",
                         st.sampled_from(["chunk_size", "split", "leaf", "interpret", "bogus"]),
@@ -124,10 +148,24 @@ def option_tokens(sandbox):
         "--seed": mostly(st.integers(0, 10).map(str), ints),
         "--json": paths(sandbox),
     }
+    mesh = mostly(st.sampled_from(["data=1", "seq=1", "data=1,heads=1"]),
+                  st.sampled_from(["seq=2", "bogus=1", "data=0", "data=1,data=1", "data", ""]))
+    jobs = mostly(st.sampled_from(["1", "2"]), st.sampled_from(["0", "-1", "x"]))
+    one_kernel = mostly(st.sampled_from(["pairwise", "gdn2_oracle.kernels.testing:correct"]), KERNEL_SPECS)
     options = {
         "validate": {**common,
                      "--cases": mostly(st.sampled_from(["golden", "quick", "full"]), st.just("huge")),
-                     "--max-failures": mostly(st.sampled_from(["0", "5"]), ints)},
+                     "--max-failures": mostly(st.sampled_from(["0", "5"]), ints),
+                     "--modes": mostly(st.sampled_from(["dense", "dense,varlen", "decode,speculative"]),
+                                       st.sampled_from(["bogus", "", ","])),
+                     "--mesh": mesh, "--jobs": jobs},
+        "domain": {"--kernel": one_kernel, "--seed": mostly(st.integers(0, 10).map(str), ints),
+                   "--grid": mostly(st.sampled_from(["quick", "full"]), st.just("huge")),
+                   "--out": mostly(st.sampled_from([str(sandbox / "dom")]), paths(sandbox))},
+        "hunt": {"--kernel": one_kernel, "--seed": mostly(st.integers(0, 10).map(str), ints),
+                 "--budget": mostly(st.sampled_from(["1", "5"]), st.sampled_from(["0", "-3", "x"])),
+                 "--result": mostly(st.sampled_from(["o", "dh0"]), st.just("dz")),
+                 "--shapes": mostly(st.sampled_from(["core", "all"]), st.just("some"))},
         "bench": {**common, "--plot": paths(sandbox),
                   "--batch": mostly(st.sampled_from(["1", "1,2"]), st.sampled_from(["0", "-1", "10000000"])),
                   "--seq": mostly(st.sampled_from(["1", "32", "33"]), st.sampled_from(["0", "10000000000"])),
@@ -135,12 +173,14 @@ def option_tokens(sandbox):
                   "--dim": mostly(st.sampled_from(["8", "16"]), st.just("0")),
                   "--tiles": mostly(st.sampled_from(["sweep", "chunk_size=32,64", "leaf=8,16", ""]),
                                     st.sampled_from(["bogus=1", "chunk_size", "chunk_size=0", "leaf=abc", ";"])),
-                  "--repeats": mostly(st.just("1"), st.sampled_from(["0", "-2"]))},
+                  "--repeats": mostly(st.just("1"), st.sampled_from(["0", "-2"])),
+                  "--mesh": mesh, "--jobs": jobs},
         "golden": {"--case": mostly(st.sampled_from(["len_1", "len_c16"]), st.just("no_such_case")),
                    "--jobs": mostly(st.sampled_from(["1", "2"]), st.sampled_from(["0", "-1", "x"]))},
     }
     flags = {"validate": ["--no-progress", "--strict", "--help"], "bench": ["--no-progress", "--help"],
-             "golden": ["--force", "--check", "--list", "--help"]}
+             "golden": ["--force", "--check", "--list", "--help"], "domain": ["--no-progress", "--help"],
+             "hunt": ["--no-progress", "--help"]}
 
     def tokens(command):
         if command not in options:
@@ -156,22 +196,34 @@ def option_tokens(sandbox):
 def argvs(sandbox):
     tokens = option_tokens(sandbox)
     commands = ["validate", "validate", "bench", "bench", "golden regenerate", "golden check", "golden list",
-                "golden", "frobnicate"]
+                "golden", "domain", "hunt", "frobnicate"]
+    distributed = st.lists(st.one_of(
+        st.just(["--distributed"]), st.just(["--init-timeout", "1"]),
+        st.tuples(st.just("--coordinator"), mostly(st.sampled_from(["localhost:1", "127.0.0.1:9"]),
+                                                   st.sampled_from(["notaport", "h:99999", ":1", ""]))).map(list),
+        st.tuples(st.just("--num-processes"), mostly(st.just("2"), st.sampled_from(["0", "-1", "x"]))).map(list),
+        st.tuples(st.just("--process-id"), mostly(st.sampled_from(["1"]), st.sampled_from(["2", "-1", "x"])))
+        .map(list)), max_size=4)
 
-    def assemble(command, groups, cap):
+    def assemble(command, groups, cap, global_options):
         head = command.split()
-        argv = [*head, *[t for g in groups for t in g]]
+        if any("--coordinator" in g or "--distributed" in g for g in global_options):
+            global_options = [*global_options, ["--init-timeout", "1"]]  # never a long wait
+        argv = [*[t for g in global_options for t in g], *head, *[t for g in groups for t in g]]
         if head[0] == "validate":
             argv += ["--case", cap]  # never the whole case set
         if head[0] == "golden":
             argv += ["--root", str(sandbox / "golden")]  # never the real corpus (its parser keeps the last)
         if head[0] == "bench" and "--repeats" not in argv:
             argv += ["--repeats", "1"]
+        if head[0] in ("domain", "hunt") and "--kernel" not in argv:
+            argv += ["--kernel", "pairwise"]
         return argv
 
     return st.sampled_from(commands).flatmap(lambda c: st.builds(
         assemble, st.just(c), tokens(c.split()[0]),
-        mostly(st.sampled_from(["len_1", "gen_moderate_T100"]), st.just("no_such_case"))))
+        mostly(st.sampled_from(["len_1", "gen_moderate_T100"]), st.just("no_such_case")),
+        st.one_of(st.just([]), st.just([]), distributed)))
 
 
 @fuzz_settings("cli")
