@@ -70,11 +70,15 @@ class DecodeKernel:
 
     name = "decode"
 
-    def __init__(self, state_dtype="float32"):
+    def __init__(self, state_dtype="float32", o_dtype=None):
         self.state_dtype = _state_dtype(state_dtype)
+        if o_dtype not in (None, "float16"):
+            raise ValueError(f"o_dtype: expected None (v's dtype) or 'float16', got {o_dtype!r}")
+        self.o_dtype = o_dtype  # "float16": an fp16 output buffer beside a float32 state (serving calls)
 
     def __repr__(self):
-        return f"{type(self).__name__}(state_dtype={self.state_dtype!r})"
+        extra = f", o_dtype={self.o_dtype!r}" if self.o_dtype else ""
+        return f"{type(self).__name__}(state_dtype={self.state_dtype!r}{extra})"
 
     # --- bookkeeping hooks (traced) ----------------------------------------------------------------------
     def read_slots(self, indices, accepted):
@@ -107,7 +111,9 @@ class DecodeKernel:
                                         cu_seqlens=cu_seqlens, num_accepted_tokens=num_accepted_tokens, scale=scale)
         if check_values:
             check_values_host(shape, q, k, v, g, b, w, state_pool, state_indices, cu_seqlens, num_accepted_tokens)
-        return _run(self, scale, lmax, q, k, v, g, b, w, state_pool, state_indices, cu_seqlens, num_accepted_tokens)
+        o, pool = _run(self, scale, lmax, q, k, v, g, b, w, state_pool, state_indices, cu_seqlens,
+                       num_accepted_tokens)
+        return (o.astype(jnp.float16) if self.o_dtype else o), pool
 
     def _contract_call(self, q, k, v, g, b, w, state_indices, cu_seqlens, num_accepted_tokens, scale,
                        initial_state, check_values):
@@ -263,10 +269,11 @@ def check_values_host(shape, q, k, v, g, b, w, state_pool, state_indices, cu_seq
                 raise ValueError(f"g: log-decay must be <= 0 (found a positive entry in sequence {n})")
 
 
-def decode_kernel(state_dtype="float32"):
+def decode_kernel(state_dtype="float32", o_dtype=None):
     """Factory (for ``kernels.register``): the decode kernel storing the state in ``state_dtype`` between calls
-    (``"float32"``, ``"bfloat16"`` or ``"float16"``)."""
-    return DecodeKernel(state_dtype)
+    (``"float32"``, ``"bfloat16"`` or ``"float16"``); ``o_dtype="float16"`` writes its serving outputs to a float16
+    buffer (whose range, 65504, a large output overflows)."""
+    return DecodeKernel(state_dtype, o_dtype)
 
 
 _DEFAULT = DecodeKernel()

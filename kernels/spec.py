@@ -199,8 +199,18 @@ def get(spec, **options):
     wrap any kernel (kernels/adapt.py)."""
     name, parsed = parse_spec(spec)
     options = {**parsed, **options}
-    wrapping = {k: options.pop(k) for k in adapt.WRAPPING if k in options}
+    own = _declared(factory(name)) if ":" not in name else set()  # a factory's own option of that name wins
+    wrapping = {k: options.pop(k) for k in adapt.WRAPPING if k in options and k not in own}
     return adapt.wrap(_build(name, options), **wrapping)
+
+
+def _declared(fn):
+    """The keyword parameters ``fn`` names explicitly (not through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
 def _build(name, options):

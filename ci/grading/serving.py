@@ -45,6 +45,7 @@ STATE_DTYPES = serving.STATE_DTYPES
 # docs/DESIGN.md §4, extended to float16 (same reasons as bfloat16: a 16-bit result's error is its rounding,
 # which the baseline shares): MULTIPLE 8, FLOOR half an ulp of 1.
 MULTIPLE = {**_MULTIPLE, "float16": 8.0}
+FLOAT16_MAX = float(np.finfo(np.float16).max)
 FLOOR = {**_FLOOR, "float16": 2.0 ** -11}
 GRADED = ("o", "state")
 # A FAIL below this err_ratio is compared with a running state rounded to 16 bits after every token (diagnosis).
@@ -255,6 +256,10 @@ class Session:
             self._base[key] = {n: x.errors() for n, x in m.items()}
         return self._base[key]
 
+    def peak_output(self):
+        """The largest |o| of the float64 reference over the session's judged outputs."""
+        return max((float(np.max(np.abs(rc.o))) for rc in self.reference() if rc.o.size), default=0.0)
+
     def judge(self, state_dtype, o_dtype=None):
         """A :class:`SessionJudge` for a kernel whose pool is stored in ``state_dtype``."""
         return SessionJudge(self, state_dtype, o_dtype)
@@ -347,8 +352,9 @@ class SessionJudge:
             note = ""
             if not math.isfinite(errs[0]):
                 rule, note = "non-finite", f"NaN or inf in a result (first at call {m.first_bad})"
-            passed = errs[0] <= tr and errs[1] <= tm
-            grade = PASS if passed else (PRECISION if errs[0] <= br and errs[1] <= bm else FAIL)
+            finite = math.isfinite(errs[0]) and math.isfinite(errs[1])  # NaN or inf in a result always fails
+            passed = finite and errs[0] <= tr and errs[1] <= tm
+            grade = PASS if passed else (PRECISION if finite and errs[0] <= br and errs[1] <= bm else FAIL)
             if grade != PASS and self.state_dtype != "float32":
                 note = "; ".join(x for x in (note, f"stored-state bound: {MULTIPLE[self.state_dtype]:g} x e_store "
                                                    f"({self.state_dtype} pool)") if x)
@@ -395,9 +401,16 @@ def diagnose(judge, report, rec, store):
     nonfinite = [v for v in bad if v.rule == "non-finite"]
     if nonfinite:
         first = min(judge.metrics[v.name].first_bad for v in nonfinite)
-        found.append(Finding("non-finite", f"NaN or inf in {', '.join(v.name for v in nonfinite)} from call {first}: "
-                                           "a NaN read from a slot it should not read (a rejected draft's state, "
-                                           "a padding row's tokens) or an overflow", first))
+        peak = judge.session.peak_output()
+        if judge.o_dtype == "float16" and peak > FLOAT16_MAX and any(v.name == "o" for v in nonfinite):
+            found.append(Finding("output-overflow", f"o is inf from call {first}: the float16 output buffer "
+                                                    f"overflows (|o| reaches {peak:.3g} > {FLOAT16_MAX:g}, float16's "
+                                                    "largest finite value) although the float32 state is right; keep "
+                                                    "o in float32 or bfloat16, or scale it", first))
+        else:
+            found.append(Finding("non-finite", f"NaN or inf in {', '.join(v.name for v in nonfinite)} from call "
+                                               f"{first}: a NaN read from a slot it should not read (a rejected "
+                                               "draft's state, a padding row's tokens) or an overflow", first))
     finite = [v for v in bad if v.rule != "non-finite"]
     prof = {v.name: report.profiles[v.name] for v in finite}
     first = {n: _first_over(p, report[n].tol_ratio) for n, p in prof.items()}

@@ -167,6 +167,22 @@ def long_horizon_prefill(dtype="float32", seed=0, **kw):
     return long_horizon(dtype, seed, tokens_per_call=PREFILL_CHUNK, **kw)
 
 
+LARGE = 2.0 ** 17  # a power of two: the scaled values stay exact in float32 and bfloat16
+
+
+def large_outputs(dtype="float32", seed=0):
+    """Three decode steps on values scaled by 2^17 (v and the pool): outputs reach ~8e4, beyond float16's 65504, so
+    an fp16 output buffer beside a float32 state overflows while float32 and bfloat16 outputs do not."""
+    calls = []
+    for j in range(3):
+        xs = tokens(2, 1, dtype, seed + 30 + j)
+        xs[2] = xs[2] * LARGE  # v
+        calls.append(_call(xs, [0, 1]))
+    pool = pool_values(2, H, K, V, seed + 31) * LARGE
+    return Session(f"serving_large_outputs{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+                   regime={"seed": seed}, purpose="outputs beyond float16's range (an fp16 output buffer overflows)")
+
+
 def _suffix(dtype):
     return "" if dtype == "float32" else "_bf16"
 
@@ -178,6 +194,7 @@ RECIPES = {
     "speculative_accept": ("speculative", speculative_accept),
     "long_horizon": ("decode", long_horizon),
     "long_horizon_prefill": ("decode", long_horizon_prefill),
+    "large_outputs": ("decode", large_outputs),
 }
 
 

@@ -269,3 +269,19 @@ def test_validate_modes_decode_speculative_judges_a_serving_kernel_and_catches_a
     assert decode["passed"] and decode["modes"]["judged"] == ["decode", "speculative"]
     assert pairwise["modes"]["not_accepted"] == ["decode", "speculative"] and pairwise["n_cases"] == 0
     assert not wrong["passed"] and "decode-wrong-slot: FAIL" in out
+
+
+def test_an_fp16_output_beside_an_fp32_state_overflows_and_is_told_apart():
+    """An fp16 output buffer is judged at fp16's rounding where it fits and FAILs where it overflows (outputs
+    ~8e4 > 65504), with a diagnosis saying so; a float32 output passes the same session."""
+    from gdn2_oracle import kernels
+    from gdn2_oracle.ci.running.serving import serving_cases
+
+    [large] = serving_cases(("float32",), 0, ("decode",), ["large_outputs"])
+    [small] = serving_cases(("float32",), 0, ("decode",), ["pool_gather_scatter"])
+    fp16_out = kernels.get('decode[o_dtype="float16"]')
+    res = large.run(fp16_out)
+    assert res["grade"] == "FAIL" and [d["kind"] for d in res["diagnosis"]] == ["output-overflow"], res
+    assert "65504" in res["diagnosis"][0]["text"]
+    assert large.run(kernels.get("decode"))["grade"] == "PASS"
+    assert small.run(fp16_out)["grade"] == "PASS"
