@@ -40,6 +40,7 @@ from .fla_peers import load_naive
 from .torch_bridge import import_torch, numpy_dtype, resolve_device, to_numpy, to_torch
 
 FLA_NAIVE_SPEC = "torch:gdn2_oracle.kernels.serving_bridge:fla_naive_decode"
+FLA_FUSED_SPEC = "torch:gdn2_oracle.kernels.serving_bridge:fla_fused_recurrent[device=cpu]"
 STATE_DTYPES = ("float32", "bfloat16", "float16")
 FLA_REQUIRED = ("initial_state", "ssm_state_indices")
 PAD_SLOT = -1
@@ -179,3 +180,43 @@ def _naive_run(naive, xs, o, row, lo, hi, h, scale):
     o_seq, h = naive(*(x[row:row + 1, lo:hi] for x in xs), scale=scale, initial_state=h, output_final_state=True)
     o[row, lo:hi] = o_seq[0]
     return h
+
+
+def fla_fused_recurrent(q, k, v, g, b, w, initial_state=None, scale=None, cu_seqlens=None, ssm_state_indices=None,
+                        num_accepted_tokens=None, inplace_final_state=False, output_final_state=False):
+    """FLA's Triton ``fused_recurrent_gdn2_fwd`` (the path serving engines call), on a CPU under Triton's
+    interpreter (``kernels/triton_interpret.py``; on a CUDA device as it is). Inference only (no backward), float32
+    (the interpreter's bfloat16 ``tl.dot`` is wrong). FLA 0.6.0's domain: slot ``-1`` is not guarded (it reads and
+    writes before the pool) and ``[N]`` indices with several tokens write token t's state to ``idx[n + t]``
+    (docs/DESIGN.md §2, "Decode contract"), so only single-token ``[N]`` calls without padding, or ``[N, S]``
+    draft slots, are in its domain: recipe ``serving_single_token_steps``."""
+    torch = import_torch()
+    if q.device.type != "cuda":
+        from .triton_interpret import enable
+
+        enable("fla_fused_recurrent")
+    if q.dtype != torch.float32:
+        raise ValueError(f"dtype: fla_fused_recurrent runs float32 inputs only under Triton's interpreter, "
+                         f"got {q.dtype}")
+    _check_fla_domain(q, cu_seqlens, ssm_state_indices)
+    from fla.ops.gdn2.fused_recurrent import fused_recurrent_gdn2_fwd
+
+    return fused_recurrent_gdn2_fwd(q, k, v, g, b, w, initial_state=initial_state, scale=scale, cu_seqlens=cu_seqlens,
+                                    ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
+                                    inplace_final_state=inplace_final_state, output_final_state=output_final_state)
+
+
+def _check_fla_domain(q, cu_seqlens, ssm_state_indices):
+    """ValueError for a call outside FLA 0.6.0's fused recurrent domain, which it would answer with memory outside
+    the pool (a wrong answer on a GPU, a segfault under the interpreter) instead of running it."""
+    if ssm_state_indices is None:
+        return
+    idx = ssm_state_indices.detach().cpu().numpy()
+    if (idx < 0).any():
+        raise ValueError("state_indices: FLA 0.6.0's fused recurrent kernel has no guard for padding slot -1 (it reads "
+                         "and writes before the pool): outside its domain")
+    if idx.ndim == 1:
+        lengths = (q.shape[1],) if cu_seqlens is None else (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        if max(lengths, default=0) > 1:
+            raise ValueError("state_indices: with one slot per sequence FLA 0.6.0 writes token t's state to slot "
+                             "idx[n + t] (another sequence's), so only single-token calls are in its domain")

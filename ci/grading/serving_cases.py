@@ -167,6 +167,20 @@ def long_horizon_prefill(dtype="float32", seed=0, **kw):
     return long_horizon(dtype, seed, tokens_per_call=PREFILL_CHUNK, **kw)
 
 
+def single_token_steps(dtype="float32", seed=0):
+    """Eight decode steps of one token for three sequences on a 6-slot pool, the slots permuted between steps and no
+    padding: every call is within FLA 0.6.0's own domain (its fused recurrent kernel has no -1 guard and writes
+    multi-token [N] calls to the wrong slots)."""
+    rng = np.random.default_rng(seed + 40)
+    calls = []
+    for j in range(8):
+        xs = tokens(3, 1, dtype, seed + 41 + j)
+        calls.append(_call(xs, rng.permutation(6)[:3]))
+    pool = pool_values(6, H, K, V, seed + 42)
+    return Session(f"serving_single_token_steps{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+                   regime={"seed": seed}, purpose="single-token steps, slots permuted, no padding (FLA's domain)")
+
+
 LARGE = 2.0 ** 17  # a power of two: the scaled values stay exact in float32 and bfloat16
 
 
@@ -195,6 +209,7 @@ RECIPES = {
     "long_horizon": ("decode", long_horizon),
     "long_horizon_prefill": ("decode", long_horizon_prefill),
     "large_outputs": ("decode", large_outputs),
+    "single_token_steps": ("decode", single_token_steps),
 }
 
 

@@ -285,3 +285,26 @@ def test_an_fp16_output_beside_an_fp32_state_overflows_and_is_told_apart():
     assert "65504" in res["diagnosis"][0]["text"]
     assert large.run(kernels.get("decode"))["grade"] == "PASS"
     assert small.run(fp16_out)["grade"] == "PASS"
+
+
+def test_flas_fused_recurrent_kernel_under_the_interpreter_is_judged_in_its_domain_and_refused_outside():
+    """FLA's Triton fused_recurrent_gdn2_fwd (the serving engines' path), interpreted on the CPU in a subprocess
+    (TRITON_INTERPRET cannot be undone in this one): PASS on single-token steps with permuted slots; a padding
+    row (slot -1, unguarded in FLA 0.6.0: memory before the pool, a segfault here) is refused with the reason."""
+    import os
+    import subprocess
+    import sys
+
+    from gdn2_oracle.kernels.serving_bridge import FLA_FUSED_SPEC
+
+    def validate(case):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_", "TRITON_"))}
+        return subprocess.run([sys.executable, "-m", "gdn2_oracle.ci.cli", "validate", "--kernel", FLA_FUSED_SPEC,
+                               "--modes", "decode", "--cases", "full", "--case", case, "--dtype", "float32",
+                               "--no-progress"], env=env, capture_output=True, text=True, timeout=600)
+
+    inside = validate("serving_single_token_steps")
+    assert inside.returncode == 0 and "PASS (1/1 cases pass)" in inside.stdout, inside.stdout + inside.stderr
+    outside = validate("serving_pool_gather_scatter")
+    assert outside.returncode == 1, outside.stdout + outside.stderr  # not a segfault (-11)
+    assert "no guard for padding slot -1" in outside.stdout, outside.stdout
