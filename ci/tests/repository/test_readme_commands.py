@@ -235,11 +235,17 @@ def _buildable(argv):
                                                    for a in argv for k in a.split(","))
 
 
+# Kernels run under Triton's interpreter, which must not be enabled in a test worker (TRITON_INTERPRET cannot be
+# undone): ci/tests/test_serving_judge.py and kernels/tests/test_fla_interpret.py run them in subprocesses.
+INTERPRETED = "fla_fused_recurrent"
+
+
 def _runnable(command):
     """Whether a command is cheap enough to run here in this process on ``--case len_1``: buildable, no Pallas
     kernel (the Pallas interpreter is slow) and no environment that must be set before JAX starts."""
     return (_buildable(command.argv) and set(command.env) <= IN_PROCESS_ENV
-            and not any(k.startswith("pallas-") for a in command.argv for k in a.split(",")))
+            and not any(k.startswith("pallas-") for a in command.argv for k in a.split(","))
+            and not any(INTERPRETED in a for a in command.argv))
 
 
 def _first_case(argv):
