@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gdn2_oracle.property_tests import grading, profiles
-from gdn2_oracle.property_tests.plugin import XFAILS, kernel_names, mesh_spec, modes_option, strict
+from gdn2_oracle.property_tests.plugin import XFAILS, every_mode, kernel_names, mesh_spec, modes_option, strict
 from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
 HERE = Path(__file__).resolve().parent
@@ -48,15 +48,8 @@ def pytest_configure(config):
 
 def _selected_modes(config):
     """The training-call modes selected by --gdn2-modes / GDN2_MODES (all when not given)."""
-    from gdn2_oracle.ci.grading.modes import ALL_MODES, parse_modes  # NumPy and the oracle only
-
-    names = modes_option(config)
-    if names is None:
-        return ALL_MODES
-    try:
-        return parse_modes(",".join(names))
-    except ValueError as exc:
-        raise pytest.UsageError(f"--gdn2-modes / GDN2_MODES: {str(exc).removeprefix('modes: ')}") from None
+    names = modes_option(config)  # checked by the plugin when pytest started
+    return every_mode() if names is None else tuple(m for m in every_mode() if m in names)
 
 
 def _modes_missing(item, kernel, config):
@@ -65,8 +58,10 @@ def _modes_missing(item, kernel, config):
     if not needed:
         return []
     from gdn2_oracle.ci.running.modes import accepted_modes  # only when a mode test is collected
+    from gdn2_oracle.ci.running.serving import accepts_serving
 
-    ok = set(accepted_modes(kernel.fn)) & set(config._gdn2_modes)
+    accepted = set(accepted_modes(kernel.fn)) | ({"decode", "speculative"} if accepts_serving(kernel.fn) else set())
+    ok = accepted & set(config._gdn2_modes)
     return [m for m in needed if m not in ok]
 
 
@@ -135,7 +130,7 @@ def pytest_collection_modifyitems(config, items):
             keep.append(item)
             continue
         params = getattr(getattr(item, "callspec", None), "params", {})
-        kernel, owner = params.get("kernel"), params.get("owner")
+        kernel, owner = params.get("kernel", params.get("serving_kernel")), params.get("owner")
         if kernel is not None and owner is not None and getattr(kernel, "name", None) != owner:
             drop.append(item)
             continue

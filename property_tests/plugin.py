@@ -35,8 +35,9 @@ import pytest
 # The profile names (their settings live in property_tests/profiles.py, imported only when used).
 PROFILES = ("dev", "ci", "thorough")
 SLOW = "slow: long-running tests (deselect with -m 'not slow')"
-MODES_MARK = ("gdn2_modes(*modes): the test needs these training-call modes (varlen, gate, l2norm, state_v_first, "
-              "intermediate); deselected for a kernel that does not accept them or when --gdn2-modes leaves one out")
+MODES_MARK = ("gdn2_modes(*modes): the test needs these call modes (varlen, gate, l2norm, state_v_first, "
+              "intermediate; decode, speculative); deselected for a kernel that does not accept them or when "
+              "--gdn2-modes leaves one out")
 
 
 def _truthy(x):
@@ -75,11 +76,28 @@ def mesh_spec(config):
 
 
 def modes_option(config):
-    """The --gdn2-modes (else env GDN2_MODES) value as a list of names, or None: every mode a kernel accepts.
-    The names are checked by the suite's conftest (``ci.grading.modes.parse_modes``)."""
+    """The --gdn2-modes (else env GDN2_MODES) value as a list of names, or None: every mode a kernel accepts."""
     value = config.getoption("gdn2_modes", default=None) or os.environ.get("GDN2_MODES", "")
     names = [m.strip() for m in value.split(",") if m.strip()]
     return names or None
+
+
+def every_mode():
+    """Every call mode the suite knows (``dense``, the training-call modes, the serving modes); NumPy only."""
+    from gdn2_oracle.ci.grading.modes import ALL_MODES
+    from gdn2_oracle.ci.grading.serving_cases import MODES as SERVING_MODES
+
+    return ALL_MODES + SERVING_MODES
+
+
+def _check_modes(config):
+    """An unknown --gdn2-modes name is a usage error before collection."""
+    names = modes_option(config)
+    if names is None:
+        return
+    unknown = [n for n in names if n not in every_mode()]
+    if unknown:
+        raise pytest.UsageError(f"--gdn2-modes / GDN2_MODES: {', '.join(unknown)} not among {', '.join(every_mode())}")
 
 
 def strict(config):
@@ -109,8 +127,9 @@ def pytest_addoption(parser):
                     help="run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, data, heads shard "
                          "T, B, H; inputs placed with NamedSharding)")
     group.addoption("--gdn2-modes", metavar="LIST", default=None,
-                    help="training-call modes to test, comma-separated among varlen, gate, l2norm, state_v_first, "
-                         "intermediate (default: env GDN2_MODES, else every mode the kernel's signature accepts)")
+                    help="call modes to test, comma-separated among dense, varlen, gate, l2norm, state_v_first, "
+                         "intermediate, decode, speculative (default: env GDN2_MODES, else every mode the kernel's "
+                         "signature accepts)")
     group.addoption("--gdn2-strict", action="store_true", default=False,
                     help="fail on results graded PRECISION (over the working-precision tolerance but within the "
                          "precision-loss bound); default: pass with a PrecisionLossWarning")
@@ -157,6 +176,7 @@ def pytest_configure(config):
     config.stash[XFAILS] = _read_xfails(path) if path else []
     for name in kernel_names(config):  # a malformed list or a missing module: a usage error before collection
         _check_importable(name)
+    _check_modes(config)
 
 
 def pytest_report_header(config):

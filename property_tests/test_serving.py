@@ -150,6 +150,7 @@ def check_prefill_continuation(kernel, dtype="float32", seed=0, *, T=PREFILL_T, 
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds, decay=st.sampled_from(oracle.DECAYS), gates=st.sampled_from(tuple(oracle.GATES)))
 @example(seed=0, decay="moderate", gates="uniform")
+@pytest.mark.gdn2_modes('decode')
 def test_prefill_continuation_at_every_split(serving_kernel, dtype, seed, decay, gates):
     enforce_all(check_prefill_continuation(serving_kernel, dtype, seed, decay=decay, gates=gates),
                 f"{serving_kernel.name} {dtype} seed={seed} decay={decay} gates={gates}")
@@ -199,6 +200,7 @@ def check_accept_counts(kernel, dtype="float32", seed=0, *, S=DRAFTS):
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds)
 @example(seed=0)
+@pytest.mark.gdn2_modes('speculative')
 def test_every_accept_count(serving_kernel, dtype, seed):
     enforce_all(check_accept_counts(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
 
@@ -244,6 +246,7 @@ def check_pool_gather_scatter(kernel, dtype="float32", seed=0):
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds)
 @example(seed=0)
+@pytest.mark.gdn2_modes('decode')
 def test_pool_gather_scatter(serving_kernel, dtype, seed):
     enforce_all(check_pool_gather_scatter(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
 
@@ -287,6 +290,7 @@ def check_replay(kernel, dtype="float32", seed=0, *, L=REPLAY_L, capacity=REPLAY
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds)
 @example(seed=0)
+@pytest.mark.gdn2_modes('decode')
 def test_replay_identity(serving_kernel, dtype, seed):
     enforce_all(check_replay(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
 
@@ -300,6 +304,7 @@ def check_long_horizon(kernel, dtype="float32", seed=0):
                                                                  recipes.long_horizon_prefill(dtype, seed))]
 
 
+@pytest.mark.gdn2_modes('decode')
 def test_long_horizon(serving_kernel, record_property):
     checks = check_long_horizon(serving_kernel)
     record_property("serving_long_horizon", {label: {v.name: v.err_ratio for v in r.verdicts if v.name in judge.GRADED}

@@ -92,3 +92,14 @@ def test_an_unimportable_kernel_is_one_line_naming_the_module_and_pythonpath(tmp
     errors = [line for line in out.splitlines() if line.startswith("ERROR")]
     assert len(errors) == 1 and "cannot import module 'mypkg.gdn'" in errors[0] and "PYTHONPATH" in errors[0], out
     assert "Traceback" not in out
+
+
+def test_gdn2_modes_selects_serving_properties_too(tmp_path):
+    """``--gdn2-modes speculative`` keeps the serving suite's speculative property only; a training mode none."""
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_serving", "--gdn2-modes",
+                           "speculative", "--collect-only", "-q")
+    ids = [line for line in out.splitlines() if "::" in line]
+    assert code == 0 and ids and all("test_every_accept_count" in i for i in ids), out
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_serving", "--gdn2-modes", "varlen",
+                           "--collect-only", "-q")
+    assert code == 5 and "9 deselected" in out, out
