@@ -24,6 +24,7 @@ kernel one across its cases.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -41,7 +42,9 @@ from ..running import serving as serving_running
 from ..grading.serving_cases import MODES as SERVING_MODES
 from ..running.mesh import format_mesh
 from . import args as cli_args
-from .output import EXIT, UsageError, fmt_err, progress, say_interrupted, table, write_json
+from . import dump as dumping
+from .output import (EXIT, UsageError, fmt_err, output_dir, progress, say_interrupted, table, write_after_work,
+                     write_json)
 from .provenance import environment, kernel_notes, source_sha256
 
 CASE_SETS = ("golden", "quick", "full")
@@ -70,9 +73,12 @@ FULL_SHAPE = (1, None, 2, 32, 32)
 
 
 def recipe_case(name, recipe: Recipe):
-    """A generated case from ``recipe`` (a ``_bf16`` suffix for bfloat16), its reference split over the hosts."""
-    return Case.from_recipe(name if recipe.precision == "float32" else f"{name}_bf16", recipe,
+    """A generated case from ``recipe`` (a ``_bf16`` suffix for bfloat16), its reference split over the hosts;
+    ``case.recipe`` keeps the recipe (the ``--dump`` reproducer names it)."""
+    case = Case.from_recipe(name if recipe.precision == "float32" else f"{name}_bf16", recipe,
                             reference_fn=multihost.reference_results)
+    case.recipe = recipe
+    return case
 
 
 def generated(kind):
@@ -121,27 +127,50 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     return cases
 
 
-def run_case(fn, case: Case, mesh=None):
+def run_case(fn, case: Case, mesh=None, *, capture=False):
     """Judge kernel ``fn`` on one case: ``{"passed", "outcome", "verdicts", "error", "seconds"}``.
 
     ``outcome``: ``pass``, ``fail`` (over tolerance), ``error`` (the kernel raised) or ``input-error``
     (the case's own data could not be loaded, e.g. a missing or damaged golden file: nothing is
     known about the kernel; the message names the file and how to restore it).
+
+    ``capture`` (``--dump``): the result also has ``"arrays"`` -- ``{"input", "got", "ref", "profile"}``, each
+    ``{name: array}`` (what the case has: a serving case none; a training-call case its results, reference and
+    profiles, its call's inputs when it has them); the caller drops it once the dump is written.
     """
     if isinstance(case, serving_running.ServingCase):
-        return case.run(fn)
+        res = case.run(fn)
+        return {**res, "arrays": {}} if capture else res
     if isinstance(case, ModeCase):
+        chunk = mode_running.kernel_chunk_size(fn)
+
         def run(call, do, dfs):
             mode_running.check_representable(call, case.dtype)
             return mode_running.mode_results(fn, call, do, dfs, dtype=case.dtype)
 
-        return _judged(case, run, lambda got: case.judge(got, chunk_size=mode_running.kernel_chunk_size(fn)))
+        return _judged(case, run, lambda got: case.judge(got, chunk_size=chunk), capture=capture,
+                       inputs=_mode_inputs, reference=lambda: case.reference(chunk_size=chunk))
 
     def run_dense(problem, do, dfs):
         harness.check_representable(problem, case.dtype)
         return harness.kernel_results(fn, problem, do, dfs, dtype=case.dtype, mesh=mesh)
 
-    return _judged(case, run_dense, case.judge)
+    return _judged(case, run_dense, case.judge, capture=capture, inputs=_dense_inputs, reference=case.reference)
+
+
+def _dense_inputs(problem, do, dfs):
+    """The arrays of a dense case's data by name: q..w, h0 and the cotangents do, dfinal_state."""
+    return {**dict(zip(oracle.INPUTS, problem.inputs())), "h0": problem.h0(), "do": do, "dfinal_state": dfs}
+
+
+def _mode_inputs(call, do, dfs):
+    """The arrays of a training call's data (those the call has) and its cotangents."""
+    out = {}
+    for name in (*oracle.INPUTS, "h0", "initial_state", "cu_seqlens"):
+        x = getattr(call, name, None)
+        if x is not None and not callable(x):
+            out[name] = x
+    return {**out, "do": do, "dfinal_state": dfs}
 
 
 def run_mode_case(fn, case: ModeCase):
@@ -149,25 +178,36 @@ def run_mode_case(fn, case: ModeCase):
     return run_case(fn, case)
 
 
-def _judged(case, run, judge):
+def _judged(case, run, judge, *, capture=False, inputs=None, reference=None):
     """``judge(run(*case.data()))`` as a case result: an input error when the case's data cannot be built, an
-    error when the kernel raises (``run``), else the graded report (``judge``: the oracle's side, never caught)."""
+    error when the kernel raises (``run``), else the graded report (``judge``: the oracle's side, never caught).
+    ``capture``: plus ``"arrays"`` (see :func:`run_case`; ``inputs(*data)`` names the data, ``reference()`` the
+    reference results, taken only for a case not graded PASS)."""
     t0 = time.perf_counter()
     try:
         data = case.data()
     except Exception as exc:  # noqa: BLE001 - a bad input is reported for this case; the others are judged
         return {"passed": False, "outcome": "input-error", "verdicts": [], "seconds": time.perf_counter() - t0,
-                "error": f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:1000]}
+                "error": f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:1000],
+                **({"arrays": {}} if capture else {})}
+    arrays = {"input": inputs(*data) if inputs else {}} if capture else None
     try:
         got = run(*data)
     except Exception as exc:  # noqa: BLE001 - any kernel failure is a failed case, reported by name
         msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
         return {"passed": False, "outcome": "error", "verdicts": [], "error": msg,
-                "seconds": time.perf_counter() - t0}
+                "seconds": time.perf_counter() - t0, **({"arrays": arrays} if capture else {})}
     report = judge(got)
-    return {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
-            "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
-            "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}
+    out = {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
+           "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
+           "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}
+    if capture:
+        if not report.passed:  # only a dumped case keeps its arrays (the reference is cached by the case)
+            ref = reference() if reference else {}
+            arrays.update(got=dict(got), ref={n: ref[n] for n in got if n in ref},
+                          profile=dict(getattr(report, "profiles", {}) or {}))
+        out["arrays"] = arrays
+    return out
 
 
 def takes_part(case, accepted):
@@ -246,12 +286,15 @@ class ValidationReport:
 
 
 def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=None,
-                   show_progress=True, env=None, mesh=None, modes=None):
+                   show_progress=True, env=None, mesh=None, modes=None, dump=None):
     """Validate every kernel spec (:class:`kernels.KernelSpec`); returns the :class:`ValidationReport`.
 
     With a ``mesh`` (a ``jax.sharding.Mesh``, ci/mesh.py) every kernel runs inside it on sharded inputs
     (training-call cases run without it). ``modes``: as in :func:`build_cases`; a kernel is judged on a mode
     case only when it accepts all of the case's modes (:func:`ci.running.modes.accepted_modes`).
+
+    ``dump`` (a :class:`ci.commands.dump.Dumper`, ``--dump``): each case not graded PASS is written by it right
+    after it is judged, its arrays then dropped (an OSError writing it is said on stderr once; the run goes on).
 
     Kernels are built first, so an unknown name or import failure raises ``UsageError`` before any work.
     """
@@ -267,6 +310,7 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
     bar = progress(total=len(built) * len(case_list), desc="validate", unit="case") if show_progress else None
     t0 = time.perf_counter()
     interrupted = False
+    dump_ok = True  # after a failed write, the dump is not tried again (one message)
     try:
         for case in case_list:
             for (spec, fn), kout in zip(built, kernels_out):
@@ -277,11 +321,16 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
                     if bar is not None:
                         bar.update(1)
                     continue
-                res = run_case(fn, case, mesh)
+                res = run_case(fn, case, mesh, capture=dump is not None)
+                arrays = res.pop("arrays", None)
                 res.setdefault("grade", case_grade(res))
                 res.setdefault("diagnosis", [{"kind": res["outcome"], "text": res["error"], "token": None}]
                                if res["error"] else [])
                 kout["cases"].append({**case.describe(), **res})
+                if dump is not None and not res["passed"]:
+                    dump_ok = dump_ok and write_after_work("--dump", dump.root, functools.partial(
+                        dump.write, spec.label(), spec.spec, case, kout["cases"][-1], arrays))
+                del arrays
                 if bar is not None:
                     bar.update(1)
             case.release()
@@ -459,6 +508,11 @@ def add_parser(sub):
                         "dense is the plain contract, varlen..intermediate FLA chunk_gdn2's training-call modes, "
                         "decode and speculative a state pool; each judged on the kernels whose signature accepts it)")
     v.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/validate.json)")
+    v.add_argument("--plot", metavar="PATH", help="write a PNG heat map here, cases x results coloured by "
+                                                  "log10(error / tolerance) (a directory: PATH/validate.png)")
+    v.add_argument("--dump", metavar="DIR", help="for each case not graded PASS write DIR/<kernel>/<case>/: arrays.npz "
+                                                 "(inputs, results, reference, per-token errors), a PNG of error / "
+                                                 "tolerance per token of each failing result, reproduce.txt")
     v.add_argument("--max-failures", type=int, default=60, metavar="N",
                    help="cases not graded PASS printed, each with its diagnosis (default 60)")
     v.add_argument("--strict", action="store_true",
@@ -471,14 +525,27 @@ def run(args):
     """Validate, print the verdict table, write ``--json``; the exit status."""
     if args.max_failures < 0:
         raise UsageError(f"gdn2-oracle validate: error: --max-failures must be >= 0, got {args.max_failures}")
-    out = cli_args.outputs(args, json="validate.json")
+    out = cli_args.outputs(args, json="validate.json", plot="validate.png")
+    if out["plot"] or args.dump:
+        try:
+            import matplotlib  # noqa: F401 - checked before any work
+        except ImportError as exc:
+            raise UsageError(f"gdn2-oracle validate: error: --{'plot' if out['plot'] else 'dump'} needs matplotlib "
+                             f"({exc})") from None
+    dumper = (dumping.Dumper(output_dir(args.dump, option="--dump"), case_set=args.cases, seed=args.seed)
+              if args.dump else None)
     report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
                             only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
-                            modes=args.modes)
+                            modes=args.modes, dump=dumper)
     print(format_validation(report, max_failures=args.max_failures), flush=True)
     if out["json"]:
         write_json(out["json"], report.to_json())
         print(f"report: {out['json']}", flush=True)
+    if out["plot"] and report.kernels and write_after_work("--plot", out["plot"], lambda: dumping.plot_validation(
+            report, out["plot"], preferred=MODE_RESULTS)):
+        print(f"plot: {out['plot']}", flush=True)
+    if dumper is not None:
+        print(f"dump: {len(dumper.written)} case folder(s) not graded PASS in {dumper.root}", flush=True)
     if report.interrupted:
         say_interrupted(sum(len(k["cases"]) for k in report.kernels), "kernel x case result(s)", out["json"])
     if args.strict and report.outcome == "precision":

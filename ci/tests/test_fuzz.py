@@ -218,6 +218,8 @@ def argvs(sandbox):
             argv += ["--repeats", "1"]
         if head[0] in ("domain", "hunt") and "--kernel" not in argv:
             argv += ["--kernel", "pairwise"]
+        if head[0] == "domain" and "--out" not in argv:
+            argv += ["--out", str(sandbox / "dom")]  # never the default folder in the working directory
         return argv
 
     return st.sampled_from(commands).flatmap(lambda c: st.builds(
