@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -37,6 +38,8 @@ from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import FAIL, PASS, PRECISION, Verdict, worst_grade
 from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
+from ..running.watchdog import Watchdog, exit_now
+from gdn2_oracle.golden.processes import TERMINATED
 from ..running import modes as mode_running
 from ..running import serving as serving_running
 from ..grading.serving_cases import MODES as SERVING_MODES
@@ -48,6 +51,7 @@ from .output import (EXIT, UsageError, fmt_err, output_dir, progress, say_interr
 from .provenance import environment, kernel_notes, source_sha256
 
 CASE_SETS = ("golden", "quick", "full")
+CASE_TIMEOUT = 900.0  # seconds one kernel call may take by default (compilation included)
 # Every mode validate judges: the dense contract, FLA chunk_gdn2's training-call modes, the serving modes
 # (decode steps on a state pool, speculative slots: docs/serving.md).
 VALIDATE_MODES = ALL_MODES + SERVING_MODES
@@ -286,7 +290,7 @@ class ValidationReport:
 
 
 def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=None,
-                   show_progress=True, env=None, mesh=None, modes=None, dump=None):
+                   show_progress=True, env=None, mesh=None, modes=None, dump=None, case_timeout=None, on_stop=None):
     """Validate every kernel spec (:class:`kernels.KernelSpec`); returns the :class:`ValidationReport`.
 
     With a ``mesh`` (a ``jax.sharding.Mesh``, ci/mesh.py) every kernel runs inside it on sharded inputs
@@ -295,6 +299,10 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
 
     ``dump`` (a :class:`ci.commands.dump.Dumper`, ``--dump``): each case not graded PASS is written by it right
     after it is judged, its arrays then dropped (an OSError writing it is said on stderr once; the run goes on).
+
+    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py)
+    stops the run when a kernel call passes the limit (that case graded FAIL, "timed out") or hangs through a
+    Ctrl-C / SIGTERM; ``on_stop`` gets the report of what was finished and the process ends (exit 1, 130, 143).
 
     Kernels are built first, so an unknown name or import failure raises ``UsageError`` before any work.
     """
@@ -309,57 +317,78 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
                    for spec, fn in built]
     bar = progress(total=len(built) * len(case_list), desc="validate", unit="case") if show_progress else None
     t0 = time.perf_counter()
+    state = {"dump_ok": True}  # after a failed dump write, the dump is not tried again (one message)
+
+    def judge_one(spec, fn, kout, case):
+        if bar is not None:
+            bar.set_postfix_str(f"{spec.label()} {case.name}")
+        if not takes_part(case, kout["accepted_modes"]):
+            kout["not_accepted_cases"].append(case.name)
+        else:
+            res = run_case(fn, case, mesh, capture=dump is not None)
+            arrays = res.pop("arrays", None)
+            res.setdefault("grade", case_grade(res))
+            res.setdefault("diagnosis", [{"kind": res["outcome"], "text": res["error"], "token": None}]
+                           if res["error"] else [])
+            kout["cases"].append({**case.describe(), **res})
+            if dump is not None and not res["passed"]:
+                state["dump_ok"] = state["dump_ok"] and write_after_work("--dump", dump.root, functools.partial(
+                    dump.write, spec.label(), spec.spec, case, kout["cases"][-1], arrays))
+        if bar is not None:
+            bar.update(1)
+
+    def finish(interrupted):
+        for kout in kernels_out:
+            kout["passed"] = not interrupted and all(c["passed"] for c in kout["cases"])
+            kout["n_cases"] = len(kout["cases"])
+            # n_failed: graded FAIL or the kernel raised (PRECISION and input errors are counted apart)
+            kout["n_failed"] = sum(case_grade(c) == FAIL for c in kout["cases"])
+            kout["n_input_errors"] = sum(c.get("outcome") == "input-error" for c in kout["cases"])
+            kout["n_precision"] = sum(case_grade(c) == PRECISION for c in kout["cases"])
+            kout["grade"] = worst_grade(g for g in map(case_grade, kout["cases"]) if g is not None)
+            kout["summary"] = summarize(kout["cases"])
+            kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(kout["cases"])]
+            judged = {m for c in kout["cases"] for m in c.get("modes") or ([c["mode"]] if "mode" in c else ())} | (
+                {"dense"} if any("modes" not in c and "mode" not in c for c in kout["cases"]) else set())
+            kout["modes"] = {"judged": [m for m in modes if m in judged],
+                             "not_accepted": [m for m in modes if m != "dense" and m not in kout["accepted_modes"]]}
+        return ValidationReport(cases=cases, dtypes=list(dtypes), seed=seed, only=list(only) if only else None,
+                                mesh=format_mesh(mesh) if mesh is not None else None, environment=env or environment(),
+                                n_cases=len(case_list), seconds=time.perf_counter() - t0,
+                                passed=not interrupted and all(k["passed"] for k in kernels_out),
+                                interrupted=interrupted,
+                                outcome=outcome(kernels_out, interrupted),
+                                grade=worst_grade(k["grade"] for k in kernels_out), kernels=kernels_out,
+                                modes=list(modes))
+
+    current = {}
+
+    def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
+        if reason == "timeout":
+            msg = f"timed out after {case_timeout:g} s (--case-timeout); the run stops here"
+            current["kout"]["cases"].append({**current["case"].describe(), "passed": False, "outcome": "error",
+                                             "grade": FAIL, "verdicts": [], "error": msg, "seconds": case_timeout,
+                                             "diagnosis": [{"kind": "timeout", "text": msg, "token": None}]})
+        report = finish(interrupted=reason != "timeout")
+        if on_stop is not None:
+            on_stop(report, reason)
+        exit_now({"timeout": EXIT["fail"], "interrupt": EXIT["interrupted"], "terminate": TERMINATED}[reason])
+
     interrupted = False
-    dump_ok = True  # after a failed write, the dump is not tried again (one message)
     try:
-        for case in case_list:
-            for (spec, fn), kout in zip(built, kernels_out):
-                if bar is not None:
-                    bar.set_postfix_str(f"{spec.label()} {case.name}")
-                if not takes_part(case, kout["accepted_modes"]):
-                    kout["not_accepted_cases"].append(case.name)
-                    if bar is not None:
-                        bar.update(1)
-                    continue
-                res = run_case(fn, case, mesh, capture=dump is not None)
-                arrays = res.pop("arrays", None)
-                res.setdefault("grade", case_grade(res))
-                res.setdefault("diagnosis", [{"kind": res["outcome"], "text": res["error"], "token": None}]
-                               if res["error"] else [])
-                kout["cases"].append({**case.describe(), **res})
-                if dump is not None and not res["passed"]:
-                    dump_ok = dump_ok and write_after_work("--dump", dump.root, functools.partial(
-                        dump.write, spec.label(), spec.spec, case, kout["cases"][-1], arrays))
-                del arrays
-                if bar is not None:
-                    bar.update(1)
-            case.release()
+        with Watchdog(case_timeout, stop) as dog:
+            for case in case_list:
+                for (spec, fn), kout in zip(built, kernels_out):
+                    current.update(kout=kout, case=case)
+                    with dog.case(f"{spec.label()} {case.name}"):
+                        judge_one(spec, fn, kout, case)
+                case.release()
     except KeyboardInterrupt:  # Ctrl-C: report the cases finished so far, marked interrupted
         interrupted = True
     finally:
         if bar is not None:
             bar.close()
-    for kout in kernels_out:
-        kout["passed"] = not interrupted and all(c["passed"] for c in kout["cases"])
-        kout["n_cases"] = len(kout["cases"])
-        # n_failed: graded FAIL or the kernel raised (PRECISION and input errors are counted apart)
-        kout["n_failed"] = sum(case_grade(c) == FAIL for c in kout["cases"])
-        kout["n_input_errors"] = sum(c.get("outcome") == "input-error" for c in kout["cases"])
-        kout["n_precision"] = sum(case_grade(c) == PRECISION for c in kout["cases"])
-        kout["grade"] = worst_grade(g for g in map(case_grade, kout["cases"]) if g is not None)
-        kout["summary"] = summarize(kout["cases"])
-        kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(kout["cases"])]
-        judged = {m for c in kout["cases"] for m in c.get("modes") or ([c["mode"]] if "mode" in c else ())} | (
-            {"dense"} if any("modes" not in c and "mode" not in c for c in kout["cases"]) else set())
-        kout["modes"] = {"judged": [m for m in modes if m in judged],
-                         "not_accepted": [m for m in modes if m != "dense" and m not in kout["accepted_modes"]]}
-    return ValidationReport(cases=cases, dtypes=list(dtypes), seed=seed, only=list(only) if only else None,
-                            mesh=format_mesh(mesh) if mesh is not None else None, environment=env or environment(),
-                            n_cases=len(case_list), seconds=time.perf_counter() - t0,
-                            passed=not interrupted and all(k["passed"] for k in kernels_out), interrupted=interrupted,
-                            outcome=outcome(kernels_out, interrupted),
-                            grade=worst_grade(k["grade"] for k in kernels_out), kernels=kernels_out,
-                            modes=list(modes))
+    return finish(interrupted)
 
 
 def outcome(kernels_out, interrupted=False):
@@ -515,6 +544,9 @@ def add_parser(sub):
                                                  "tolerance per token of each failing result, reproduce.txt")
     v.add_argument("--max-failures", type=int, default=60, metavar="N",
                    help="cases not graded PASS printed, each with its diagnosis (default 60)")
+    v.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT, metavar="S",
+                   help=f"seconds one kernel call may take (default {CASE_TIMEOUT:g}; 0: no limit); past it the case "
+                        "is FAIL (timed out) and the run stops with what was finished, exit 1")
     v.add_argument("--strict", action="store_true",
                    help="fail (exit 1) on cases graded PRECISION too: over the working-precision tolerance but within "
                         "the precision-loss bound (default: a warning, exit 0)")
@@ -525,6 +557,8 @@ def run(args):
     """Validate, print the verdict table, write ``--json``; the exit status."""
     if args.max_failures < 0:
         raise UsageError(f"gdn2-oracle validate: error: --max-failures must be >= 0, got {args.max_failures}")
+    if not args.case_timeout >= 0:
+        raise UsageError(f"gdn2-oracle validate: error: --case-timeout must be >= 0, got {args.case_timeout}")
     out = cli_args.outputs(args, json="validate.json", plot="validate.png")
     if out["plot"] or args.dump:
         try:
@@ -534,12 +568,19 @@ def run(args):
                              f"({exc})") from None
     dumper = (dumping.Dumper(output_dir(args.dump, option="--dump"), case_set=args.cases, seed=args.seed)
               if args.dump else None)
+    def report_so_far(report, reason):  # the watchdog stopped a hung or slow kernel: what was finished
+        print(format_validation(report, max_failures=args.max_failures), flush=True)
+        if out["json"]:
+            write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json()))
+        why = (f"a kernel call passed --case-timeout {args.case_timeout:g} s" if reason == "timeout"
+               else "interrupted while a kernel did not return")
+        print(f"gdn2-oracle: {why}; the run stops with the cases finished before it", file=sys.stderr, flush=True)
+
     report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
                             only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
-                            modes=args.modes, dump=dumper)
+                            modes=args.modes, dump=dumper, case_timeout=args.case_timeout, on_stop=report_so_far)
     print(format_validation(report, max_failures=args.max_failures), flush=True)
-    if out["json"]:
-        write_json(out["json"], report.to_json())
+    if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
         print(f"report: {out['json']}", flush=True)
     if out["plot"] and report.kernels and write_after_work("--plot", out["plot"], lambda: dumping.plot_validation(
             report, out["plot"], preferred=MODE_RESULTS)):

@@ -179,3 +179,70 @@ def test_domain_maps_that_cannot_be_written_keep_the_printed_summary(cli, tmp_pa
     code, out, err = cli("domain", "--kernel", "pairwise[chunk_size=16]", "--out", tmp_path, "--no-progress")
     assert code == 0 and "domain: no FAIL" in out, out + err
     assert "could not write it" in err and "Traceback" not in err, err
+
+
+HANGING = '''
+import time
+from gdn2_oracle import kernels
+
+_base = kernels.get("pairwise", chunk_size=16)
+
+
+def hangs(*args, **kwargs):  # a JAX kernel that never returns (at trace time, in Python)
+    while True:
+        time.sleep(0.05)
+
+
+def torch_hangs(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False):
+    """A torch kernel that loops for good on non-zero input (the probe, on zeros, returns)."""
+    import torch
+
+    from gdn2_oracle.kernels.testing_torch import recurrent
+
+    if bool(torch.any(q != 0)):
+        while True:
+            sum(range(10000))
+    return recurrent(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state)
+'''
+
+
+def _validate_hanging(tmp_path, kernel, *extra):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "hanging_kernels.py").write_text(HANGING)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))},
+           "PYTHONPATH": str(tmp_path)}
+    return subprocess.Popen([sys.executable, "-m", "gdn2_oracle.ci.cli", "validate", "--kernel", "pairwise",
+                             "--kernel", kernel, "--cases", "golden", "--case", "len_1", "--case", "decay_moderate",
+                             "--dtype", "float32", "--no-progress", "--json", str(tmp_path / "v.json"), *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_hung_kernel_is_stopped_by_the_case_timeout_with_the_finished_cases_reported(tmp_path):
+    """Before: no time limit; a hung kernel held the run for good. Now --case-timeout: that case is FAIL
+    (timed out), the run stops with what was finished (JSON written), exit 1."""
+    proc = _validate_hanging(tmp_path, "hanging_kernels:hangs", "--case-timeout", "4")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    assert "timed out after 4 s" in out and "pairwise" in out and "--case-timeout 4 s" in err, out + err
+    report = json.loads((tmp_path / "v.json").read_text())
+    hung = report["kernels"][1]["cases"][-1]
+    assert hung["grade"] == "FAIL" and "timed out" in hung["error"]
+    assert report["kernels"][0]["cases"], "the finished cases of the other kernel are reported"
+
+
+def test_ctrl_c_stops_a_torch_kernel_hung_in_its_callback_with_the_partial_report(tmp_path):
+    """Before: a torch kernel looping in its host callback ignored SIGINT (only SIGKILL ended it). Now the
+    watchdog sees the signal the main thread cannot take, reports what was finished and exits 130."""
+    proc = _validate_hanging(tmp_path, "torch:hanging_kernels:torch_hangs[output_final_state=True]",
+                             "--case-timeout", "0")
+    time.sleep(25)  # past the first cases and into the hung callback
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert time.monotonic() - t0 < 30 and "interrupted while a kernel did not return" in err, err
+    assert json.loads((tmp_path / "v.json").read_text())["interrupted"] is True
