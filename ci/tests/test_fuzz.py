@@ -356,7 +356,8 @@ def test_fuzzed_recurrence_dtypes_run_or_raise_a_value_error_naming_dtype(dtype)
 OPTION_VALUES = st.one_of(st.integers(-5, 300),
                           st.sampled_from([None, True, False, 1.5, "xla", "auto", "tpu", "", [8], (64,), 10**30,
                                            float("nan")]), st.text(max_size=5))
-OPTION_NAMES = ("name", "options", "chunk_size", "split", "leaf", "interpret", "method")
+OPTION_NAMES = ("name", "options", "chunk_size", "split", "leaf", "interpret", "method", "state_dtype", "o_dtype",
+                "pad", "order", "layout", "device", "decay_base", "scale_arg", "state_arg")
 
 
 @fuzz_settings("get")
