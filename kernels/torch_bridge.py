@@ -4,6 +4,15 @@ A ``jax.custom_vjp`` around two ``jax.pure_callback``s: the forward runs the tor
 it again under autograd for all seven gradients. Arrays cross exactly; ``order``/``layout``/``decay_base`` and
 the keyword options map another signature onto the contract. The options, the probe and what is checked
 where: docs/DESIGN.md §2, "PyTorch kernels".
+
+FLA ``chunk_gdn2``'s training-call modes (docs/DESIGN.md §2, "Call modes (training)") pass through with FLA's
+keyword names (:data:`MODE_KEYWORDS`): ``cu_seqlens`` (host-readable ints, B == 1, handed to torch as a
+LongTensor on the device; states ``[N, H, K, V]``), ``use_qk_l2norm_in_kernel``, ``use_gate_in_kernel`` with
+``A_log [H]`` / ``dt_bias [H*K]`` (differentiated: their gradients come back from ``torch.autograd.grad``
+with the others) and ``lower_bound``, ``state_v_first`` (states ``[..., V, K]``), ``return_intermediate_states``
+(a third result; forward only, run under ``torch.inference_mode()`` as FLA requires). A kernel declares in its
+``__signature__`` only the mode keywords its torch function takes (a ``**kwargs`` takes them all), so
+``ci.running.modes.accepted_modes`` reads what the torch function accepts.
 """
 
 from __future__ import annotations
@@ -17,11 +26,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .contract import check_inputs
+from .contract import check_finite_values, check_inputs
 from .adapt import LAYOUTS, TENSORS, parse_order
+from .modes import _check_cu_seqlens, _check_gate, _check_state
 from .spec import resolve
 
-RESULT_NAMES = ("o", "final_state")
+RESULT_NAMES = ("o", "final_state", "intermediate_states")
+# FLA chunk_gdn2's training-call keywords and their defaults (the plain contract).
+MODE_KEYWORDS = {"cu_seqlens": None, "use_qk_l2norm_in_kernel": False, "use_gate_in_kernel": False, "A_log": None,
+                 "dt_bias": None, "lower_bound": None, "state_v_first": False, "return_intermediate_states": False}
+MODE_FLAGS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "state_v_first", "return_intermediate_states")
+PARAMS = ("A_log", "dt_bias")  # the differentiated gate parameters
 DECAY_BASES = ("e", 2)
 LOG2E = 1.0 / math.log(2.0)  # g / ln 2 = g * log2(e)
 MAPPING_OPTIONS = ("order", "scale_arg", "state_arg", "layout", "decay_base", "device")
@@ -95,17 +110,55 @@ def _refused_keywords(fn, keywords):
     return sorted(k for k in keywords if k not in names)
 
 
-def _nonzero_probe(zeros):
-    """Probe inputs with every value nonzero (q, k, v, b, w = 0.5, g = -0.1, h0 = 0.5) in the zeros' shapes."""
+def accepted_mode_keywords(fn, _depth=0):
+    """The keywords of :data:`MODE_KEYWORDS` torch function ``fn`` takes: those its signature names; with
+    ``**kwargs``, all of them (FLA's ``chunk_gdn2`` names most and takes ``A_log``/``dt_bias`` through
+    ``**kwargs``) -- except a pass-through wrapper (``**kwargs`` and no mode keyword named) around one function
+    (its ``__wrapped__``, else the one callable it closes over), which takes what that function takes (FLA's
+    peers wrap ``chunk_gdn2`` in a float32 check and the KDA kernels in a GDN-2 signature); none without a
+    signature."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    named = tuple(k for k in MODE_KEYWORDS if k in names)
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        return named
+    inner = _wrapped(fn)
+    if named or inner is None or _depth >= 8:
+        return tuple(MODE_KEYWORDS)
+    return accepted_mode_keywords(inner, _depth + 1)
+
+
+def _wrapped(fn):
+    """The one function a wrapper ``fn`` calls: its ``__wrapped__``, else the single callable (not a class) among
+    its closure's cells; None otherwise."""
+    inner = getattr(fn, "__wrapped__", None)
+    if callable(inner):
+        return inner
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    found = [c for c in cells if callable(c) and not isinstance(c, type)]
+    return found[0] if len(found) == 1 else None
+
+
+def _nonzero_probe(names, zeros):
+    """Probe inputs with every value nonzero (q, k, v, b, w = 0.5, g = -0.1, h0, A_log, dt_bias = 0.5) in the
+    zeros' shapes."""
     values = dict(zip(TENSORS, (0.5, 0.5, 0.5, -0.1, 0.5, 0.5)))
-    return [z.detach().clone().fill_(values.get(n, 0.5)).requires_grad_(True)
-            for n, z in zip([*TENSORS, "h0"], zeros)]
+    return [z.detach().clone().fill_(values.get(n, 0.5)).requires_grad_(z.requires_grad)
+            for n, z in zip(names, zeros)]
 
 
 class TorchKernel:
     """A torch callable ``fn`` behind the JAX contract of docs/DESIGN.md §2 (options: the module docstring)."""
 
-    def __init__(self, fn, *, name, options=None, note=None, modules=None):
+    def __init__(self, fn, *, name, options=None, note=None, modules=None, mode_keywords=None):
         if not callable(fn):
             raise ValueError(f"name: {name!r} is not callable ({type(fn).__name__})")
         options = dict(options or {})
@@ -131,6 +184,12 @@ class TorchKernel:
             raise ValueError(f"options: {name!r} does not accept the keyword(s) {refused} (its signature has no such "
                              "parameter and no **kwargs)")
         self.__name__ = name
+        # The mode keywords the torch function takes (``mode_keywords`` overrides what its signature says).
+        self.mode_keywords = accepted_mode_keywords(fn) if mode_keywords is None else tuple(mode_keywords)
+        bad = [m for m in self.mode_keywords if m not in MODE_KEYWORDS]
+        if bad:
+            raise ValueError(f"mode_keywords: {bad} not among FLA's mode keywords {list(MODE_KEYWORDS)}")
+        self.__signature__ = _signature(self.mode_keywords)
         self.modules = tuple(modules) if modules else _module_names(fn)
         torch = import_torch()
         mapping = ", ".join(f"{k}={v}" for k, v in self.mapping().items())
@@ -155,31 +214,85 @@ class TorchKernel:
 
     # --- the JAX side -----------------------------------------------------------------------
 
-    def __call__(self, q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False):
-        shape, scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
-                                    check_values=check_values)
+    def __call__(self, q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False, **modes):
+        unknown = sorted(set(modes) - set(self.mode_keywords))
+        if unknown:
+            raise TypeError(f"{self.__name__}: got unexpected keyword argument(s) {unknown} (its torch function "
+                            f"takes the mode keywords {list(self.mode_keywords) or 'none'})")
+        modes = {n: x for n, x in modes.items() if not _is_default(n, x)}
+        if not modes:
+            shape, scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
+                                        check_values=check_values)
+        else:
+            shape, scale, modes = self._check_modes(q, k, v, g, b, w, scale, initial_state, check_values, modes)
         if self.scale_arg is None and scale != float(shape.K) ** -0.5:
             raise ValueError(f"scale: the kernel takes no scale (scale_arg=None), so only the default "
                              f"K**-0.5 = {float(shape.K) ** -0.5} can be validated, got {scale}")
-        arrays = (q, k, v, g, b, w) + (() if initial_state is None else (initial_state,))
-        key = (tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in arrays), scale)
+        named = dict(zip(TENSORS, (q, k, v, g, b, w)))
+        if initial_state is not None:
+            named["h0"] = initial_state
+        for p in PARAMS:
+            if modes.get(p) is not None:
+                named[p] = modes.pop(p)
+        names, arrays = tuple(named), tuple(named.values())
+        static = tuple(sorted(modes.items()))
+        key = (names, tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in arrays), scale, static)
         if key not in self._calls:
-            self._calls[key] = self._build(arrays, scale)
+            self._calls[key] = self._build(names, arrays, scale, static)
         return self._calls[key](*arrays)
 
-    def _build(self, arrays, scale):
-        """The custom-VJP JAX function for one signature (shapes, dtypes, scale, with/without state)."""
-        has_state = len(arrays) == len(TENSORS) + 1
-        specs, single = self._probe(arrays, scale, has_state)
+    def _check_modes(self, q, k, v, g, b, w, scale, initial_state, check_values, modes):
+        """``(shape, scale, static modes)`` of a call with mode keywords (kernels/modes.py's checks): ValueError
+        on a bad one; ``cu_seqlens`` becomes a tuple of ints (it must be host-readable: it fixes N and the
+        results' shapes)."""
+        for name in MODE_FLAGS:
+            if name in modes and not isinstance(modes[name], (bool, np.bool_)):
+                raise ValueError(f"{name}: expected a bool, got {modes[name]!r}")
+            if name in modes:
+                modes[name] = bool(modes[name])
+        shape, scale = check_inputs(q, k, v, g, b, w, scale=scale)
+        B, T, H, K, V = shape
+        gate = modes.get("use_gate_in_kernel", False)
+        if gate and self.decay_base == 2:
+            raise ValueError("use_gate_in_kernel: the kernel takes base-2 log-decays (decay_base=2), but with the "
+                             "in-kernel gate g is a raw pre-activation, which has no base to convert")
+        lb = _check_gate(gate, modes.get("A_log"), modes.get("dt_bias"), modes.get("lower_bound"), H, K)
+        if lb is not None:
+            modes["lower_bound"] = lb
+        cu = modes.get("cu_seqlens")
+        if cu is not None:
+            if isinstance(cu, jax.core.Tracer):
+                raise ValueError("cu_seqlens: traced; a torch kernel needs its values on the host (they fix the "
+                                 "number of sequences and the results' shapes): pass it as a NumPy array")
+            cu = _check_cu_seqlens(np.asarray(cu), B, T, True)
+            modes["cu_seqlens"] = tuple(int(x) for x in cu)
+        N = B if cu is None else len(modes["cu_seqlens"]) - 1
+        v_first = modes.get("state_v_first", False)
+        _check_state(initial_state, (N, H) + ((V, K) if v_first else (K, V)), cu is not None, v_first)
+        if check_values:
+            named = dict(q=q, k=k, v=v, g=g, b=b, w=w)
+            if not gate:
+                check_finite_values(named, initial_state)
+            else:  # a raw gate may be positive: finiteness only
+                for name, x in dict(named, A_log=modes.get("A_log"), dt_bias=modes.get("dt_bias"),
+                                    initial_state=initial_state).items():
+                    if x is not None and not bool(jnp.all(jnp.isfinite(jnp.asarray(x, jnp.float32)))):
+                        raise ValueError(f"{name}: contains NaN or inf")
+        return shape, scale, modes
+
+    def _build(self, names, arrays, scale, static):
+        """The custom-VJP JAX function for one signature (names, shapes, dtypes, scale, mode keywords)."""
+        specs, single = self._probe(names, arrays, scale, static)
         out_avals = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
         in_avals = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in arrays)
         n_in = len(arrays)
+        forward_only = dict(static).get("return_intermediate_states", False)
 
         def host_forward(*xs):
-            return self.host_forward(xs, scale, has_state, specs)
+            return self.host_forward(names, xs, scale, static, specs)
 
         def host_backward(*xs):
-            return self.host_backward(xs[:n_in], xs[n_in:], scale, has_state)
+            return self.host_backward(names, xs[:n_in], xs[n_in:], scale, static)
 
         @jax.custom_vjp
         def call(*xs):
@@ -189,6 +302,9 @@ class TorchKernel:
             return call(*xs), xs
 
         def call_bwd(xs, cts):
+            if forward_only:
+                raise ValueError("return_intermediate_states: forward only (FLA returns the states at chunk starts "
+                                 "only under torch.inference_mode(), with no backward)")
             return tuple(jax.pure_callback(host_backward, in_avals, *xs, *cts, vmap_method="sequential"))
 
         call.defvjp(call_fwd, call_bwd)
@@ -198,16 +314,19 @@ class TorchKernel:
 
     # --- the torch side ---------------------------------------------------------------------
 
-    def invoke(self, ts, scale, has_state):
-        """Call the torch function on contract-layout tensors ``ts`` (q..w[, h0]) with the mapping applied."""
+    def invoke(self, names, ts, scale, static=()):
+        """Call the torch function on contract-layout tensors ``ts`` (named by ``names``: q..w[, h0][, A_log]
+        [, dt_bias]) with the mapping applied and the mode keywords ``static`` (``(name, value)`` pairs)."""
         torch = import_torch()
-        named = dict(zip(TENSORS, ts))
+        given = dict(zip(names, ts))
+        named = {n: given[n] for n in TENSORS}
         if self.decay_base == 2:
             named["g"] = (named["g"].double() * LOG2E).float()
         if self.layout == "bhtk":
             named = {n: x.transpose(1, 2).contiguous() for n, x in named.items()}
         kwargs = dict(self.kwargs)
-        named["s"], named["h"] = scale, ts[len(TENSORS)] if has_state else None  # positional with order=...sh
+        has_state = "h0" in given
+        named["s"], named["h"] = scale, given.get("h0")  # positional with order=...sh
         if self.scale_arg is not None and "s" not in self.order:
             kwargs[self.scale_arg] = scale
         if has_state and "h" not in self.order:
@@ -216,6 +335,12 @@ class TorchKernel:
             elif bool(torch.any(named["h"] != 0)):
                 raise ValueError("initial_state: the kernel takes no initial state (state_arg=None), "
                                  "but this case has a nonzero one")
+        for name, value in static:
+            kwargs[name] = (torch.tensor(value, dtype=torch.long, device=self.device) if name == "cu_seqlens"
+                            else value)
+        for name in PARAMS:
+            if name in given:
+                kwargs[name] = given[name]
         return self.results(self.fn(*(named[n] for n in self.order), **kwargs))
 
     def results(self, out):
@@ -254,19 +379,22 @@ class TorchKernel:
                     f"returned {name} without an autograd graph: it is not differentiable through torch "
                     f"autograd (computed under no_grad, detached, or by an op without a backward)")
 
-    def _probe(self, arrays, scale, has_state):
+    def _probe(self, names, arrays, scale, static):
         """Run the kernel once on zeros of the call's shapes and dtypes: ``([(shape, dtype)], single)``."""
         torch = import_torch()
-        zeros = [to_torch(np.zeros(x.shape, jnp.dtype(x.dtype)), self.device).requires_grad_(True) for x in arrays]
-        with torch.enable_grad():
+        forward_only = dict(static).get("return_intermediate_states", False)
+        zeros = [to_torch(np.zeros(x.shape, jnp.dtype(x.dtype)), self.device).requires_grad_(not forward_only)
+                 for x in arrays]
+        with _grad_mode(torch, forward_only):
             try:
-                results, single = self.invoke(zeros, scale, has_state)
+                results, single = self.invoke(names, zeros, scale, static)
             except (TorchContractError, ValueError):
                 raise
             except Exception:  # noqa: BLE001 - a kernel that refuses all-zero inputs: probe on nonzero ones
-                results, single = self.invoke(_nonzero_probe(zeros), scale, has_state)
+                results, single = self.invoke(names, _nonzero_probe(names, zeros), scale, static)
                 self.notes.append("refuses all-zero inputs (its shapes were learned on a nonzero probe)")
-        self.differentiable(results)
+        if not forward_only:
+            self.differentiable(results)
         specs = []
         for i, r in enumerate(results):
             dt = numpy_dtype(r.dtype)
@@ -284,25 +412,47 @@ class TorchKernel:
             raise TorchContractError(f"returned results {got} on this call but {list(specs)} on zeros of the "
                                      f"same shapes (the results' shapes must not depend on the values)")
 
-    def host_forward(self, xs, scale, has_state, specs):
-        """The forward callback: NumPy inputs -> torch -> NumPy results."""
+    def host_forward(self, names, xs, scale, static, specs):
+        """The forward callback: NumPy inputs -> torch -> NumPy results (under ``torch.inference_mode()`` with
+        ``return_intermediate_states``, as FLA requires; else ``torch.no_grad()``)."""
         torch = import_torch()
         ts = [to_torch(x, self.device) for x in xs]
-        with torch.no_grad():
-            results, _ = self.invoke(ts, scale, has_state)
+        forward_only = dict(static).get("return_intermediate_states", False)
+        with (torch.inference_mode() if forward_only else torch.no_grad()):
+            results, _ = self.invoke(names, ts, scale, static)
         self._same_as_probe(results, specs)
         return tuple(to_numpy(r) for r in results)
 
-    def host_backward(self, xs, cts, scale, has_state):
-        """The backward callback: re-run the forward with autograd, pull the cotangents back to every input."""
+    def host_backward(self, names, xs, cts, scale, static):
+        """The backward callback: re-run the forward with autograd, pull the cotangents back to every input
+        (the gate parameters ``A_log``/``dt_bias`` too, when the call has them)."""
         torch = import_torch()
         leaves = [to_torch(x, self.device).requires_grad_(True) for x in xs]
         with torch.enable_grad():
-            results, _ = self.invoke(leaves, scale, has_state)
+            results, _ = self.invoke(names, leaves, scale, static)
         self.differentiable(results)
         grads = torch.autograd.grad(results, leaves, grad_outputs=[to_torch(c, self.device) for c in cts],
                                     allow_unused=True)
         return tuple(to_numpy(torch.zeros_like(x) if d is None else d) for x, d in zip(leaves, grads))
+
+
+def _grad_mode(torch, forward_only):
+    """The probe's autograd mode: inference mode for a forward-only call, else autograd on."""
+    return torch.inference_mode() if forward_only else torch.enable_grad()
+
+
+def _is_default(name, value):
+    """Whether mode keyword ``name`` has its default value (a call with only defaults is the plain contract)."""
+    default = MODE_KEYWORDS[name]
+    return value is None if default is None else (isinstance(value, (bool, np.bool_)) and bool(value) == default)
+
+
+def _signature(mode_keywords):
+    """``TorchKernel.__call__``'s signature with ``mode_keywords`` as keyword-only parameters (no ``**modes``)."""
+    params = [p for p in inspect.signature(TorchKernel.__call__).parameters.values()
+              if p.name != "self" and p.kind is not p.VAR_KEYWORD]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=MODE_KEYWORDS[n]) for n in mode_keywords]
+    return inspect.Signature(params)
 
 
 def _module_names(fn):

@@ -32,7 +32,7 @@ from ..grading.grades import FAIL, PASS, PRECISION, grade_rank
 from ..grading.references import reference_results
 from ..running import harness
 from . import args as cli_args
-from .output import EXIT, output_dir, progress, say_interrupted, table, write_after_work, write_json
+from .output import EXIT, UsageError, output_dir, progress, say_interrupted, table, write_after_work, write_json
 from .provenance import environment
 
 SCHEMA = "gdn2-oracle/domain/2"  # 2: + interrupted
@@ -539,6 +539,8 @@ def run(args):
     """Sweep, write the heat maps, JSON and summary, print the summary; the exit status."""
     [spec] = cli_args.specs(args.kernel)
     fn = cli_args.build(spec)
+    if args.out is not None and not args.out.strip():
+        raise UsageError("gdn2-oracle domain: error: --out: expected a directory, got an empty path")
     out = output_dir(args.out or "domain-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", spec.label()), option="--out")
     report = run_domain(fn, GRIDS[args.grid], kernel=spec.spec, seed=args.seed, show_progress=not args.no_progress)
     print(format_domain(report), flush=True)
