@@ -181,18 +181,19 @@ def single_token_steps(dtype="float32", seed=0):
                    regime={"seed": seed}, purpose="single-token steps, slots permuted, no padding (FLA's domain)")
 
 
-LARGE = 2.0 ** 17  # a power of two: the scaled values stay exact in float32 and bfloat16
+LARGE = 2.0 ** 17  # a power of two: the scaled values stay exact in every input dtype
 
 
 def large_outputs(dtype="float32", seed=0):
-    """Three decode steps on values scaled by 2^17 (v and the pool): outputs reach ~8e4, beyond float16's 65504, so
-    an fp16 output buffer beside a float32 state overflows while float32 and bfloat16 outputs do not."""
+    """Three decode steps with queries scaled by 2^17: outputs ``o = scale S^T q`` reach ~1e5, beyond float16's
+    65504, while the state (q does not enter it) and the pool stay O(1), exact in every pool dtype; so an fp16
+    output buffer beside a float32 state overflows while float32 and bfloat16 outputs do not."""
     calls = []
     for j in range(3):
         xs = tokens(2, 1, dtype, seed + 30 + j)
-        xs[2] = xs[2] * LARGE  # v
+        xs[0] = xs[0] * LARGE  # q
         calls.append(_call(xs, [0, 1]))
-    pool = pool_values(2, H, K, V, seed + 31) * LARGE
+    pool = pool_values(2, H, K, V, seed + 31)
     return Session(f"serving_large_outputs{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
                    regime={"seed": seed}, purpose="outputs beyond float16's range (an fp16 output buffer overflows)")
 
