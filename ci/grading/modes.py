@@ -40,7 +40,7 @@ from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe
 from . import diagnose
 from .grades import FAIL, PRECISION, Verdict
 from .tolerance import (ABS_FLOOR, AGREE_FRACTION, BF16_ULP, FLOOR, MULTIPLE, PER_TOKEN, Report, agreement_bound,
-                        dtype_name, metrics, rms, token_profile)
+                        dtype_name, metrics, recurrence_verdict, rms, token_profile)
 
 # Every mode name a run may select: ``dense`` (the plain contract) and the training-call modes.
 ALL_MODES = ("dense",) + MODES
@@ -178,15 +178,9 @@ def compare(names, got, ref, base, *, dtype="float32", env=None, cum=None, diagn
         s_rms, s_max, on_env = scales_of(name)
         err_ratio, max_err = metrics(got[name], ref[name], s_rms, s_max)
         base_ratio, base_max = _baseline_metrics(name, base, ref, scales_of)
-        by_rule = MULTIPLE[dtype] * base_ratio, MULTIPLE[dtype] * base_max
-        tol_ratio, tol_max = max(by_rule[0], FLOOR[dtype]), max(by_rule[1], FLOOR[dtype])
-        rule = "recurrence" if by_rule[0] >= FLOOR[dtype] else "floor"
         note = "; ".join(x for x in ("judged on envelope" if on_env else "",
                                      f"{INHERITS[name]}'s baseline" if name in INHERITS else "") if x)
-        if not np.isfinite(err_ratio):
-            rule, note = "non-finite", "NaN or inf in result"
-        passed = bool(err_ratio <= tol_ratio and max_err <= tol_max)
-        judged.append((Verdict(name, err_ratio, max_err, tol_ratio, tol_max, rule, passed, note),
+        judged.append((recurrence_verdict(name, err_ratio, max_err, base_ratio, base_max, dtype, note),
                        (s_rms, s_max), (base_ratio, base_max)))
     over = [v.name for v, _, _ in judged if not v.passed and np.isfinite(v.err_ratio)]
     if over and callable(cum):

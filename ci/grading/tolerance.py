@@ -156,6 +156,17 @@ def _bound(e_rec, e_cum, dtype):
     return max(MULTIPLE[dtype] * e, FLOOR[dtype])
 
 
+def recurrence_verdict(name, err_ratio, max_err, base_ratio, base_max, dtype, note=""):
+    """One result's verdict under ``tol = max(MULTIPLE x e_rec, FLOOR)`` on rms and max (docs/DESIGN.md §4)."""
+    by_rule = MULTIPLE[dtype] * base_ratio, MULTIPLE[dtype] * base_max
+    tol_ratio, tol_max = max(by_rule[0], FLOOR[dtype]), max(by_rule[1], FLOOR[dtype])
+    rule = "recurrence" if by_rule[0] >= FLOOR[dtype] else "floor"
+    if not np.isfinite(err_ratio):
+        rule, note = "non-finite", "NaN or inf in result"
+    passed = bool(err_ratio <= tol_ratio and max_err <= tol_max)
+    return Verdict(name, err_ratio, max_err, tol_ratio, tol_max, rule, passed, note)
+
+
 def dtype_name(x):
     """"bfloat16" for a bfloat16 array (jax/ml_dtypes), else "float32"."""
     return "bfloat16" if "bfloat16" in str(getattr(x, "dtype", "")) else "float32"
@@ -181,14 +192,8 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
         s_rms, s_max = scales(name, problem, ref)
         err_ratio, max_err = metrics(got[name], ref[name], s_rms, s_max)
         base_ratio, base_max = metrics(base[name], ref[name], s_rms, s_max)
-        by_rule = MULTIPLE[dtype] * base_ratio, MULTIPLE[dtype] * base_max
-        tol_ratio, tol_max = max(by_rule[0], FLOOR[dtype]), max(by_rule[1], FLOOR[dtype])
-        rule = "recurrence" if by_rule[0] >= FLOOR[dtype] else "floor"
         note = "judged on envelope" if s_rms > max(rms(ref[name]), ABS_FLOOR) else ""
-        if not np.isfinite(err_ratio):
-            rule, note = "non-finite", "NaN or inf in result"
-        passed = bool(err_ratio <= tol_ratio and max_err <= tol_max)
-        judged.append((Verdict(name, err_ratio, max_err, tol_ratio, tol_max, rule, passed, note),
+        judged.append((recurrence_verdict(name, err_ratio, max_err, base_ratio, base_max, dtype, note),
                        (s_rms, s_max), (base_ratio, base_max)))
     over = [v.name for v, _, _ in judged if not v.passed and np.isfinite(v.err_ratio)]
     if over and cum is None:
