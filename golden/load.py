@@ -15,6 +15,21 @@ Arrays (all float64):
 * error estimates: ``err_<result>`` for each result, a 0-d array holding the largest per-element
   estimate ``max |x_prec - x_2prec|`` of that result (absolute; see ``oracle.mp``). The manifest
   also records the largest relative estimate, ``max err / max |result|`` over the results.
+
+Mode goldens (training calls, ``golden/mode_catalogue.py``) use the same byte rules with their own member
+list, :data:`MODE_ARRAY_ORDER` (a member is present only when the call has it):
+
+* inputs: ``q k v g b w`` (``g`` the raw gate pre-activation when the call has the in-kernel gate; ``q, k``
+  the raw rows when it has the L2 norm), ``scale`` (0-d), ``cu_seqlens`` ``[N+1]`` when packed (integers
+  stored as float64, exact), ``A_log`` ``[H]``, ``dt_bias`` ``[H*K]``, ``lower_bound`` (0-d) when the gate has
+  them, ``initial_state`` ``[N,H,K,V]`` (``[N,H,V,K]`` with ``state_v_first``) when the call has one;
+* cotangents: ``do``, ``dfinal_state`` (the call's state layout);
+* results: ``o, final_state, dq, dk, dv, dg, db, dw, dh0`` and, when present, ``intermediate_states``
+  ``[B,NT,H,K,V]`` (at the recipe's ``intermediate_chunk_size``), ``dA_log``, ``ddt_bias``;
+* error estimates: ``err_<result>`` for each result present.
+
+The flags a file does not hold (``qk_l2norm``, ``state_v_first``, ``intermediate_chunk_size``, whether the
+gate is in the kernel) come from the recipe, which the manifest entry's ``recipe_sha256`` pins.
 """
 
 from __future__ import annotations
@@ -29,8 +44,10 @@ from pathlib import Path
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle import RESULTS
-from . import catalogue
+from gdn2_oracle.oracle import GRADS, RESULTS
+from gdn2_oracle.oracle.call import Call
+from gdn2_oracle.oracle.modes import MODE_GRADS
+from . import catalogue, mode_catalogue
 
 ROOT = Path(__file__).resolve().parent
 DATA_DIR = ROOT / "data"
@@ -43,6 +60,18 @@ ARRAY_ORDER = INPUT_ARRAYS + COTANGENT_ARRAYS + RESULTS + ERROR_ARRAYS
 OPTIONAL_ARRAYS = ("initial_state",)
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 
+# Mode goldens: the call's inputs (those it has), cotangents, results (the extra ones when present), estimates.
+MODE_OPTIONAL_INPUTS = ("cu_seqlens", "A_log", "dt_bias", "lower_bound", "initial_state")
+MODE_INPUT_ARRAYS = oracle.INPUTS + ("scale",) + MODE_OPTIONAL_INPUTS
+MODE_EXTRA_RESULTS = ("intermediate_states",) + tuple(n for n in MODE_GRADS if n not in GRADS)
+MODE_RESULT_ARRAYS = RESULTS + MODE_EXTRA_RESULTS
+MODE_ERROR_ARRAYS = tuple(f"err_{r}" for r in MODE_RESULT_ARRAYS)
+MODE_ARRAY_ORDER = MODE_INPUT_ARRAYS + COTANGENT_ARRAYS + MODE_RESULT_ARRAYS + MODE_ERROR_ARRAYS
+MODE_OPTIONAL_ARRAYS = MODE_OPTIONAL_INPUTS + MODE_EXTRA_RESULTS + tuple(f"err_{r}" for r in MODE_EXTRA_RESULTS)
+
+# The manifest's sections: dense cases, mode cases.
+SECTION, MODE_SECTION = "cases", "mode_cases"
+
 
 class GoldenError(ValueError):
     """A golden file is missing, truncated, altered, stale or unreadable."""
@@ -52,17 +81,21 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def encode(arrays: Mapping[str, np.ndarray]) -> bytes:
-    """The canonical bytes of a golden file holding ``arrays`` (names from :data:`ARRAY_ORDER`)."""
-    unknown = set(arrays) - set(ARRAY_ORDER)
+def encode(arrays: Mapping[str, np.ndarray], order=ARRAY_ORDER, optional=OPTIONAL_ARRAYS) -> bytes:
+    """The canonical bytes of a golden file holding ``arrays`` (names from ``order``, default the dense
+    :data:`ARRAY_ORDER`; a mode golden's: :data:`MODE_ARRAY_ORDER` with :data:`MODE_OPTIONAL_ARRAYS`)."""
+    unknown = set(arrays) - set(order)
     if unknown:
         raise ValueError(f"arrays: unknown names {sorted(unknown)}")
-    missing = [n for n in ARRAY_ORDER if n not in arrays and n not in OPTIONAL_ARRAYS]
+    missing = [n for n in order if n not in arrays and n not in optional]
     if missing:
         raise ValueError(f"arrays: missing {missing}")
+    unpaired = [n for n in order if f"err_{n}" in order and (n in arrays) != (f"err_{n}" in arrays)]
+    if unpaired:
+        raise ValueError(f"arrays: a result and its error estimate go together; unpaired: {unpaired}")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED, allowZip64=False) as zf:
-        for name in ARRAY_ORDER:
+        for name in order:
             if name not in arrays:
                 continue
             a = np.array(arrays[name], dtype="<f8", order="C")  # keeps 0-d arrays 0-d
@@ -105,10 +138,11 @@ def read_manifest(path=None) -> dict:
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise GoldenError(f"golden manifest {path} is corrupt ({type(exc).__name__}: {exc}); "
                           f"{manifest_recovery()}") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("cases", {}), dict) or not all(
-            isinstance(e, dict) for e in manifest.get("cases", {}).values()):
-        raise GoldenError(f"golden manifest {path} is corrupt (not an object with a 'cases' object of entries); "
-                          f"{manifest_recovery()}")
+    if not isinstance(manifest, dict) or not all(
+            isinstance(manifest.get(s, {}), dict) and all(isinstance(e, dict) for e in manifest.get(s, {}).values())
+            for s in (SECTION, MODE_SECTION)):
+        raise GoldenError(f"golden manifest {path} is corrupt (not an object with a 'cases' object of entries "
+                          f"and, optionally, a 'mode_cases' one); {manifest_recovery()}")
     return manifest
 
 
@@ -117,8 +151,13 @@ def names() -> list[str]:
     return catalogue.names()
 
 
-class Golden(Mapping):
-    """One loaded golden: a read-only mapping ``array name -> np.ndarray`` plus helpers."""
+def mode_names() -> list[str]:
+    """The mode golden cases (training calls), in catalogue order."""
+    return mode_catalogue.names()
+
+
+class _Stored(Mapping):
+    """A loaded golden file: a read-only mapping ``array name -> np.ndarray``."""
 
     def __init__(self, name, case, arrays, entry):
         self.name, self.case, self.entry = name, case, entry
@@ -136,7 +175,7 @@ class Golden(Mapping):
         return len(self._arrays)
 
     def __repr__(self):
-        return f"Golden({self.name!r}, shape={self.shape}, precision={self.precision!r})"
+        return f"{type(self).__name__}({self.name!r}, shape={self.shape}, precision={self.precision!r})"
 
     @property
     def shape(self):
@@ -149,14 +188,18 @@ class Golden(Mapping):
         """Input precision of the recipe (``float32`` or ``bfloat16``): what to feed a kernel."""
         return self.case.recipe.precision
 
+    def cotangents(self):
+        """``(do, dfinal_state)``."""
+        return self["do"], self["dfinal_state"]
+
+
+class Golden(_Stored):
+    """One loaded golden: a read-only mapping ``array name -> np.ndarray`` plus helpers."""
+
     def problem(self) -> oracle.Problem:
         """The exact ``oracle.Problem`` the golden was computed from."""
         return oracle.Problem(*(self[n] for n in oracle.INPUTS), scale=float(self["scale"]),
                               initial_state=self._arrays.get("initial_state"))
-
-    def cotangents(self):
-        """``(do, dfinal_state)``."""
-        return self["do"], self["dfinal_state"]
 
     def reference(self) -> dict[str, np.ndarray]:
         """The exact results by name: ``o, final_state, dq, dk, dv, dg, db, dw, dh0``."""
@@ -167,6 +210,36 @@ class Golden(Mapping):
         return {n: float(self[f"err_{n}"]) for n in RESULTS}
 
 
+class ModeGolden(_Stored):
+    """One loaded mode golden (a training call): the arrays of :data:`MODE_ARRAY_ORDER` it has, plus helpers."""
+
+    @property
+    def modes(self):
+        """The training-call modes of the case (``oracle.mode_recipes.MODES`` order)."""
+        return self.case.modes
+
+    def call(self) -> Call:
+        """The exact ``oracle.Call`` the golden was computed from (flags from the recipe)."""
+        r = self.case.recipe
+        get = self._arrays.get
+        cu = get("cu_seqlens")
+        lower_bound = get("lower_bound")
+        return Call(*(self[n] for n in oracle.INPUTS), scale=float(self["scale"]), initial_state=get("initial_state"),
+                    cu_seqlens=None if cu is None else cu.astype(np.int64), gate_in_kernel=r.gate is not None,
+                    A_log=get("A_log"), dt_bias=get("dt_bias"),
+                    lower_bound=None if lower_bound is None else float(lower_bound), qk_l2norm=r.qk_l2norm,
+                    state_v_first=r.state_v_first, intermediate_chunk_size=r.intermediate_chunk_size)
+
+    def reference(self) -> dict[str, np.ndarray]:
+        """The exact results by name: the nine of ``oracle.RESULTS`` and those of :data:`MODE_EXTRA_RESULTS`
+        the call has."""
+        return {n: self[n] for n in MODE_RESULT_ARRAYS if n in self}
+
+    def errors(self) -> dict[str, float]:
+        """Largest absolute error estimate of each result."""
+        return {n: float(self[f"err_{n}"]) for n in MODE_RESULT_ARRAYS if n in self}
+
+
 def load(name: str, *, data_dir=None, manifest=None) -> Golden:
     """Load case ``name`` after checking its sha256 against the manifest.
 
@@ -175,9 +248,22 @@ def load(name: str, *, data_dir=None, manifest=None) -> Golden:
     truncated, altered or stale file: :class:`GoldenError` naming the case and both hashes.
     """
     case = catalogue.get(name)
+    return Golden(name, case, *_verified(name, case, SECTION, data_dir, manifest))
+
+
+def load_mode(name: str, *, data_dir=None, manifest=None) -> ModeGolden:
+    """Load mode case ``name`` (``golden/mode_catalogue.py``) after checking it against the manifest's
+    ``mode_cases`` section, with the checks and messages of :func:`load`."""
+    case = mode_catalogue.get(name)
+    return ModeGolden(name, case, *_verified(name, case, MODE_SECTION, data_dir, manifest))
+
+
+def _verified(name, case, section, data_dir, manifest):
+    """``(arrays, manifest entry)`` of case ``name`` from manifest ``section``, after the recipe checksum and the
+    file's sha256 are checked (:class:`GoldenError` naming the case, both hashes and the recovery)."""
     if not isinstance(manifest, Mapping):
         manifest = read_manifest(manifest)
-    entry = manifest.get("cases", {}).get(name)
+    entry = manifest.get(section, {}).get(name)
     if entry is None:
         raise GoldenError(f"golden case {name!r}: not in the manifest "
                           f"(run `gdn2-oracle golden regenerate --case {name}`)")
@@ -204,7 +290,7 @@ def load(name: str, *, data_dir=None, manifest=None) -> Golden:
     except Exception as exc:
         raise GoldenError(f"golden case {name!r}: cannot read {path}: {type(exc).__name__}: {exc}; "
                           f"{file_recovery(name)}") from exc
-    return Golden(name, case, arrays, entry)
+    return arrays, entry
 
 
 def problem(name: str, **kw) -> oracle.Problem:

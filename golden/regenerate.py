@@ -1,4 +1,6 @@
-"""Regenerate (or check) the golden corpus from the mpmath oracle.
+"""Regenerate (or check) the golden corpus from the mpmath oracle: the dense cases (``golden/catalogue.py``,
+manifest section ``cases``) and the training-call mode cases (``golden/mode_catalogue.py``, section
+``mode_cases``), one command for both; ``--case NAME`` takes a name of either.
 
     gdn2-oracle golden regenerate [--case NAME ...] [--jobs N] [--check] [--force] [--root DIR]
 
@@ -36,22 +38,61 @@ import mpmath
 import numpy as np
 
 from gdn2_oracle.oracle import GRADS, INPUTS, RESULTS, mp
-from . import catalogue
+from gdn2_oracle.oracle.modes import mp_forward_and_vjp_modes
+from . import catalogue, mode_catalogue
 from .catalogue import GENERATOR_VERSION, PRECISION_BITS
 from .processes import default_jobs, exit_status, terminate_as_interrupt, terminate_workers
-from .load import GoldenError, decode, encode, read_manifest, sha256
+from .load import (MODE_ARRAY_ORDER, MODE_OPTIONAL_ARRAYS, MODE_RESULT_ARRAYS, MODE_SECTION, SECTION, GoldenError,
+                   decode, encode, read_manifest, sha256)
 from .progress import Progress
 
 PROG = "gdn2-oracle golden regenerate"
 
 FORMAT = ("zip (stored) of .npy v1.0 float64 members in fixed order, dated 1980-01-01; "
           "err_<result> = max per-element |x_prec - x_2prec| (absolute); see golden/load.py")
+MODE_FORMAT = ("as format, members in the order of golden/load.py MODE_ARRAY_ORDER, only those the call has "
+               "(cu_seqlens, gate parameters, initial_state, intermediate_states, dA_log, ddt_bias)")
+
+
+# --- the two catalogues -----------------------------------------------------------------------
+
+def all_names() -> list[str]:
+    """Every case: the dense catalogue's, then the mode catalogue's."""
+    return catalogue.names() + mode_catalogue.names()
+
+
+def get_case(name):
+    """The dense (``catalogue.Case``) or mode (``mode_catalogue.ModeGoldenCase``) case called ``name``."""
+    for cat in (catalogue, mode_catalogue):
+        try:
+            return cat.get(name)
+        except ValueError:
+            pass
+    raise ValueError(f"golden: unknown case {name!r} ({len(catalogue.CASES)} cases and {len(mode_catalogue.CASES)} "
+                     f"mode cases; see `gdn2-oracle golden list`)")
+
+
+def is_mode(case) -> bool:
+    """Whether ``case`` is a mode case (a training call)."""
+    return isinstance(case, mode_catalogue.ModeGoldenCase)
+
+
+def section(case) -> str:
+    """The manifest section holding ``case``'s entry."""
+    return MODE_SECTION if is_mode(case) else SECTION
+
+
+def generator_version(case) -> str:
+    """The generator version of ``case``'s catalogue."""
+    return mode_catalogue.GENERATOR_VERSION if is_mode(case) else GENERATOR_VERSION
 
 
 # --- computing one case ---------------------------------------------------------------------
 
-def compute(case: catalogue.Case) -> tuple[bytes, dict]:
-    """``(file bytes, manifest entry)`` of one case, from the mpmath oracle at PRECISION_BITS."""
+def compute(case) -> tuple[bytes, dict]:
+    """``(file bytes, manifest entry)`` of one case (dense or mode), from the mpmath oracle at PRECISION_BITS."""
+    if is_mode(case):
+        return compute_mode(case)
     p, do, dfs = case.build()
     fwd, grads = mp.forward_and_vjp(p, do, dfs, prec=PRECISION_BITS)
     arrays = {n: getattr(p, n) for n in INPUTS}
@@ -61,42 +102,71 @@ def compute(case: catalogue.Case) -> tuple[bytes, dict]:
     arrays.update(do=do, dfinal_state=dfs, o=fwd.o, final_state=fwd.final_state)
     arrays.update({n: getattr(grads, n) for n in GRADS})
     errors = {**fwd.errors, **grads.errors}
+    data = encode(_with_estimates(arrays, errors, RESULTS))
+    return data, _entry(case, data, arrays, errors, RESULTS)
+
+
+def compute_mode(case: mode_catalogue.ModeGoldenCase) -> tuple[bytes, dict]:
+    """``(file bytes, manifest entry)`` of one mode case, from ``oracle.modes.mp_forward_and_vjp_modes`` at
+    PRECISION_BITS (the states at chunk starts at the recipe's ``intermediate_chunk_size``)."""
+    call, do, dfs = case.build()
+    fwd, grads = mp_forward_and_vjp_modes(call, do, dfs, prec=PRECISION_BITS)
+    arrays = {n: getattr(call, n) for n in INPUTS}
+    arrays["scale"] = np.float64(call.scale)
+    if call.cu_seqlens is not None:
+        arrays["cu_seqlens"] = call.cu_seqlens
+    for n in ("A_log", "dt_bias", "lower_bound", "initial_state"):
+        if getattr(call, n) is not None:
+            arrays[n] = np.asarray(getattr(call, n), np.float64)
+    arrays.update(do=do, dfinal_state=dfs)
+    results = {**fwd._asdict(), **grads._asdict()}
+    present = tuple(n for n in MODE_RESULT_ARRAYS if results[n] is not None)
+    arrays.update({n: results[n] for n in present})
+    errors = {**fwd.errors, **grads.errors}
+    data = encode(_with_estimates(arrays, errors, present), MODE_ARRAY_ORDER, MODE_OPTIONAL_ARRAYS)
+    return data, _entry(case, data, arrays, errors, present)
+
+
+def _with_estimates(arrays, errors, results):
+    """``arrays`` plus ``err_<result>``: the largest per-element estimate of each result (0-d)."""
+    return {**arrays, **{f"err_{n}": np.float64(float(np.max(errors[n], initial=0.0))) for n in results}}
+
+
+def _entry(case, data, arrays, errors, results) -> dict:
+    """The manifest entry of a case's file: hashes, recipe, versions and the largest error estimates."""
     max_abs, max_rel, worst = 0.0, 0.0, None
-    for n in RESULTS:
-        err = float(np.max(errors[n]))
-        arrays[f"err_{n}"] = np.float64(err)
-        ref = float(np.max(np.abs(arrays[n])))
+    for n in results:
+        err = float(np.max(errors[n], initial=0.0))
+        ref = float(np.max(np.abs(arrays[n]), initial=0.0))
         rel = err / ref if ref > 0 else (0.0 if err == 0 else float("inf"))
         max_abs = max(max_abs, err)
         if worst is None or rel > max_rel:
             max_rel, worst = rel, n
-    data = encode(arrays)
-    entry = {
+    return {
         "sha256": sha256(data),
         "bytes": len(data),
         "recipe": case.fields(),
         "recipe_sha256": case.checksum(),
         "description": case.purpose,
-        "generator_version": GENERATOR_VERSION,
+        "generator_version": generator_version(case),
         "precision_bits": PRECISION_BITS,
         "mpmath_version": mpmath.__version__,
         "max_error_abs": max_abs,
         "max_error_rel": max_rel,
         "max_error_rel_array": worst,
     }
-    return data, entry
 
 
 def _work(name: str):
     """Process-pool worker: compute a case by name; returns ``(name, bytes, entry, seconds)``."""
     t0 = time.perf_counter()
-    data, entry = compute(catalogue.get(name))
+    data, entry = compute(get_case(name))
     return name, data, entry, time.perf_counter() - t0
 
 
 def _run_all(names, jobs, desc):
     """Yield ``_work`` results for ``names`` (largest first), in ``jobs`` processes, with progress."""
-    order = sorted(names, key=lambda n: -catalogue.get(n).cost())
+    order = sorted(names, key=lambda n: -get_case(n).cost())
     if not order:
         return
     bar = Progress(len(order), desc, unit="case")
@@ -156,6 +226,11 @@ def manifest_text(manifest: dict) -> str:
 
 def _write_manifest(path: Path, manifest: dict):
     manifest["format"] = FORMAT
+    if manifest.get(MODE_SECTION):
+        manifest["mode_format"] = MODE_FORMAT
+    else:  # a corpus without mode cases keeps the dense-only manifest
+        manifest.pop(MODE_SECTION, None)
+        manifest.pop("mode_format", None)
     _write_atomic(path, manifest_text(manifest).encode("utf-8"))
 
 
@@ -183,7 +258,7 @@ def _read_or_fresh(path: Path, fresh: bool) -> dict:
     except GoldenError:
         if not fresh:
             raise
-        return {"cases": {}}
+        return {SECTION: {}}
 
 
 def update_manifest(path: Path, change, *, fresh_if_corrupt=False) -> dict:
@@ -191,7 +266,8 @@ def update_manifest(path: Path, change, *, fresh_if_corrupt=False) -> dict:
     atomic write inside it, so concurrent regenerations never lose an entry); returns the manifest."""
     with _locked(path.parent):
         manifest = _read_or_fresh(path, fresh_if_corrupt)
-        manifest.setdefault("cases", {})
+        manifest.setdefault(SECTION, {})
+        manifest.setdefault(MODE_SECTION, {})
         change(manifest)
         _write_manifest(path, manifest)
     return manifest
@@ -200,7 +276,7 @@ def update_manifest(path: Path, change, *, fresh_if_corrupt=False) -> dict:
 def _up_to_date(case, entry, path: Path) -> bool:
     if not entry or not path.exists():
         return False
-    if (entry.get("recipe_sha256") != case.checksum() or entry.get("generator_version") != GENERATOR_VERSION
+    if (entry.get("recipe_sha256") != case.checksum() or entry.get("generator_version") != generator_version(case)
             or entry.get("precision_bits") != PRECISION_BITS):
         return False
     return sha256(path.read_bytes()) == entry.get("sha256")
@@ -222,18 +298,20 @@ def regenerate(names, *, root: Path, jobs=1, force=False, prune=False, out=None)
     todo, fresh = [], {}
 
     def plan(manifest):
-        cases = manifest["cases"]
         for n in names:
-            case = catalogue.get(n)
+            case = get_case(n)
+            cases = manifest[section(case)]
             if force or not _up_to_date(case, cases.get(n), data_dir / f"{n}.npz"):
                 todo.append(n)
             else:
                 cases[n]["description"] = case.purpose
         if prune:
-            keep = set(catalogue.names())
-            for n in sorted(set(cases) - keep):
-                del cases[n]
-                print(f"removed manifest entry of {n!r} (no longer in the catalogue)", file=out)
+            keep = set(all_names())
+            for sec, cat in ((SECTION, catalogue), (MODE_SECTION, mode_catalogue)):
+                cases = manifest[sec]
+                for n in sorted(set(cases) - set(cat.names())):
+                    del cases[n]
+                    print(f"removed manifest entry of {n!r} (no longer in the catalogue)", file=out)
             if data_dir.exists():
                 for f in sorted(data_dir.glob("*.npz")):
                     if f.stem not in keep:
@@ -247,7 +325,7 @@ def regenerate(names, *, root: Path, jobs=1, force=False, prune=False, out=None)
         for name, data, entry, _ in _run_all(todo, jobs, "regenerate"):
             def add(m, name=name, data=data, entry=entry):
                 _write_atomic(data_dir / f"{name}.npz", data)
-                m["cases"][name] = entry
+                m[section(get_case(name))][name] = entry
 
             # after every case: an interrupted run keeps its work
             manifest = update_manifest(manifest_path, add, fresh_if_corrupt=force)
@@ -256,20 +334,22 @@ def regenerate(names, *, root: Path, jobs=1, force=False, prune=False, out=None)
         print(f"{PROG}: interrupted; {len(fresh)} of {len(todo)} case(s) were finished and written "
               f"(files and manifest entries): {', '.join(fresh) or 'none'}", file=sys.stderr)
         return exit_status(exc)
-    cases = manifest["cases"]
-    total = sum(e.get("bytes", 0) for e in cases.values())
+    entries = [e for sec in (SECTION, MODE_SECTION) for e in manifest.get(sec, {}).values()]
+    total = sum(e.get("bytes", 0) for e in entries)
+    n_modes = len(manifest.get(MODE_SECTION, {}))
     print(f"golden: {len(todo)} regenerated, {skipped} up to date, {time.perf_counter() - t0:.1f}s; "
-          f"corpus {len(cases)} cases, {total / 1e6:.2f} MB", file=out)
+          f"corpus {len(entries) - n_modes} cases{f' + {n_modes} mode cases' if n_modes else ''}, "
+          f"{total / 1e6:.2f} MB", file=out)
     return 0
 
 
 def check(names, *, root: Path, jobs=1, full=False, out=None) -> int:
     out = out or sys.stdout
     data_dir, manifest_path = root / "data", root / "MANIFEST.json"
-    cases = read_manifest(manifest_path).get("cases", {})
+    manifest = read_manifest(manifest_path)
     problems = []
     try:
-        return _check(names, cases, problems, data_dir=data_dir, jobs=jobs, full=full, out=out)
+        return _check(names, manifest, problems, data_dir=data_dir, jobs=jobs, full=full, out=out)
     except KeyboardInterrupt as exc:
         for p in problems:
             print(f"DIFFERENCE {p}", file=out)
@@ -278,15 +358,18 @@ def check(names, *, root: Path, jobs=1, full=False, out=None) -> int:
         return exit_status(exc)
 
 
-def _check(names, cases, problems, *, data_dir, jobs, full, out):
+def _check(names, manifest, problems, *, data_dir, jobs, full, out):
     if full:
-        keep = set(catalogue.names())
-        problems += [f"{n}: in the manifest but not in the catalogue" for n in sorted(set(cases) - keep)]
+        for sec, cat in ((SECTION, catalogue), (MODE_SECTION, mode_catalogue)):
+            problems += [f"{n}: in the manifest but not in the catalogue"
+                         for n in sorted(set(manifest.get(sec, {})) - set(cat.names()))]
+        keep = set(all_names())
         if data_dir.exists():
             problems += [f"{f.stem}: file {f} is not in the catalogue" for f in sorted(data_dir.glob("*.npz"))
                          if f.stem not in keep]
     for name, data, entry, _ in _run_all(names, jobs, "check"):
-        problems += _compare(name, data, entry, cases.get(name), data_dir / f"{name}.npz")
+        stored = manifest.get(section(get_case(name)), {}).get(name)
+        problems += _compare(name, data, entry, stored, data_dir / f"{name}.npz")
     for p in problems:
         print(f"DIFFERENCE {p}", file=out)
     print(f"golden check: {len(names)} cases recomputed, "
@@ -354,15 +437,19 @@ def main(argv=None, prog=PROG) -> int:
             r = c.recipe
             print(f"{c.name:28s} {str(r.shape):22s} {r.decay:9s} {r.gates:11s} {r.precision:9s} "
                   f"{r.reduction or '':4s} {c.purpose}")
+        for c in mode_catalogue.CASES:  # training calls: their modes in place of the reduction
+            r = c.recipe
+            print(f"{c.name:28s} {str(r.shape):22s} {r.decay:9s} {r.gates:11s} {r.precision:9s} "
+                  f"modes {','.join(c.modes)}: {c.purpose}")
         return 0
     if args.jobs < 1:
         print(f"{ap.format_usage()}{prog}: error: --jobs: expected a positive integer, got {args.jobs}",
               file=sys.stderr)
         return 2
-    names = args.case or catalogue.names()
+    names = args.case or all_names()
     try:
         for n in names:
-            catalogue.get(n)
+            get_case(n)
     except ValueError as exc:
         print(f"{ap.format_usage()}{prog}: error: --case: {exc}", file=sys.stderr)
         return 2
