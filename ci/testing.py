@@ -33,9 +33,10 @@ def cli(capsys):
 
 def pytest_run(cwd, *args, timeout=600, env=None):
     """``(exit code, stdout + stderr)`` of ``pytest ARGS`` run from ``cwd`` in a fresh interpreter, without
-    this session's ``PYTEST_*`` and ``GDN2_*`` environment (as a kernel author runs it from their repository),
-    plus ``env``."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))}, **(env or {})}
+    this session's ``PYTEST_*`` and ``GDN2_*`` environment (as a kernel author runs it from their repository) but
+    its ``GDN2_REFERENCE_CACHE`` (where a cache may be written), plus ``env``."""
+    env = {**{k: v for k, v in os.environ.items()
+              if not k.startswith(("PYTEST_", "GDN2_")) or k == "GDN2_REFERENCE_CACHE"}, **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr

@@ -22,7 +22,10 @@ what acts on them::
 * ``--gdn2-modes LIST`` (or env ``GDN2_MODES``): the training-call modes whose properties run
   (``varlen,gate,l2norm,state_v_first,intermediate``; default every mode the kernel under test accepts,
   i.e. whose keywords its signature has). A mode test a kernel does not accept, or a mode not listed, is
-  deselected for that kernel (docs/modes.md).
+  deselected for that kernel (docs/modes.md);
+* ``--gdn2-no-reference-cache`` (or env ``GDN2_REFERENCE_CACHE=0``): the references and baselines of cases built
+  from a recipe are neither read from nor stored in the reference cache (``ci/grading/reference_cache.py``; by
+  default ``$GDN2_REFERENCE_CACHE``, else ``~/.cache/gdn2-oracle/references``).
 """
 
 from __future__ import annotations
@@ -105,10 +108,15 @@ def strict(config):
     return bool(config.getoption("gdn2_strict", default=False))
 
 
+def no_reference_cache(config):
+    """Whether --gdn2-no-reference-cache was given."""
+    return bool(config.getoption("gdn2_no_reference_cache", default=False))
+
+
 def _asked(config):
     return bool(kernel_names(config) or config.getoption("gdn2_profile", default=None)
                 or config.getoption("gdn2_xfails", default=None) or strict(config) or mesh_spec(config)
-                or config.getoption("gdn2_modes", default=None))
+                or config.getoption("gdn2_modes", default=None) or no_reference_cache(config))
 
 
 def pytest_addoption(parser):
@@ -133,6 +141,9 @@ def pytest_addoption(parser):
     group.addoption("--gdn2-strict", action="store_true", default=False,
                     help="fail on results graded PRECISION (over the working-precision tolerance but within the "
                          "precision-loss bound); default: pass with a PrecisionLossWarning")
+    group.addoption("--gdn2-no-reference-cache", action="store_true", default=False,
+                    help="neither read nor write the references and baselines cached by recipe (default: env "
+                         "GDN2_REFERENCE_CACHE, a directory or 0 for none, else ~/.cache/gdn2-oracle/references)")
 
 
 # The entries of --gdn2-xfails, read (and checked) when pytest starts.
@@ -177,6 +188,17 @@ def pytest_configure(config):
     for name in kernel_names(config):  # a malformed list or a missing module: a usage error before collection
         _check_importable(name)
     _check_modes(config)
+    if no_reference_cache(config):  # NumPy only: the cache module imports no JAX
+        from gdn2_oracle.ci.grading import reference_cache
+
+        reference_cache.set_enabled(False)
+
+
+def pytest_unconfigure(config):
+    if no_reference_cache(config):  # an in-process pytest run leaves the cache as it found it
+        from gdn2_oracle.ci.grading import reference_cache
+
+        reference_cache.set_enabled(True)
 
 
 def pytest_report_header(config):
@@ -186,5 +208,6 @@ def pytest_report_header(config):
         return (f"gdn2: hypothesis profile {profile_name(config)!r}; kernels {', '.join(names)}"
                 + ("; strict grades (PRECISION fails)" if strict(config) else "")
                 + (f"; mesh {mesh_spec(config)}" if mesh_spec(config) else "")
-                + (f"; modes {','.join(modes_option(config))}" if modes_option(config) else ""))
+                + (f"; modes {','.join(modes_option(config))}" if modes_option(config) else "")
+                + ("; reference cache off" if no_reference_cache(config) else ""))
     return None

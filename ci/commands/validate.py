@@ -36,6 +36,7 @@ from ..grading import modes as mode_grading
 from ..grading.case import Case
 from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import FAIL, PASS, PRECISION, Verdict, worst_grade
+from ..grading import reference_cache
 from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
 from ..running.watchdog import Watchdog, exit_now
@@ -317,6 +318,7 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
                    for spec, fn in built]
     bar = progress(total=len(built) * len(case_list), desc="validate", unit="case") if show_progress else None
     t0 = time.perf_counter()
+    cache_before = reference_cache.snapshot()  # the report counts what this run read from the reference cache
     state = {"dump_ok": True}  # after a failed dump write, the dump is not tried again (one message)
 
     def judge_one(spec, fn, kout, case):
@@ -353,7 +355,9 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
             kout["modes"] = {"judged": [m for m in modes if m in judged],
                              "not_accepted": [m for m in modes if m != "dense" and m not in kout["accepted_modes"]]}
         return ValidationReport(cases=cases, dtypes=list(dtypes), seed=seed, only=list(only) if only else None,
-                                mesh=format_mesh(mesh) if mesh is not None else None, environment=env or environment(),
+                                mesh=format_mesh(mesh) if mesh is not None else None,
+                                environment={**(env or environment()),
+                                             "reference_cache": reference_cache.provenance(cache_before)},
                                 n_cases=len(case_list), seconds=time.perf_counter() - t0,
                                 passed=not interrupted and all(k["passed"] for k in kernels_out),
                                 interrupted=interrupted,
@@ -550,6 +554,9 @@ def add_parser(sub):
     v.add_argument("--strict", action="store_true",
                    help="fail (exit 1) on cases graded PRECISION too: over the working-precision tolerance but within "
                         "the precision-loss bound (default: a warning, exit 0)")
+    v.add_argument("--no-reference-cache", action="store_true",
+                   help="neither read nor write the references and baselines cached by recipe (default: read them "
+                        "from, and store them in, $GDN2_REFERENCE_CACHE or ~/.cache/gdn2-oracle/references)")
     cli_args.add_run_options(v)
 
 
@@ -576,9 +583,10 @@ def run(args):
                else "interrupted while a kernel did not return")
         print(f"gdn2-oracle: {why}; the run stops with the cases finished before it", file=sys.stderr, flush=True)
 
-    report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
-                            only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
-                            modes=args.modes, dump=dumper, case_timeout=args.case_timeout, on_stop=report_so_far)
+    with reference_cache.bypassed(args.no_reference_cache):
+        report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
+                                only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
+                                modes=args.modes, dump=dumper, case_timeout=args.case_timeout, on_stop=report_so_far)
     print(format_validation(report, max_failures=args.max_failures), flush=True)
     if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
         print(f"report: {out['json']}", flush=True)

@@ -3,25 +3,30 @@
 Every consumer of a judgement -- ``validate``, ``bench``, ``domain``, ``hunt`` and the conformance suite --
 builds a :class:`Case` and calls :meth:`Case.judge` on a kernel's results; the reference (float64 oracle,
 or a golden's mpmath results) and the working-precision baselines of docs/DESIGN.md §4 are computed lazily,
-once per case (per result dtypes), and shared by every kernel judged on it.
+once per case (per result dtypes), and shared by every kernel judged on it. A case built from a recipe or a golden
+file has a ``key`` and reads them from the reference cache (``reference_cache``) when an earlier run stored them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from gdn2_oracle.oracle import RESULTS, Recipe
 
-from . import references
+from . import reference_cache, references
 from .tolerance import Report, baseline, compare, cumulative_baseline, dtype_name
 
 
 @dataclass(eq=False)
 class Case:
     """One problem in one dtype. ``build()`` returns ``((problem, do, dfinal_state), reference or None)``;
-    ``reference_fn(problem, do, dfinal_state)`` computes the reference when the build gives none."""
+    ``reference_fn(problem, do, dfinal_state)`` computes the float64 oracle's reference when the build gives none
+    (in whatever processes, bit for bit ``references.reference_results``). ``key`` (a JSON-ready dict; None: not
+    cached) names what determines the data exactly -- the recipe, the golden file's sha256 -- and is known once the
+    data are built: the reference and baselines are then cached by it (``reference_cache``)."""
 
     name: str
     source: str  # "golden" | "generated"
@@ -31,6 +36,7 @@ class Case:
     regime: dict = field(default_factory=dict)
     reference_fn: Callable = references.reference_results
     seconds: float = 0.0  # spent on the reference and baselines
+    key: dict | None = None
     _data: tuple | None = None
     _ref: dict | None = None
     _base: dict = field(default_factory=dict)
@@ -47,7 +53,7 @@ class Case:
         regime = regime if regime is not None else {"decay": recipe.decay, "gates": recipe.gates,
                                                     "initial_state": recipe.initial_state, "seed": recipe.seed}
         return cls(name, "generated", recipe.precision, recipe.shape, lambda: (recipe.build(), None), regime,
-                   reference_fn)
+                   reference_fn, key={"dense_recipe": dataclasses.asdict(recipe)})
 
     @classmethod
     def golden(cls, name):
@@ -56,13 +62,15 @@ class Case:
 
         def build():
             g = golden.load(name)
+            case.key = {"golden_sha256": g.entry["sha256"]}  # the file's bytes, checked by load
             return (g.problem(), *g.cotangents()), g.reference()
 
         c = golden.catalogue.get(name)
         r = c.recipe
         regime = {"decay": r.decay, "gates": r.gates, "qk": r.qk, "initial_state": r.initial_state,
                   "reduction": r.reduction, "purpose": c.purpose}
-        return cls(name, "golden", r.precision, r.shape, build, regime)
+        case = cls(name, "golden", r.precision, r.shape, build, regime)
+        return case
 
     def _timed(self, fn, *args):
         t0 = time.perf_counter()
@@ -70,6 +78,13 @@ class Case:
             return fn(*args)
         finally:
             self.seconds += time.perf_counter() - t0
+
+    def _cached(self, what, compute):
+        """``compute()`` (named arrays) for this case's value ``what``, timed; through the reference cache when
+        the case has a key (call after :meth:`data`: a golden's key is its file's)."""
+        if self.key is None:
+            return self._timed(compute)
+        return self._timed(reference_cache.cached, {**self.key, **what}, compute)
 
     def data(self):
         """``(problem, do, dfinal_state)``."""
@@ -82,21 +97,25 @@ class Case:
         if self._ref is None:
             data = self.data()
             if self._ref is None:
-                self._ref = self._timed(self.reference_fn, *data)
+                self._ref = self._cached({"value": "reference"}, lambda: self.reference_fn(*data))
         return self._ref
 
     def baseline(self, result_dtypes):
         """The float32 recurrence baseline (``tolerance.baseline``) for these result dtypes, cached."""
         key = tuple(result_dtypes[n] for n in RESULTS)
         if key not in self._base:
-            self._base[key] = self._timed(baseline, *self.data(), result_dtypes)
+            data = self.data()
+            self._base[key] = self._cached({"value": "baseline", "result_dtypes": list(key)},
+                                           lambda: baseline(*data, result_dtypes))
         return self._base[key]
 
     def cum_baseline(self, result_dtypes):
         """The cumulative-sum-exponent chunked baseline (``tolerance.cumulative_baseline``), cached."""
         key = tuple(result_dtypes[n] for n in RESULTS)
         if key not in self._cum:
-            self._cum[key] = self._timed(cumulative_baseline, *self.data(), result_dtypes)
+            data = self.data()
+            self._cum[key] = self._cached({"value": "cumulative_baseline", "result_dtypes": list(key)},
+                                          lambda: cumulative_baseline(*data, result_dtypes))
         return self._cum[key]
 
     def judge(self, got) -> Report:

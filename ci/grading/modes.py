@@ -37,7 +37,7 @@ from gdn2_oracle.oracle.call import Call
 from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
 from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe
 
-from . import diagnose
+from . import diagnose, reference_cache
 from .grades import FAIL, PRECISION, Verdict
 from .tolerance import (ABS_FLOOR, AGREE_FRACTION, BF16_ULP, FLOOR, MULTIPLE, PER_TOKEN, Report, agreement_bound,
                         dtype_name, metrics, recurrence_verdict, rms, token_profile)
@@ -247,7 +247,8 @@ class ModeCase:
     """One training call in one input dtype; ``build()`` returns ``(call, do, dfinal_state)``.
 
     Reference, baselines and envelopes are computed lazily, once per case (baselines per result dtypes;
-    the states at chunk starts once per chunk size) and shared by every kernel judged on it.
+    the states at chunk starts once per chunk size) and shared by every kernel judged on it; a case with a ``key``
+    (its recipe) caches them on disk by it (``reference_cache``).
     """
 
     name: str
@@ -258,6 +259,7 @@ class ModeCase:
     modes: tuple
     regime: dict = field(default_factory=dict)
     seconds: float = 0.0
+    key: dict | None = None  # what determines the data (the recipe), the reference cache's key; None: not cached
     _data: tuple | None = None
     _ref: dict | None = None
     _env: dict | None = None
@@ -277,7 +279,8 @@ class ModeCase:
         regime = {"lengths": list(recipe.lengths), "packed": recipe.packed, "decay": recipe.decay,
                   "gates": recipe.gates, "gate": recipe.gate, "lower_bound": recipe.lower_bound,
                   "initial_state": recipe.initial_state, "seed": recipe.seed, "modes": list(recipe.modes)}
-        return cls(name, "generated", recipe.precision, recipe.shape, recipe.build, recipe.modes, regime)
+        return cls(name, "generated", recipe.precision, recipe.shape, recipe.build, recipe.modes, regime,
+                   key={"mode_recipe": recipe.fields()})
 
     @classmethod
     def named(cls, name, *, seed=0):
@@ -291,6 +294,13 @@ class ModeCase:
             return fn(*args, **kw)
         finally:
             self.seconds += time.perf_counter() - t0
+
+    def _cached(self, what, compute):
+        """``compute()`` (named arrays) for this case's value ``what``, timed; through the reference cache when
+        the case has a key."""
+        if self.key is None:
+            return self._timed(compute)
+        return self._timed(reference_cache.cached, {**self.key, **what}, compute)
 
     def data(self):
         """``(call, do, dfinal_state)``."""
@@ -320,11 +330,21 @@ class ModeCase:
         (default: the call's ``intermediate_chunk_size``, FLA's 64)."""
         if self._ref is None:
             call, do, dfs = self.data()
-            inner = {}
-            fwd, grads = self._timed(modes.forward_and_vjp_modes, self._without_intermediate(), do, dfs, inner=inner)
-            self._ref = named(fwd, grads, [n for n in self.names() if n != "intermediate_states"])
-            self._env = self._timed(envelopes, call, inner)
+            names = [n for n in self.names() if n != "intermediate_states"]
+            self._ref, self._env = self._float64(call, do, dfs, names)
         return self._with_states(self._ref, chunk_size, "reference")
+
+    def _float64(self, call, do, dfs, names):
+        """``(results over names, envelopes)`` of the float64 pipeline (one cached entry: ``ref/N``, ``env/N``)."""
+        def compute():
+            inner = {}  # the float64 core view: the envelopes' terms
+            fwd, grads = modes.forward_and_vjp_modes(self._without_intermediate(), do, dfs, inner=inner)
+            return {**{f"ref/{n}": a for n, a in named(fwd, grads, names).items()},
+                    **{f"env/{n}": a for n, a in envelopes(call, inner).items()}}
+
+        both = self._cached({"value": "reference"}, compute)
+        return ({n[4:]: a for n, a in both.items() if n.startswith("ref/")},
+                {n[4:]: a for n, a in both.items() if n.startswith("env/")})
 
     def envelopes(self):
         """Envelopes by name (:func:`envelopes`)."""
@@ -336,10 +356,10 @@ class ModeCase:
         pipeline and by the two float32 baselines (cached per C)."""
         if C not in self._chunks:
             call = dataclasses.replace(self.call, intermediate_chunk_size=int(C))
-            self._chunks[C] = {
-                "reference": self._timed(modes.forward_modes, call).intermediate_states,
-                "recurrence": self._timed(modes.forward_modes, call, np.float32).intermediate_states,
-                "chunked32": self._timed(modes.forward_modes, call, np.float32, core="chunked32").intermediate_states}
+            self._chunks[C] = self._cached({"value": "chunk_states", "chunk_size": int(C)}, lambda: {
+                "reference": modes.forward_modes(call).intermediate_states,
+                "recurrence": modes.forward_modes(call, np.float32).intermediate_states,
+                "chunked32": modes.forward_modes(call, np.float32, core="chunked32").intermediate_states})
         return self._chunks[C]
 
     def _with_states(self, results, chunk_size, which, result_dtypes=None):
@@ -356,9 +376,12 @@ class ModeCase:
         key = tuple(result_dtypes.get(n, "float32") for n in names)
         if key not in cache:
             _, do, dfs = self.data()
-            fwd, grads = self._timed(modes.forward_and_vjp_modes, self._without_intermediate(), do, dfs, np.float32,
-                                     core=core)
-            cache[key] = _rounded(named(fwd, grads, [n for n in names if n != "intermediate_states"]), result_dtypes)
+
+            def compute():
+                fwd, grads = modes.forward_and_vjp_modes(self._without_intermediate(), do, dfs, np.float32, core=core)
+                return _rounded(named(fwd, grads, [n for n in names if n != "intermediate_states"]), result_dtypes)
+
+            cache[key] = self._cached({"value": core, "result_dtypes": list(key)}, compute)
         return self._with_states(cache[key], chunk_size, core, result_dtypes)
 
     def baseline(self, result_dtypes, chunk_size=None):
