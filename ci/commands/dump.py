@@ -41,7 +41,7 @@ def _npz_array(x):
 def reproducer(case, spec, *, case_set=None, seed=0):
     """The one-line shell command that runs kernel ``spec`` (a spec string) on ``case`` and prints its verdicts.
 
-    A golden case: ``Case.golden(name)``; a generated dense case: its :class:`oracle.Recipe` (``case.recipe``,
+    A dense golden case: ``Case.golden(name)``; a generated dense case: its :class:`oracle.Recipe` (``case.recipe``,
     set by ``validate``), like ``property_tests.strategies.repro``; any other (a training-call or serving case):
     the ``gdn2-oracle validate`` run of that one case through ``ci.cli.main``.
     """
@@ -49,7 +49,7 @@ def reproducer(case, spec, *, case_set=None, seed=0):
             "from gdn2_oracle.ci.grading.case import Case; from gdn2_oracle.ci.running.harness import kernel_results; ")
     tail = (f"fn = KernelSpec.parse({spec!r}).build(); "
             f"print(c.judge(kernel_results(fn, *c.data(), dtype={case.dtype!r})).format())\"")
-    if getattr(case, "source", None) == "golden":
+    if getattr(case, "source", None) == "golden" and not hasattr(case, "modes"):  # a mode golden: validate's run
         return head + f"c = Case.golden({case.name!r}); " + tail
     recipe = getattr(case, "recipe", None)
     if recipe is not None and hasattr(recipe, "call"):

@@ -4,7 +4,9 @@ A :class:`ModeCase` is one :class:`oracle.Call` (packed sequences, in-kernel gat
 ``[V, K]`` states, states at chunk starts) with its cotangents, judged like the dense call:
 
 * reference: ``oracle.modes.forward_and_vjp_modes`` in float64 (the states at chunk starts from a forward
-  at the kernel's chunk size);
+  at the kernel's chunk size); for a mode golden (``golden/mode_catalogue.py``, :meth:`ModeCase.golden`) the
+  golden's 256-bit results rounded to float64, as a dense golden's (its states at chunk starts where the kernel's
+  chunk size is the golden's, else the float64 forward at the kernel's);
 * ``e_rec``: the same pipeline in float32 on the values the kernel saw, each result rounded to the dtype the
   kernel returned it in;
 * ``e_cum`` (precision-loss bound): the pipeline with every sequence run by the float32 cumulative-sum
@@ -260,12 +262,14 @@ class ModeCase:
     regime: dict = field(default_factory=dict)
     seconds: float = 0.0
     key: dict | None = None  # what determines the data (the recipe), the reference cache's key; None: not cached
+    exact: Callable | None = None  # () -> a golden's stored results by name; None: the float64 oracle's
     _data: tuple | None = None
     _ref: dict | None = None
     _env: dict | None = None
     _base: dict = field(default_factory=dict)
     _cum: dict = field(default_factory=dict)
     _chunks: dict = field(default_factory=dict)
+    _exact_states: np.ndarray | None = None
 
     @classmethod
     def of(cls, call: Call, do, dfinal_state, *, dtype="float32", name="mode-case"):
@@ -281,6 +285,24 @@ class ModeCase:
                   "initial_state": recipe.initial_state, "seed": recipe.seed, "modes": list(recipe.modes)}
         return cls(name, "generated", recipe.precision, recipe.shape, recipe.build, recipe.modes, regime,
                    key={"mode_recipe": recipe.fields()})
+
+    @classmethod
+    def golden(cls, name):
+        """The mode golden ``name`` (``golden/mode_catalogue.py``; loaded and hash-checked when first used), in its
+        own precision; its reference is the golden's stored results (:attr:`exact`)."""
+        from gdn2_oracle import golden  # the corpus is read only by cases that use it
+
+        c = golden.mode_catalogue.get(name)
+
+        def build():
+            g = golden.load_mode(name)
+            return (g.call(), *g.cotangents())
+
+        case = cls.from_recipe(name, c.recipe)
+        case.source, case.build, case.exact = "golden", build, lambda: golden.load_mode(name).reference()
+        case.key = None  # the data are the golden file's: not cached by the recipe
+        case.regime["purpose"] = c.purpose
+        return case
 
     @classmethod
     def named(cls, name, *, seed=0):
@@ -331,7 +353,11 @@ class ModeCase:
         if self._ref is None:
             call, do, dfs = self.data()
             names = [n for n in self.names() if n != "intermediate_states"]
-            self._ref, self._env = self._float64(call, do, dfs, names)
+            self._ref, self._env = self._float64(call, do, dfs, names)  # the envelopes: a golden's too
+            if self.exact is not None:
+                stored = self.exact()
+                self._ref = {n: np.asarray(stored[n], np.float64) for n in names}
+                self._exact_states = stored.get("intermediate_states")
         return self._with_states(self._ref, chunk_size, "reference")
 
     def _float64(self, call, do, dfs, names):
@@ -366,6 +392,8 @@ class ModeCase:
         C = self._chunk(chunk_size)
         if C is None:
             return results
+        if which == "reference" and self._exact_states is not None and C == self.call.intermediate_chunk_size:
+            return {**results, "intermediate_states": np.asarray(self._exact_states, np.float64)}
         states = self.chunk_states(C)[which]
         if result_dtypes is not None:
             states = round_to(states, result_dtypes.get("intermediate_states", "float32"))
@@ -420,7 +448,7 @@ class ModeCase:
 
     def release(self):
         """Drop the cached arrays."""
-        self._data = self._ref = self._env = None
+        self._data = self._ref = self._env = self._exact_states = None
         self._base, self._cum, self._chunks = {}, {}, {}
 
     def describe(self):
@@ -429,14 +457,24 @@ class ModeCase:
                 "modes": list(self.modes), **({"regime": self.regime} if self.regime else {})}
 
 
+# The case sets that hold the mode goldens (as the dense goldens, every set but ``quick``'s two cheap calls).
+GOLDEN_SETS = ("golden", "full")
+
+
 def cases(kind="quick", dtypes=DTYPES, *, seed=0, modes_selected=MODES):
-    """The mode cases of a case set (``quick``: :data:`oracle.mode_recipes.QUICK`; ``full``: every recipe;
-    ``golden``: none), restricted to ``dtypes`` and to recipes whose modes are all in ``modes_selected``."""
-    if kind == "golden":
-        return []
+    """The mode cases of a case set (``quick``: :data:`oracle.mode_recipes.QUICK`; ``full``: every recipe and the
+    mode goldens; ``golden``: the mode goldens, ``golden/mode_catalogue.py``), restricted to ``dtypes`` and to
+    recipes whose modes are all in ``modes_selected``. ``seed`` shifts the generated recipes, not the goldens."""
     out = []
-    for name in mode_recipes.names(kind):
-        r = mode_recipes.get(name)
-        if r.precision in dtypes and set(r.modes) <= set(modes_selected):
+
+    def wanted(r):
+        return r.precision in dtypes and set(r.modes) <= set(modes_selected)
+
+    for name in mode_recipes.names(kind) if kind != "golden" else ():
+        if wanted(mode_recipes.get(name)):
             out.append(ModeCase.named(name, seed=seed))
+    if kind in GOLDEN_SETS:
+        from gdn2_oracle import golden  # the corpus is read only when a set has it
+
+        out += [ModeCase.golden(n) for n in golden.mode_names() if wanted(golden.mode_catalogue.get(n).recipe)]
     return out

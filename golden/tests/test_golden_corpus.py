@@ -34,8 +34,10 @@ def test_manifest_lists_exactly_the_files_and_the_catalogue():
     files = sorted(p.stem for p in DATA_DIR.glob("*.npz"))
     others = sorted(p.name for p in DATA_DIR.iterdir() if p.suffix != ".npz")
     assert not others, f"unexpected files in {DATA_DIR}: {others}"
-    assert sorted(MANIFEST_DATA["cases"]) == files, "manifest vs golden/data/*.npz"
-    assert sorted(NAMES) == files, "catalogue vs golden/data/*.npz"
+    mode_names = golden.mode_names()  # the mode goldens share the folder (golden/tests/test_mode_goldens.py)
+    assert sorted([*MANIFEST_DATA["cases"], *MANIFEST_DATA.get("mode_cases", {})]) == files, \
+        "manifest vs golden/data/*.npz"
+    assert sorted(NAMES + mode_names) == files, "catalogues vs golden/data/*.npz"
     for name in NAMES:
         entry, case = MANIFEST_DATA["cases"][name], catalogue.get(name)
         assert entry["recipe"] == case.fields(), name
@@ -51,7 +53,7 @@ def test_manifest_is_deterministic_json():
 
 
 def test_corpus_is_commit_sized():
-    total = sum((DATA_DIR / f"{n}.npz").stat().st_size for n in NAMES)
+    total = sum((DATA_DIR / f"{n}.npz").stat().st_size for n in NAMES + golden.mode_names())
     assert total <= 20e6, f"golden corpus is {total / 1e6:.1f} MB (> 20 MB)"
 
 
