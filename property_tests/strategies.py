@@ -31,6 +31,7 @@ from hypothesis import target
 from gdn2_oracle import kernels, oracle
 from gdn2_oracle.kernels import DEFAULTS as DEFAULT_KERNELS
 from gdn2_oracle.oracle import Recipe
+from gdn2_oracle.oracle.mode_recipes import FLA_CHUNK as MODE_CHUNK, MODES, ModeRecipe
 
 CHUNK = kernels.get("pairwise").chunk_size  # the default chunk of our kernels; lengths are chosen around it
 LENGTHS = (1, 2, CHUNK - 1, CHUNK + 1, 300)
@@ -178,3 +179,63 @@ def target_ratios(report, result=None):
             ratios[v.name] = v.ratio
             target(ratios[v.name] if math.isfinite(ratios[v.name]) else sys.float_info.max, label=v.name)
     return ratios
+
+
+# --------------------------------------------------------------------------------------------
+# training-call modes (docs/modes.md): drawn ModeRecipes
+
+MODE_LENGTHS = (0, 1, 2, 5, CHUNK - 1, CHUNK, CHUNK + 1)  # packed sequence lengths, around the chunk
+MODE_DENSE_LENGTHS = (1, CHUNK - 1, CHUNK + 1, 100)  # the length of a call that is not packed
+MODE_SHAPE = (2, 16, 8)  # (H, K, V) of a drawn mode call: K != V; one compile per call structure
+LOWER_BOUNDS = (-5.0, -1.0, -20.0)  # the bounded gate's lower_bound (FLA ships -5)
+
+
+@st.composite
+def mode_recipes(draw, modes=MODES, dtypes=DTYPES, shape=MODE_SHAPE):
+    """A :class:`oracle.mode_recipes.ModeRecipe` using some of ``modes`` (each drawn on or off, at least one on;
+    all off shrinks away): packed lengths around the chunk (varlen), the gate's form, ``lower_bound`` and
+    parameters (gate), near-zero q/k rows (l2norm), ``[V, K]`` states, states at chunk starts (intermediate),
+    with drawn decay and gate regimes, q/k mode, initial state, dtype and data seeds."""
+    modes = tuple(m for m in MODES if m in modes)
+    if not modes:
+        raise ValueError(f"modes: expected some of {MODES}, got none")
+    on = {m: draw(st.booleans()) for m in modes}
+    if not any(on.values()):
+        on[draw(st.sampled_from(modes))] = True
+    H, K, V = shape
+    kw = {}
+    if on.get("varlen"):
+        kw["lengths"] = tuple(draw(st.lists(st.sampled_from(MODE_LENGTHS), min_size=1, max_size=5)
+                                   .filter(lambda lengths: sum(lengths) > 0)))
+    else:
+        kw["lengths"] = (draw(st.sampled_from(MODE_DENSE_LENGTHS)),) * draw(st.sampled_from(BATCHES))
+        kw["packed"] = False
+    if on.get("gate"):
+        kw["gate"] = draw(st.sampled_from(("bounded", "softplus")))
+        if kw["gate"] == "bounded":
+            kw["lower_bound"] = draw(st.sampled_from(LOWER_BOUNDS))
+            kw["A_log"] = draw(st.booleans())
+        kw["dt_bias"] = draw(st.booleans())
+    if on.get("l2norm"):
+        kw.update(qk_l2norm=True, near_zero=draw(st.booleans()))
+    else:
+        kw["qk"] = draw(st.sampled_from(oracle.QK_MODES))
+    kw["state_v_first"] = bool(on.get("state_v_first"))
+    if on.get("intermediate"):
+        kw["intermediate_chunk_size"] = MODE_CHUNK
+    return ModeRecipe(H, K, V, decay=draw(st.sampled_from(DECAYS)), gates=draw(st.sampled_from(GATES)),
+                      initial_state=draw(st.booleans()), precision=draw(st.sampled_from(tuple(dtypes))),
+                      seed=draw(seeds), cot_seed=draw(seeds), **kw)
+
+
+def mode_example(recipe: ModeRecipe) -> str:
+    """The ``@example`` decorator that pins this recipe in a test drawing ``recipe`` (property_tests/test_modes.py)."""
+    return "@example(recipe=" + recipe.call_source() + ")"
+
+
+def mode_repro(recipe: ModeRecipe, kernel_name="pairwise") -> str:
+    """A shell one-liner that judges ``kernel_name`` on this training call and prints the report."""
+    return ("python -c \"from gdn2_oracle import kernels; from gdn2_oracle.oracle.mode_recipes import ModeRecipe; "
+            "from gdn2_oracle.ci.grading.modes import ModeCase; from gdn2_oracle.ci.running.modes import validate; "
+            f"print(validate(kernels.get({kernel_name!r}), ModeCase.from_recipe('hunt', {recipe.call_source()}))"
+            ".format())\"")

@@ -58,6 +58,19 @@ def dtypes(text):
     return list(dict.fromkeys(out))
 
 
+def call_modes(text):
+    """A ``--modes`` value of domain and hunt: ``all``, or comma-separated names among ``dense`` and the training-call
+    modes (``ci.grading.modes.ALL_MODES``), returned in that order."""
+    from gdn2_oracle.ci.grading.modes import ALL_MODES, parse_modes
+
+    if str(text).strip() == "all":
+        return ALL_MODES
+    try:
+        return parse_modes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("modes: ") + " (or all)") from None
+
+
 def kernels(text):
     """The specs of a ``--kernel`` value (``kernels.split_specs``: commas inside ``[...]`` separate options)."""
     try:
@@ -172,3 +185,27 @@ def tiles(text):
     if not grid:
         raise argparse.ArgumentTypeError(f"expected key=v1,v2,...[;key2=...], got {text!r}")
     return grid
+
+
+# --- time limits ------------------------------------------------------------------------------
+
+CASE_TIMEOUT = 900.0  # seconds one kernel call may take by default (compilation included); 0: no limit
+
+
+def seconds(text):
+    """A number of seconds >= 0 (``--case-timeout``; 0 means no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def add_case_timeout(p, item="case"):
+    """``--case-timeout S`` (validate, bench, domain, hunt): the limit of one kernel call of an ``item``; past it the
+    item is FAIL (timed out) and the run stops with what was finished (exit 1)."""
+    p.add_argument("--case-timeout", type=seconds, default=CASE_TIMEOUT, metavar="S",
+                   help=f"seconds one kernel call may take (default {CASE_TIMEOUT:g}; 0: no limit); past it the "
+                        f"{item} is FAIL (timed out) and the run stops with what was finished, exit 1")

@@ -25,6 +25,7 @@ computed once per (shape, dtype, seed) and shared by every kernel and configurat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import statistics
 import time
@@ -39,8 +40,10 @@ from ..grading.case import Case
 from ..grading.grades import FAIL, PASS
 from ..running import harness, multihost
 from ..running import mesh as mesh_lib
+from ..running.watchdog import Watchdog
 from . import args as cli_args
-from .output import EXIT, UsageError, fmt_err, progress, say_interrupted, table, write_after_work, write_json
+from .output import (EXIT, UsageError, fmt_err, progress, say_interrupted, stop_run, table, timed_out,
+                     write_after_work, write_json)
 from .provenance import environment, kernel_notes, source_sha256
 
 SCHEMA = "gdn2-oracle/bench/1"
@@ -233,17 +236,23 @@ def time_calls(compiled, repeats):
 
 # --- the benchmark --------------------------------------------------------------------------
 
+def unwatched(rec, entry, what):
+    """No watchdog: the context a kernel call of ``entry`` (``what``: compiling, validating, timing) runs in."""
+    return contextlib.nullcontext()
+
+
 def _reject(entry, reason):
     entry["reason"] = reason
     return None
 
 
-def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases, log):
+def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases, log, watch=unwatched):
     """Build, validate, compile and time one configuration, recording it in ``rec["sweep"]``.
 
     Swept configurations are validated at :func:`small_shape` before compiling (the fastest is
     validated at the full shape later, by :func:`choose`); a single one at the benchmark shape before
-    timing. Returns ``(entry, fn, compiled)`` when timed, else None (the entry holds the reason).
+    timing. Returns ``(entry, fn, compiled)`` when timed, else None (the entry holds the reason). Every kernel call
+    runs inside ``watch(rec, entry, what)`` (the watchdog's case, ``--case-timeout``).
     """
     label = spec.label(opts)
     entry = {"options": opts, "label": label, "status": "rejected"}
@@ -256,12 +265,14 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases,
         rec["source"], rec["notes"] = source_sha256(fn), kernel_notes(fn)
     if sweeping:
         log(f"{label} {dtype}: validating at small shape {small_shape(shape)}")
-        entry["small_validation"] = small = validate_config(fn, small_shape(shape), dtype, seed, cases)
+        with watch(rec, entry, f"validating at small shape {small_shape(shape)}"):
+            entry["small_validation"] = small = validate_config(fn, small_shape(shape), dtype, seed, cases)
         if not small["passed"]:
             return _reject(entry, _failed("small shape", small))
     try:
         log(f"{label} {dtype}: compiling at {tuple(shape)}")
-        compiled = Compiled(fn, *cases(shape, dtype, seed).data(), dtype)
+        with watch(rec, entry, f"compiling at {tuple(shape)}"):
+            compiled = Compiled(fn, *cases(shape, dtype, seed).data(), dtype)
     except MemoryError as exc:
         raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # noqa: BLE001
@@ -269,19 +280,21 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases,
     entry["compile_s"] = compiled.compile_s
     if not sweeping:
         log(f"{label} {dtype}: validating at {tuple(shape)}")
-        entry["full_validation"] = full = validate_config(fn, shape, dtype, seed, cases, compiled)
+        with watch(rec, entry, f"validating at {tuple(shape)}"):
+            entry["full_validation"] = full = validate_config(fn, shape, dtype, seed, cases, compiled)
         if not full["passed"]:
             return _reject(entry, _failed("the benchmark shape", full))
     log(f"{label} {dtype}: timing {repeats} calls")
     try:
-        entry.update(time_calls(compiled, repeats))
+        with watch(rec, entry, f"timing {repeats} calls"):
+            entry.update(time_calls(compiled, repeats))
     except Exception as exc:  # noqa: BLE001
         return _reject(entry, f"run failed: {type(exc).__name__}: {str(exc).strip()[:400]}")
     entry["status"] = "timed"
     return entry, fn, compiled
 
 
-def choose(candidates, shape, dtype, seed, cases, log):
+def choose(candidates, shape, dtype, seed, cases, log, rec=None, watch=unwatched):
     """The fastest timed configuration that passes validation at the benchmark shape, or None.
 
     Candidates are tried fastest first; one that fails is marked rejected and loses its timings.
@@ -289,7 +302,8 @@ def choose(candidates, shape, dtype, seed, cases, log):
     for entry, fn, compiled in sorted(candidates, key=lambda c: c[0]["median_s"]):
         if "full_validation" not in entry:
             log(f"{entry['label']} {dtype}: validating the fastest configuration at {tuple(shape)}")
-            entry["full_validation"] = validate_config(fn, shape, dtype, seed, cases, compiled)
+            with watch(rec, entry, f"validating at {tuple(shape)}"):
+                entry["full_validation"] = validate_config(fn, shape, dtype, seed, cases, compiled)
         if entry["full_validation"]["passed"]:
             return entry
         entry["status"] = "rejected"
@@ -299,7 +313,7 @@ def choose(candidates, shape, dtype, seed, cases, log):
     return None
 
 
-def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cases, log):
+def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cases, log, watch=unwatched):
     """Benchmark one (kernel, shape, dtype): try every configuration, keep the fastest valid one;
     returns its JSON record."""
     B, T, H, K, V = shape
@@ -307,9 +321,9 @@ def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cases, log):
            "status": "rejected", "reason": None, "sweep": []}
     configs = configurations(spec, tiles)
     tried = [try_config(spec, opts, rec, shape, dtype, sweeping=len(configs) > 1, repeats=repeats, seed=seed,
-                        cases=cases, log=log) for opts in configs]
+                        cases=cases, log=log, watch=watch) for opts in configs]
     candidates = [c for c in tried if c is not None]
-    chosen = choose(candidates, shape, dtype, seed, cases, log)
+    chosen = choose(candidates, shape, dtype, seed, cases, log, rec, watch)
     for _, _, compiled in candidates:
         compiled.exe = None  # free device executables
     if chosen is None:
@@ -327,10 +341,15 @@ def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cases, log):
 
 
 def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dtypes=("float32",),
-              tiles=None, repeats=20, seed=0, show_progress=True, env=None, mesh=None):
+              tiles=None, repeats=20, seed=0, show_progress=True, env=None, mesh=None, case_timeout=None, on_stop=None):
     """Benchmark every kernel spec at every shape and dtype; returns the :class:`BenchReport` (``interrupted``
     and the results finished so far after Ctrl-C); with a ``mesh`` (ci/mesh.py)
-    every kernel is compiled and timed inside it on sharded inputs."""
+    every kernel is compiled and timed inside it on sharded inputs.
+
+    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report)``: a watchdog (ci/running/watchdog.py) stops the
+    run when one kernel call (compiling, validating or the timed calls of one configuration) passes the limit (that
+    configuration rejected, timed out) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the results finished so
+    far and the process ends (exit 1, 130, 143)."""
     for spec in specs:  # unknown kernels / import failures are usage errors, before any work
         cli_args.build(spec)
     check_tiles(specs, tiles)
@@ -346,15 +365,43 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
     cases = Cases()
     t0 = time.perf_counter()
     results, interrupted = [], False
+    current = {}
+
+    def report_of(done, was_interrupted):
+        passed = not was_interrupted and all(r["status"] == "ok" for r in done)
+        return BenchReport(environment=env or environment(), repeats=repeats, seed=seed, tiles=tiles,
+                           mesh=mesh_lib.format_mesh(mesh) if mesh is not None else None,
+                           oracle_seconds=cases.seconds, seconds=time.perf_counter() - t0, passed=passed,
+                           interrupted=was_interrupted,
+                           outcome="interrupted" if was_interrupted else ("pass" if passed else "fail"),
+                           results=done)
+
+    def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
+        done = list(results)
+        if reason == "timeout" and current:
+            rec, entry = current["rec"], current["entry"]
+            entry.update(status="rejected", reason=f"{current['what']}: {timed_out(case_timeout)}")
+            rec.update(status="rejected", reason=f"{entry['label']}: {entry['reason']}")
+            done.append(rec)
+        report = report_of(done, reason != "timeout")
+        stop_run(reason, case_timeout, "benchmark results", lambda: on_stop(report) if on_stop is not None else None)
+
+    dog = Watchdog(case_timeout, stop)
+
+    def watch(rec, entry, what):
+        current.update(rec=rec, entry=entry, what=what)
+        return dog.case(f"{entry['label']} {what}")
+
     in_mesh = mesh_lib.using(mesh)  # kernels compile and run inside the mesh (a no-op without one)
     in_mesh.__enter__()
+    dog.__enter__()
     try:
         for shape in shapes:
             for dtype in dtypes:
                 group = []
                 for spec in specs:
                     group.append(bench_one(spec, shape, dtype, tiles=tiles, repeats=repeats, seed=seed,
-                                           cases=cases, log=log))
+                                           cases=cases, log=log, watch=watch))
                     results.append(group[-1])
                     if bar is not None:
                         bar.update(1)
@@ -366,16 +413,11 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
     except KeyboardInterrupt:  # Ctrl-C: report what was finished, marked interrupted
         interrupted = True
     finally:
+        dog.__exit__(None, None, None)
         in_mesh.__exit__(None, None, None)
         if bar is not None:
             bar.close()
-    passed = not interrupted and all(r["status"] == "ok" for r in results)
-    return BenchReport(environment=env or environment(), repeats=repeats, seed=seed, tiles=tiles,
-                       mesh=mesh_lib.format_mesh(mesh) if mesh is not None else None,
-                       oracle_seconds=cases.seconds, seconds=time.perf_counter() - t0, passed=passed,
-                       interrupted=interrupted,
-                       outcome="interrupted" if interrupted else ("pass" if passed else "fail"),
-                       results=results)
+    return report_of(results, interrupted)
 
 
 @dataclass
@@ -542,6 +584,7 @@ def add_parser(sub):
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/bench.json)")
     b.add_argument("--plot", metavar="PATH", help="write a PNG bar chart here (a directory: PATH/bench.png)")
+    cli_args.add_case_timeout(b, "configuration")
     cli_args.add_run_options(b)
 
 
@@ -555,15 +598,20 @@ def run(args):
             import matplotlib  # noqa: F401 - checked before any work
         except ImportError as exc:
             raise UsageError(f"gdn2-oracle bench: error: --plot needs matplotlib ({exc})") from None
+
+    def show_and_write(report):  # after the run, or when the watchdog stopped it (the results finished so far)
+        print(format_bench(report), flush=True)
+        if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
+            print(f"report: {out['json']}", flush=True)
+        if out["plot"] and report.results and write_after_work("--plot", out["plot"],
+                                                               lambda: plot_bench(report, out["plot"])):
+            print(f"plot: {out['plot']}", flush=True)
+
     report = run_bench(cli_args.specs(args.kernel), batches=args.batch, seqs=args.seq, heads=args.heads,
                        dims=args.dim, dtypes=args.dtype, tiles=args.tiles, repeats=args.repeats, seed=args.seed,
-                       show_progress=not args.no_progress, mesh=cli_args.built_mesh(args))
-    print(format_bench(report), flush=True)
-    if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
-        print(f"report: {out['json']}", flush=True)
-    if out["plot"] and report.results and write_after_work("--plot", out["plot"],
-                                                           lambda: plot_bench(report, out["plot"])):
-        print(f"plot: {out['plot']}", flush=True)
+                       show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
+                       case_timeout=args.case_timeout, on_stop=show_and_write)
+    show_and_write(report)
     if report.interrupted:
         say_interrupted(len(report.results), "benchmark result(s)", out["json"])
     return EXIT[report.outcome]

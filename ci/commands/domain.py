@@ -8,6 +8,13 @@ kernel) and every cell is judged by the tolerance model against the float64 orac
 worst error / tolerance (``Verdict.ratio``: the larger of the rms and max metrics' ratios) over its
 seeds and its grade the worst grade. Output: heat maps (PNG), JSON and a one-paragraph summary stating
 where each result leaves PASS along each sweep.
+
+Training-call modes (``modes``; docs/modes.md): each selected mode the kernel accepts adds its sweeps of
+:class:`ModePoint` s -- an :class:`oracle.mode_recipes.ModeRecipe` at the same small shape, plus an override
+where the recipe has no field for the swept quantity -- judged by the modes judge (``ci/grading/modes.py``):
+packed lengths around the chunk and the number of packed sequences (varlen), ``lower_bound`` and ``A_log``
+(gate), the raw q/k row norm down to 0 (l2norm), the length (intermediate), the initial state in the
+``[V, K]`` layout (state_v_first). A mode the kernel does not accept is named in the summary, not swept.
 """
 
 from __future__ import annotations
@@ -26,16 +33,21 @@ import numpy as np
 from gdn2_oracle import oracle
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 from gdn2_oracle.oracle.generate import log_decay, round_to
+from gdn2_oracle.oracle.mode_recipes import FLA_CHUNK, MODES, ModeRecipe
 
 from ..grading.diagnose import chunk_log_decay
 from ..grading.grades import FAIL, PASS, PRECISION, grade_rank
+from ..grading.modes import MODE_RESULTS, ModeCase, result_names
 from ..grading.references import reference_results
 from ..running import harness
+from ..running import modes as mode_running
+from ..running.watchdog import Watchdog
 from . import args as cli_args
-from .output import EXIT, UsageError, output_dir, progress, say_interrupted, table, write_after_work, write_json
+from .output import (EXIT, UsageError, output_dir, progress, say_interrupted, stop_run, table, timed_out,
+                     write_after_work, write_json)
 from .provenance import environment
 
-SCHEMA = "gdn2-oracle/domain/2"  # 2: + interrupted
+SCHEMA = "gdn2-oracle/domain/3"  # 2: + interrupted; 3: + modes, not_accepted_modes (and mode panels)
 RESETS = "resets"  # the oracle's resets regime, as a value of the decay-strength sweep
 SHAPE = (1, 2, 16, 16)  # (B, H, K, V): small and fixed, so a kernel compiles once per (T, dtype)
 DEFAULT_CHUNK = 64  # the span is measured over chunks of the kernel's chunk_size, else of this many tokens
@@ -123,14 +135,108 @@ class Axis(NamedTuple):
     dtypes: tuple = ("float32",)
 
 
+# --- training-call modes ------------------------------------------------------------------------
+
+C = FLA_CHUNK  # lengths of the mode sweeps are placed around FLA's chunk (our kernels' default chunk too)
+MODE_T = C + 36  # the length of a mode call that is not packed (as mode_recipes.DENSE)
+# Each mode's sweeps: ``"mode.quantity"`` -> the swept values (small: every new static call compiles once).
+MODE_VALUES = {
+    "varlen.length": (0, 1, C - 1, C, C + 1),  # packed lengths (3, L, 5, L): sequence starts around chunk edges
+    "varlen.sequences": (1, 2, 8, 32),  # N packed sequences of 1..9 tokens
+    "gate.lower_bound": (-1.0, -5.0, -20.0, None),  # None: the softplus form
+    "gate.A_log": (0.01, 1.0, 16.0, 1000.0),  # exp(A_log) of every head, bounded form (lower_bound -5)
+    "l2norm.qk_norm": (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 0.0),  # every raw q and k row scaled to this norm
+    "state_v_first.initial_state": (False, True),
+    "intermediate.T": (1, C, C + 1, 3 * C + 8),
+}
+MODE_LABELS = {
+    "varlen.length": "varlen: packed lengths (3, L, 5, L), L",
+    "varlen.sequences": "varlen: packed sequences N (1-9 tokens)",
+    "gate.lower_bound": "gate: lower_bound",
+    "gate.A_log": "gate: exp(A_log) (bounded, lower_bound -5)",
+    "l2norm.qk_norm": "l2norm: raw q/k row norm",
+    "state_v_first.initial_state": "state_v_first: initial state",
+    "intermediate.T": "intermediate: length T",
+}
+UNORDERED = ("qk", "initial_state", "gate.lower_bound", "state_v_first.initial_state")  # no order to cross
+
+
+@dataclass(frozen=True)
+class ModePoint:
+    """One training call of a mode sweep: ``recipe`` (a :class:`ModeRecipe`; its ``seed`` is the cell's) and, where
+    the recipe has no field for the swept quantity, an override of its built call: ``A_log`` (every head's value)
+    or ``qk_norm`` (every raw q and k row rescaled to this norm; 0 = zero rows)."""
+
+    recipe: ModeRecipe
+    A_log: float | None = None
+    qk_norm: float | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.recipe, ModeRecipe):
+            raise ValueError(f"recipe: expected a ModeRecipe, got {self.recipe!r}")
+        if self.A_log is not None and not (self.recipe.gate and self.recipe.A_log and math.isfinite(self.A_log)):
+            raise ValueError(f"A_log: a finite value for a gated recipe with A_log, got {self.A_log!r}")
+        if self.qk_norm is not None and not (self.recipe.qk_l2norm and _nonnegative(self.qk_norm)):
+            raise ValueError(f"qk_norm: a norm >= 0 for a recipe with qk_l2norm, got {self.qk_norm!r}")
+
+    def as_dict(self):
+        """The point as JSON (``ModePoint(ModeRecipe(**d["recipe"]), d["A_log"], d["qk_norm"])`` rebuilds it)."""
+        return {"recipe": self.recipe.fields(), "A_log": self.A_log, "qk_norm": self.qk_norm}
+
+
+def build_mode(point: ModePoint, seed=0):
+    """``(call, do, dfinal_state)`` of a mode point with data seed ``seed`` (the recipe's call, overridden)."""
+    recipe = point.recipe.replace(seed=seed)
+    call, do, dfs = recipe.build()
+    changes = {}
+    if point.A_log is not None:
+        changes["A_log"] = round_to(np.full(recipe.H, point.A_log), "float32")
+    if point.qk_norm is not None:
+        for name in ("q", "k"):
+            x = getattr(call, name)
+            unit = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-300)
+            changes[name] = round_to(unit * point.qk_norm, recipe.precision)
+    return (dataclasses.replace(call, **changes) if changes else call), do, dfs
+
+
+def mode_points(sweep, values, shape, dtype):
+    """The :class:`ModePoint` of each value of a mode sweep (``"mode.quantity"``) at (H, K, V) of ``shape``."""
+    _, H, K, V = shape
+    base = ModeRecipe(H, K, V, (MODE_T,), packed=False, initial_state=True, precision=dtype)
+    make = {
+        "varlen.length": lambda L: ModePoint(base.replace(lengths=(3, L, 5, L), packed=True)),
+        "varlen.sequences": lambda n: ModePoint(base.replace(lengths=tuple(1 + (5 * i + 2) % 9 for i in range(n)),
+                                                             packed=True)),
+        "gate.lower_bound": lambda lb: ModePoint(base.replace(gate="bounded" if lb is not None else "softplus",
+                                                              lower_bound=lb)),
+        "gate.A_log": lambda a: ModePoint(base.replace(gate="bounded"), A_log=float(np.log(a))),
+        "l2norm.qk_norm": lambda r: ModePoint(base.replace(qk_l2norm=True), qk_norm=r),
+        "state_v_first.initial_state": lambda h: ModePoint(base.replace(state_v_first=True, initial_state=h)),
+        "intermediate.T": lambda T: ModePoint(base.replace(lengths=(T,), intermediate_chunk_size=C)),
+    }[sweep]
+    return [make(v) for v in values]
+
+
+def mode_value_label(sweep, value):
+    """How a mode sweep's value is printed."""
+    if sweep == "gate.lower_bound":
+        return "softplus" if value is None else f"{value:g}"
+    if sweep == "state_v_first.initial_state":
+        return "on" if value else "off"
+    return f"{value:g}"
+
+
 class Grid(NamedTuple):
-    """Sweeps around ``base`` on problems of ``shape`` = (B, H, K, V), each cell over ``seeds`` seeds."""
+    """Sweeps around ``base`` on problems of ``shape`` = (B, H, K, V), each cell over ``seeds`` seeds; the mode
+    sweeps (:data:`MODE_VALUES`) in ``mode_dtypes`` at the same H, K, V."""
 
     name: str
     axes: tuple
     seeds: int = 1
     base: Point = Point()
     shape: tuple = SHAPE
+    mode_values: dict = MODE_VALUES
+    mode_dtypes: tuple = ("float32",)
 
 
 def _strengths(per_decade):
@@ -155,7 +261,7 @@ GRIDS = {
         Axis("initial_state", "initial state", (False, True), BOTH),
         Axis("T", "length T", (1, 2, 15, 17, 63, 64, 65, 127, 129, 255, 256, 257, 511, 513, 1000, 1024, 1025,
                                2048, 4100), BOTH),
-    ), seeds=3),
+    ), seeds=3, mode_dtypes=BOTH),
 }
 
 
@@ -198,6 +304,39 @@ def evaluate(fn, point: Point, seed, shape=SHAPE, chunk=DEFAULT_CHUNK):
     return cell
 
 
+def evaluate_mode(fn, point: ModePoint, seed, chunk=DEFAULT_CHUNK):
+    """One mode cell and seed, judged by the modes judge (states at chunk starts at the kernel's chunk size): as
+    :func:`evaluate`, over the results the call has (``ci.grading.modes.result_names``)."""
+    call, do, dfs = build_mode(point, seed)
+    dtype = point.recipe.precision
+    case = ModeCase.of(call, do, dfs, dtype=dtype)
+    kchunk = mode_running.kernel_chunk_size(fn)
+    cell = {"span": decay_span(case.diagnosis_problem().g, chunk), "results": None, "note": "", "diagnosis": []}
+    with np.errstate(all="ignore"):
+        ref = case.reference(kchunk)
+    if not all(np.all(np.isfinite(ref[n])) for n in case.names()):
+        cell["note"] = "float64 reference not finite"
+        return cell
+    try:
+        with np.errstate(all="ignore"):
+            mode_running.check_representable(call, dtype)
+            got = mode_running.mode_results(fn, call, do, dfs, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 - a kernel that raises fails the cell
+        cell["note"] = f"error: {type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
+        cell["results"] = {n: {"ratio": math.inf, "grade": FAIL} for n in case.names()}
+        return cell
+    with np.errstate(all="ignore"):
+        report = case.judge(got, chunk_size=kchunk)
+    if not all(math.isfinite(v.tol_ratio) and math.isfinite(v.tol_max) for v in report.verdicts):
+        cell["note"] = "working-precision baseline not finite"
+        return cell
+    cell["results"] = {v.name: {"ratio": v.ratio, "grade": v.grade, "err_ratio": v.err_ratio,
+                                "max_err": v.max_err, "tol_ratio": v.tol_ratio, "tol_max": v.tol_max}
+                       for v in report.verdicts}
+    cell["diagnosis"] = [str(f) for f in report.diagnosis]
+    return cell
+
+
 def _worst(cells):
     """The worst over a cell's seeds: max ratio and worst grade per result, max span, notes and diagnoses joined."""
     out = {"span": max(c["span"] for c in cells), "results": None,
@@ -206,55 +345,117 @@ def _worst(cells):
     judged = [c["results"] for c in cells if c["results"] is not None]
     if judged:
         out["results"] = {n: max((r[n] for r in judged), key=lambda r: (grade_rank(r["grade"]), r["ratio"]))
-                          for n in RESULTS}
+                          for n in judged[0]}
     return out
 
 
-def panels(grid: Grid):
-    """``[(axis, dtype, [Point, ...])]``: every sweep of the grid in each of its dtypes."""
+class Panel(NamedTuple):
+    """One sweep in one dtype: ``field`` (a :class:`Point` field, or ``"mode.quantity"``), its ``mode`` (``dense``
+    for the Point sweeps), the swept values with their labels and the point of each (Point or ModePoint)."""
+
+    field: str
+    label: str
+    dtype: str
+    mode: str
+    values: tuple
+    labels: tuple
+    points: tuple
+
+
+def panels(grid: Grid, modes=("dense",)):
+    """``[Panel]``: every sweep of the grid in each of its dtypes (``dense`` in ``modes``), then the sweeps of the
+    other ``modes`` (:data:`MODE_VALUES`, in ``grid.mode_dtypes``)."""
     out = []
-    for axis in grid.axes:
-        if axis.field not in {f.name for f in dataclasses.fields(Point)} or axis.field == "dtype":
-            raise ValueError(f"grid: axis field {axis.field!r} is not a Point field to sweep")
-        for dtype in axis.dtypes:
-            out.append((axis, dtype, [grid.base.replace(**{axis.field: v, "dtype": dtype}) for v in axis.values]))
+    fields = {f.name for f in dataclasses.fields(Point)}
+    if "dense" in modes:
+        for axis in grid.axes:
+            if axis.field not in fields or axis.field == "dtype":
+                raise ValueError(f"grid: axis field {axis.field!r} is not a Point field to sweep")
+            for dtype in axis.dtypes:
+                out.append(Panel(axis.field, axis.label, dtype, "dense", tuple(axis.values),
+                                 tuple(value_label(axis.field, v) for v in axis.values),
+                                 tuple(grid.base.replace(**{axis.field: v, "dtype": dtype}) for v in axis.values)))
+    for sweep, values in grid.mode_values.items():
+        mode = sweep.split(".", 1)[0]
+        if mode not in MODES:
+            raise ValueError(f"grid: mode sweep {sweep!r} is not of a mode in {MODES}")
+        if mode in modes:
+            for dtype in grid.mode_dtypes:
+                out.append(Panel(sweep, MODE_LABELS.get(sweep, sweep), dtype, mode, tuple(values),
+                                 tuple(mode_value_label(sweep, v) for v in values),
+                                 tuple(mode_points(sweep, values, grid.shape, dtype))))
     return out
 
 
-def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True):
-    """Sweep ``grid`` with kernel ``fn``: the domain report (panels of cells, boundaries, summary)."""
+def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True, modes=("dense",), case_timeout=None,
+               on_stop=None):
+    """Sweep ``grid`` with kernel ``fn``: the domain report (panels of cells, boundaries, summary).
+
+    ``modes``: ``dense`` (the Point sweeps) and training-call modes; a mode the kernel's signature does not accept
+    is listed in ``not_accepted_modes`` and not swept. ``case_timeout`` (seconds; 0 or None: none) and
+    ``on_stop(report)``: a watchdog (ci/running/watchdog.py) stops the sweep when a kernel call passes the limit (that
+    cell FAIL, timed out) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the cells finished so far, marked
+    interrupted, and the process ends (exit 1, 130, 143).
+    """
+    modes = tuple(modes)
     chunk = int(getattr(fn, "chunk_size", None) or DEFAULT_CHUNK)
-    todo = panels(grid)
+    accepted = mode_running.accepted_modes(fn)
+    not_accepted = [m for m in modes if m != "dense" and m not in accepted]
+    todo = panels(grid, [m for m in modes if m not in not_accepted])
     seeds = [seed + i for i in range(grid.seeds)]
     cache = {}
     start = time.perf_counter()
-    total = sum(len(pts) for _, _, pts in todo) * len(seeds)
+    total = sum(len(p.points) for p in todo) * len(seeds)
     bar = progress(total=total, desc=f"domain {kernel}", unit="cell") if show_progress else None
     out_panels, interrupted = [], False
-    with bar or contextlib.nullcontext():
+    current = {}
+
+    def report_of(done_panels, was_interrupted):
+        report = DomainReport(kernel=kernel, grid=grid.name, seeds=seeds, chunk=chunk,
+                              shape=dict(zip("BHKV", grid.shape)), base=dataclasses.asdict(grid.base),
+                              results=list(RESULTS), panels=[p for p in done_panels if p["cells"]],
+                              seconds=time.perf_counter() - start, environment=environment(),
+                              interrupted=was_interrupted, modes=list(modes), not_accepted_modes=not_accepted)
+        report.boundaries = boundaries(report)
+        report.summary = summary(report)
+        return report
+
+    def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
+        if reason == "timeout" and current:
+            point = current["point_obj"]
+            names = RESULTS if isinstance(point, Point) else result_names(build_mode(point)[0])
+            current["panel"]["cells"].append({
+                "value": current["value"], "label": current["label"], "point": current["point"], "span": math.nan,
+                "results": {n: {"ratio": math.inf, "grade": FAIL} for n in names}, "note": timed_out(case_timeout),
+                "diagnosis": []})
+        report = report_of(out_panels, True)
+        stop_run(reason, case_timeout, "domain cells", lambda: on_stop(report) if on_stop is not None else None)
+
+    with bar or contextlib.nullcontext(), Watchdog(case_timeout, stop) as dog:
         try:
-            for axis, dtype, points in todo:
+            for panel in todo:
                 cells = []
-                out_panels.append({"field": axis.field, "label": axis.label, "dtype": dtype, "cells": cells})
-                for value, point in zip(axis.values, points):
+                out = {"field": panel.field, "label": panel.label, "dtype": panel.dtype, "mode": panel.mode,
+                       "cells": cells}
+                out_panels.append(out)
+                for value, label, point in zip(panel.values, panel.labels, panel.points):
+                    dense = isinstance(point, Point)
+                    as_dict = dataclasses.asdict(point) if dense else point.as_dict()
+                    current.update(panel=out, value=value, label=label, point=as_dict, point_obj=point)
                     runs = []
                     for s in seeds:
                         if (point, s) not in cache:
-                            cache[point, s] = evaluate(fn, point, s, grid.shape, chunk)
+                            with dog.case(f"{panel.label} {label} seed {s}"):
+                                cache[point, s] = (evaluate(fn, point, s, grid.shape, chunk) if dense
+                                                   else evaluate_mode(fn, point, s, chunk))
                         runs.append(cache[point, s])
                         if bar is not None:
                             bar.update(1)
-                    cells.append({"value": value, "label": value_label(axis.field, value),
-                                  "point": dataclasses.asdict(point), **_worst(runs)})
+                    cells.append({"value": value, "label": label, "point": as_dict, **_worst(runs)})
+                    current.clear()
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep the cells finished so far, marked interrupted
             interrupted = True
-            out_panels = [p for p in out_panels if p["cells"]]
-    report = DomainReport(kernel=kernel, grid=grid.name, seeds=seeds, chunk=chunk, shape=dict(zip("BHKV", grid.shape)),
-                          base=dataclasses.asdict(grid.base), results=list(RESULTS), panels=out_panels,
-                          seconds=time.perf_counter() - start, environment=environment(), interrupted=interrupted)
-    report.boundaries = boundaries(report)
-    report.summary = summary(report)
-    return report
+    return report_of(out_panels, interrupted)
 
 
 @dataclass
@@ -272,6 +473,8 @@ class DomainReport:
     seconds: float
     environment: dict
     interrupted: bool = False  # Ctrl-C: only the cells finished before it
+    modes: list = dataclasses.field(default_factory=lambda: ["dense"])  # the sweeps selected (--modes)
+    not_accepted_modes: list = dataclasses.field(default_factory=list)  # selected, not in the kernel's signature
     boundaries: list = dataclasses.field(default_factory=list)
     summary: str = ""
 
@@ -306,17 +509,24 @@ def _runs(grades):
     return runs
 
 
+def panel_results(panel):
+    """The results a panel's cells were judged on, in report order (the nine dense ones; a mode call's may add
+    ``intermediate_states``, ``dA_log``, ``ddt_bias``)."""
+    have = {n for c in panel["cells"] if c["results"] is not None for n in c["results"]}
+    return [n for n in MODE_RESULTS if n in have] if panel.get("mode", "dense") != "dense" else list(RESULTS)
+
+
 def result_boundary(panel, name, chunk):
     """Where result ``name`` leaves PASS along a panel, as a predicate with ``{leaves}``/``{is}`` for the verb
     (None if it is PASS in every judged cell)."""
-    cells = [c for c in panel["cells"] if c["results"] is not None]
+    cells = [c for c in panel["cells"] if c["results"] is not None and name in c["results"]]
     ordered = [c for c in cells if c["value"] != RESETS]
     grades = [c["results"][name]["grade"] for c in ordered]
     runs, subject = _runs(grades), _subject(panel, chunk)
     text = ""
     if len(runs) == 1 and runs[0][0] != PASS:
         text = f"{{is}} {runs[0][0]} at every {panel['label']} ({ordered[0]['label']}-{ordered[-1]['label']})"
-    elif len(runs) > 1 and panel["field"] in ("qk", "initial_state"):  # no order: name the cells
+    elif len(runs) > 1 and panel["field"] in UNORDERED:  # no order: name the cells
         bad = {}
         for c, g in zip(ordered, grades):
             if g != PASS:
@@ -339,9 +549,10 @@ def result_boundary(panel, name, chunk):
     return text or None
 
 
-def sentence(names, predicate):
-    """``predicate`` (from :func:`result_boundary`) with its subject: every result, or the named ones."""
-    if list(names) == list(RESULTS):
+def sentence(names, predicate, every=RESULTS):
+    """``predicate`` (from :func:`result_boundary`) with its subject: every result (all of ``every``), or the named
+    ones."""
+    if list(names) == list(every):
         subject, plural = "every result", False
     else:
         subject, plural = ", ".join(f"`{n}`" for n in names), len(names) > 1
@@ -353,13 +564,15 @@ def boundaries(report):
     out = []
     for panel in report.panels:
         groups = {}
-        for name in report.results:
+        every = panel_results(panel)
+        for name in every:
             predicate = result_boundary(panel, name, report.chunk)
             if predicate:
                 groups.setdefault(predicate, []).append(name)
         for predicate, names in groups.items():
             out.append({"panel": panel["field"], "label": panel["label"], "dtype": panel["dtype"],
-                        "results": names, "text": sentence(names, predicate)})
+                        "results": names, "every": len(names) == len(every),
+                        "text": sentence(names, predicate, every)})
     return out
 
 
@@ -382,13 +595,21 @@ def summary(report):
     """One paragraph: the base point, then each boundary found, then the sweeps with none."""
     base = Point(**report.base)
     shape = report.shape
-    text = (f"{report.kernel} ({report.grid} grid, {len(report.seeds)} seed(s) per cell; B={shape['B']}, "
-            f"H={shape['H']}, K={shape['K']}, V={shape['V']}; base: T={base.T}, log-decay strength "
-            f"{value_label('strength', base.strength)}, erase ~{base.erase:g}, write ~{base.write:g}, "
-            f"q/k {value_label('qk', base.qk)}, initial state {value_label('initial_state', base.initial_state)}, "
-            f"float32 unless stated):")
+    modes = getattr(report, "modes", ["dense"])
+    swept = [m for m in modes if m != "dense" and m not in report.not_accepted_modes]
+    dense = (f"B={shape['B']}, H={shape['H']}, K={shape['K']}, V={shape['V']}; base: T={base.T}, log-decay strength "
+             f"{value_label('strength', base.strength)}, erase ~{base.erase:g}, write ~{base.write:g}, "
+             f"q/k {value_label('qk', base.qk)}, initial state {value_label('initial_state', base.initial_state)}")
+    calls = (f"mode sweeps {', '.join(swept)}: FLA training calls at H={shape['H']}, K={shape['K']}, V={shape['V']}, "
+             f"T={MODE_T} unless swept, initial state on, judged by the modes judge")
+    parts = ([dense] if "dense" in modes else []) + ([calls] if swept else [])
+    text = (f"{report.kernel} ({report.grid} grid, {len(report.seeds)} seed(s) per cell; {'; '.join(parts)}, "
+            "float32 unless stated):")
     said = [("in bfloat16, " if b["dtype"] == "bfloat16" else "") + b["text"] for b in report.boundaries]
     text += " " + ("; ".join(said) + "." if said else "every result is PASS in every cell.")
+    if report.not_accepted_modes:
+        text += (f" Not swept: {', '.join(report.not_accepted_modes)} (the kernel's signature does not accept the "
+                 "mode's keywords; not a failure).")
     if report.interrupted:
         text += " INTERRUPTED: only the cells finished before the interrupt are mapped."
     worst = worst_cell(report)
@@ -431,13 +652,13 @@ def _panel_image(ax, panel, names, cmap, norm, chunk):
     data = np.full((len(names), len(cells)), np.nan)
     for j, c in enumerate(cells):
         for i, n in enumerate(names):
-            if c["results"] is not None:
+            if c["results"] is not None and n in c["results"]:
                 r = float(c["results"][n]["ratio"])  # inf (NaN/inf in a result, a raising kernel): "over"
                 data[i, j] = norm.vmin if r <= 0 else 2 * norm.vmax if not math.isfinite(r) else np.log10(r)
     image = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
     for j, c in enumerate(cells):
         for i, n in enumerate(names):
-            g = c["results"][n]["grade"] if c["results"] is not None else PASS
+            g = c["results"][n]["grade"] if c["results"] is not None and n in c["results"] else PASS
             if g != PASS:
                 ax.text(j, i, "x" if g == FAIL else "~", ha="center", va="center", fontsize=9, color="white",
                         fontweight="bold")
@@ -461,6 +682,13 @@ def plot(report, path):
     cmap = plt.get_cmap("RdYlGn_r").with_extremes(over="#3b0000", bad="#c8c8c8")
     norm = Normalize(vmin=-3, vmax=3)
     ps = report.panels
+    if not ps:  # interrupted before the first cell: a page that says so
+        fig = plt.figure(figsize=(6, 1.5))
+        fig.text(0.5, 0.5, f"{report.kernel}: no cell finished (interrupted)", ha="center", va="center")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return
     # Long sweeps take a whole row, short ones share a row two by two.
     rows = [[i, i] for i, p in enumerate(ps) if len(p["cells"]) > 8]
     short = [i for i, p in enumerate(ps) if len(p["cells"]) <= 8]
@@ -468,7 +696,7 @@ def plot(report, path):
     width = max(12.0, 0.5 * max(len(p["cells"]) for p in ps))  # about half an inch per column
     fig, axes = plt.subplot_mosaic(rows, figsize=(width, 2.7 * len(rows) + 1.0), layout="constrained",
                                    empty_sentinel=".")
-    images = [_panel_image(axes[i], p, report.results, cmap, norm, report.chunk) for i, p in enumerate(ps)]
+    images = [_panel_image(axes[i], p, panel_results(p), cmap, norm, report.chunk) for i, p in enumerate(ps)]
     fig.suptitle(f"{report.kernel}: error / tolerance ({report.grid} grid; x = {FAIL}, ~ = {PRECISION}, "
                  "grey = not judged)", fontsize=10)
     fig.colorbar(images[0], ax=list(axes.values()), orientation="horizontal", fraction=0.03, aspect=60,
@@ -504,14 +732,17 @@ def format_domain(report):
     cells = sum(len(p["cells"]) for p in report.panels)
     lines = [f"gdn2-oracle domain: {report.kernel}, {report.grid} grid, {cells} cells x {len(report.seeds)} "
              f"seed(s) in {report.seconds:.0f} s", ""]
-    rows = [[b["label"], b["dtype"], ", ".join(b["results"]) if len(b["results"]) < len(RESULTS) else "all",
-             _where(b)] for b in report.boundaries]
+    rows = [[b["label"], b["dtype"], "all" if b.get("every", len(b["results"]) == len(RESULTS)) else
+             ", ".join(b["results"]), _where(b)] for b in report.boundaries]
     clean = [f"{p['label']} ({p['dtype']})" for p in report.panels
              if not any(b["panel"] == p["field"] and b["dtype"] == p["dtype"] for b in report.boundaries)]
     if rows:
         lines.append(table(["sweep", "dtype", "results", "where they leave PASS"], rows))
     if clean:
         lines += ["", "PASS everywhere along: " + ", ".join(clean)]
+    if report.not_accepted_modes:
+        lines += ["", f"not swept: {', '.join(report.not_accepted_modes)} (not accepted by the kernel's signature; "
+                      "not a failure)"]
     failed = failed_cells(report)
     lines += ["", f"domain: {'FAIL in ' + str(failed) + ' of ' + str(cells) + ' cells' if failed else 'no FAIL'}"
                   f"{' (INTERRUPTED)' if report.interrupted else ''}"]
@@ -532,7 +763,13 @@ def add_parser(sub):
     d.add_argument("--out", metavar="DIR", help="output directory (default domain-NAME): domain.png, domain.json, "
                                                 "summary.txt")
     d.add_argument("--seed", type=cli_args.nonnegative, default=0, help="first data seed of every cell")
+    d.add_argument("--modes", type=cli_args.call_modes, default=("dense",), metavar="LIST",
+                   help=f"sweeps to run, comma-separated among {','.join(('dense', *MODES))} or all (default dense: "
+                        "the regime sweeps above; a training-call mode adds its own sweeps, judged by the modes judge, "
+                        "where the kernel accepts it; all: dense and every mode the kernel accepts)")
+    cli_args.add_case_timeout(d, "cell")
     cli_args.add_run_options(d, mesh_jobs=False)
+
 
 
 def run(args):
@@ -542,11 +779,16 @@ def run(args):
     if args.out is not None and not args.out.strip():
         raise UsageError("gdn2-oracle domain: error: --out: expected a directory, got an empty path")
     out = output_dir(args.out or "domain-" + re.sub(r"[^A-Za-z0-9_.=-]+", "_", spec.label()), option="--out")
-    report = run_domain(fn, GRIDS[args.grid], kernel=spec.spec, seed=args.seed, show_progress=not args.no_progress)
-    print(format_domain(report), flush=True)
     paths = {}
-    if write_after_work("--out", out, lambda: paths.update(write(report, out))):
-        print(f"wrote: {paths['png']}, {paths['json']}, {paths['summary']}", flush=True)
+
+    def show_and_write(report):  # after the sweep, or when the watchdog stopped it (the cells finished so far)
+        print(format_domain(report), flush=True)
+        if write_after_work("--out", out, lambda: paths.update(write(report, out))):
+            print(f"wrote: {paths['png']}, {paths['json']}, {paths['summary']}", flush=True)
+
+    report = run_domain(fn, GRIDS[args.grid], kernel=spec.spec, seed=args.seed, show_progress=not args.no_progress,
+                        modes=args.modes, case_timeout=args.case_timeout, on_stop=show_and_write)
+    show_and_write(report)
     if report.interrupted:
         say_interrupted(sum(len(p["cells"]) for p in report.panels), "domain cell(s)", paths.get("json"))
         return EXIT["interrupted"]

@@ -6,6 +6,11 @@ q/k mode, initial state, dtype and data seed). Each is judged by the tolerance m
 tolerance of every result (or of the one named) goes to ``hypothesis.target``, so the search climbs
 towards the regimes where the kernel is worst. The first FAIL is shrunk to a minimal recipe and
 reported with the one-line reproducer and the ``@example`` line that pins it.
+
+Training-call modes (``modes``; docs/modes.md): each accepted mode adds drawn FLA training calls
+(:func:`property_tests.strategies.mode_recipes`: packed lengths, gate forms and ``lower_bound``, near-zero q/k rows,
+``[V, K]`` states, states at chunk starts), judged by the modes judge (``ci/grading/modes.py``) and targeted the
+same way; a FAIL is shrunk to a minimal :class:`oracle.mode_recipes.ModeRecipe`.
 """
 
 from __future__ import annotations
@@ -13,20 +18,23 @@ from __future__ import annotations
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from gdn2_oracle.oracle import RESULTS
+from gdn2_oracle.oracle.mode_recipes import ModeRecipe
 from gdn2_oracle.property_tests import strategies
 
 from ..grading.grades import FAIL, grade_rank
+from ..grading.modes import MODE_RESULTS, ModeCase
 from ..running import harness
+from ..running import modes as mode_running
+from ..running.watchdog import Watchdog
 from . import args as cli_args
-from .output import EXIT, progress
+from .output import EXIT, progress, stop_run, timed_out
 
 SHAPES = ("core", "all")
 DEFAULT_BUDGET = 500  # recipes drawn (shrinking a FAIL comes on top); half of them go to targeting
@@ -36,41 +44,91 @@ class Found(Exception):
     """A recipe with a FAIL (raised inside the search so that Hypothesis shrinks it)."""
 
 
-def recipes(shapes="core"):
-    """The recipes searched: the conformance suite's CORE configs, or (``"all"``) also any config of its small sets."""
+def recipes(shapes="core", modes=("dense",)):
+    """The recipes searched: with ``dense`` the conformance suite's CORE configs, or (``"all"``) also any config of
+    its small sets; with training-call modes, drawn :class:`ModeRecipe` s using some of them."""
     if shapes not in SHAPES:
         raise ValueError(f"shapes: {shapes!r} not one of {SHAPES}")
-    core = st.sampled_from(strategies.CORE).flatmap(strategies.specs)
-    return core if shapes == "core" else st.one_of(core, strategies.any_spec())
+    spaces = []
+    if "dense" in modes:
+        core = st.sampled_from(strategies.CORE).flatmap(strategies.specs)
+        spaces.append(core if shapes == "core" else st.one_of(core, strategies.any_spec()))
+    calls = [m for m in modes if m != "dense"]
+    if calls:
+        spaces.append(strategies.mode_recipes(calls))
+    if not spaces:
+        raise ValueError(f"modes: nothing to search in {tuple(modes)!r}")
+    return spaces[0] if len(spaces) == 1 else st.one_of(*spaces)
 
 
-def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core", show_progress=True):
+def judge(fn, spec):
+    """Run kernel ``fn`` on a drawn recipe and grade it: a dense :class:`oracle.Recipe` by the tolerance model, a
+    :class:`ModeRecipe` by the modes judge."""
+    if isinstance(spec, ModeRecipe):
+        return mode_running.validate(fn, ModeCase.from_recipe("hunt", spec))
+    problem, do, dfs = spec.build()
+    return harness.validate(fn, problem, do, dfs, dtype=spec.dtype)
+
+
+def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core", show_progress=True,
+         modes=("dense",), case_timeout=None, on_stop=None):
     """Search up to ``budget`` recipes for a FAIL of kernel ``fn`` (spec ``kernel``, used in the reproducer).
 
     Returns a :class:`HuntReport` (``worst``: {ratio, result, grade, recipe}; ``found``: None or
     {recipe, report, failed, repro, example}): ``first_fail`` counts the recipes run up to the first FAIL
-    (before shrinking), ``found`` holds the shrunk (minimal) failing recipe.
+    (before shrinking), ``found`` holds the shrunk (minimal) failing recipe. ``modes``: ``dense`` and training-call
+    modes to draw (a mode the kernel's signature does not accept is reported in ``not_accepted_modes``, not drawn).
+    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report)``: a watchdog stops the search when a kernel
+    call passes the limit (that recipe is the FAIL, timed out, not shrunk) or hangs through Ctrl-C / SIGTERM;
+    ``on_stop`` gets the report so far and the process ends (exit 1, 130, 143).
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget: expected a positive integer, got {budget!r}")
-    if result is not None and result not in RESULTS:
-        raise ValueError(f"result: {result!r} not one of {RESULTS}")
-    space = recipes(shapes)
-    state = {"examples": 0, "worst": None, "found": None, "first_fail": None, "interrupted": False}
+    if result is not None and result not in MODE_RESULTS:
+        raise ValueError(f"result: {result!r} not one of {MODE_RESULTS}")
+    modes = tuple(modes)
+    accepted = mode_running.accepted_modes(fn)
+    not_accepted = [m for m in modes if m != "dense" and m not in accepted]
+    searched = tuple(m for m in modes if m not in not_accepted)
+    state = {"examples": 0, "worst": None, "found": None, "first_fail": None, "interrupted": False, "spec": None}
+    start = time.perf_counter()
+
+    def report_of(interrupted):
+        found = state["found"]
+        if found is not None:
+            found["repro"], found["example"] = reproducer(found["recipe"], kernel)
+        return HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result,
+                          examples=state["examples"], first_fail=state["first_fail"],
+                          seconds=time.perf_counter() - start, worst=state["worst"], found=found,
+                          interrupted=interrupted, modes=list(modes), not_accepted_modes=not_accepted)
+
+    if not searched:  # every mode asked for is one the kernel does not take: nothing to draw
+        return report_of(False)
+    space = recipes(shapes, searched)
     bar = progress(total=budget, desc=f"hunt {kernel}", unit="example") if show_progress else None
 
+    def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
+        if reason == "timeout":
+            state["found"] = {"recipe": state["spec"], "report": None, "failed": [timed_out(case_timeout)]}
+            state["first_fail"] = state["first_fail"] or state["examples"]
+        report = report_of(reason != "timeout")
+        stop_run(reason, case_timeout, "recipes", lambda: on_stop(report) if on_stop is not None else None)
+
     def check(spec):
-        problem, do, dfs = spec.build()
         state["examples"] += 1
+        state["spec"] = spec
         if bar is not None:
             bar.update(1)
         try:
-            report = harness.validate(fn, problem, do, dfs, dtype=spec.dtype)
+            with dog.case(repr(spec)):
+                report = judge(fn, spec)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises fails the recipe
             state["found"] = {"recipe": spec, "report": None, "failed": [f"error: {type(exc).__name__}: {exc}"]}
             state["first_fail"] = state["first_fail"] or state["examples"]
             raise Found(str(exc)) from None
         ratios = strategies.target_ratios(report, result)
+        if not ratios:  # --result names a result this call does not have (dA_log of a dense call): nothing judged
+            return
         name = max(ratios, key=ratios.get)
         grade = report[name].grade
         if state["worst"] is None or (grade_rank(grade), ratios[name]) > (grade_rank(state["worst"]["grade"]),
@@ -88,9 +146,9 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
                       phases=(Phase.generate, Phase.target, Phase.shrink), verbosity=Verbosity.quiet,
                       suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                       print_blob=False)(given(spec=space)(check))
-    start = time.perf_counter()
     try:
-        hypothesis_seed(seed)(search)()
+        with Watchdog(case_timeout, stop) as dog:
+            hypothesis_seed(seed)(search)()
     except Found:
         pass  # Hypothesis replays the minimal failing recipe last, so state["found"] holds it
     except Flaky:  # the replay did not fail again: a non-deterministic kernel; keep the last failing recipe
@@ -100,13 +158,15 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
     finally:
         if bar is not None:
             bar.close()
-    found = state["found"]
-    if found is not None:
-        found["repro"] = strategies.repro(found["recipe"], kernel)
-        found["example"] = strategies.example(found["recipe"])
-    return HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result,
-                      examples=state["examples"], first_fail=state["first_fail"], seconds=time.perf_counter() - start,
-                      worst=state["worst"], found=found, interrupted=state["interrupted"])
+    return report_of(state["interrupted"])
+
+
+def reproducer(recipe, kernel):
+    """``(repro, example)``: the one-liner that judges ``kernel`` on ``recipe`` again and the ``@example`` line that
+    pins it (a dense recipe: property_tests/test_conformance.py's ``spec``; a training call: test_modes' ``recipe``)."""
+    if isinstance(recipe, ModeRecipe):
+        return strategies.mode_repro(recipe, kernel), strategies.mode_example(recipe)
+    return strategies.repro(recipe, kernel), strategies.example(recipe)
 
 
 @dataclass
@@ -125,20 +185,30 @@ class HuntReport:
     worst: dict | None
     found: dict | None
     interrupted: bool = False
+    modes: list = field(default_factory=lambda: ["dense"])  # what was drawn (--modes)
+    not_accepted_modes: list = field(default_factory=list)  # selected, not in the kernel's signature: not drawn
 
 
 def format_hunt(out):
     """What the CLI prints: the search, the shrunk FAIL with its reproducer (if any), the worst ratio reached."""
     what = f"result {out.result}" if out.result else "every result"
+    modes = [m for m in out.modes if m not in out.not_accepted_modes]
     lines = [f"gdn2-oracle hunt: {out.kernel}, {out.examples} recipes run (budget {out.budget}, seed "
-             f"{out.seed}, {out.shapes} shapes, targeting {what}) in {out.seconds:.0f} s"]
+             f"{out.seed}, {out.shapes} shapes, modes {','.join(modes) or 'none'}, targeting {what}) in "
+             f"{out.seconds:.0f} s"]
+    if out.not_accepted_modes:
+        lines.append(f"not drawn: {', '.join(out.not_accepted_modes)} (not accepted by the kernel's signature; "
+                     "not a failure)")
     found = out.found
     if found is not None:
-        lines += ["", f"FAIL ({', '.join(found['failed'])}) first at recipe {out.first_fail}, shrunk to "
-                      f"{found['recipe']!r}"]
+        stopped = any(f.startswith("timed out") for f in found["failed"])
+        lines += ["", f"FAIL ({', '.join(found['failed'])}) first at recipe {out.first_fail}, "
+                      f"{'not shrunk (the search stopped at it)' if stopped else 'shrunk to'} {found['recipe']!r}"]
         if found["report"] is not None:
             lines.append(found["report"].format())
         lines += [f"reproduce: {found['repro']}", f"pin it:    {found['example']}"]
+    if found is not None or out.interrupted:
+        lines.append(f"rerun:     {rerun_command(out)}")
     worst = out.worst
     if worst is not None:
         lines += ["", f"worst error / tolerance reached: {worst['ratio']:.3g} ({worst['result']}, {worst['grade']}) "
@@ -147,6 +217,16 @@ def format_hunt(out):
         lines.append(f"hunt: INTERRUPTED after {out.examples} recipes; rerun the same search with --seed {out.seed}")
     lines.append("hunt: FAIL found" if found is not None else "hunt: no FAIL found")
     return "\n".join(lines)
+
+
+def rerun_command(out):
+    """The ``gdn2-oracle hunt`` command line that runs the same search again."""
+    import shlex
+
+    kernel = shlex.quote(out.kernel)
+    extra = (f" --result {out.result}" if out.result else "") + (" --shapes all" if out.shapes != "core" else "")
+    return (f"gdn2-oracle hunt --kernel {kernel} --modes {','.join(out.modes)} --budget {out.budget} "
+            f"--seed {out.seed}{extra}")
 
 
 def _count(text):
@@ -166,10 +246,17 @@ def add_parser(sub):
     cli_args.add_kernels(h, one=True)
     h.add_argument("--budget", type=_count, default=DEFAULT_BUDGET, metavar="N",
                    help=f"recipes drawn (default {DEFAULT_BUDGET}; shrinking a FAIL comes on top)")
-    h.add_argument("--result", choices=RESULTS, help="target and judge only this result (default: all)")
+    h.add_argument("--result", choices=MODE_RESULTS,
+                   help="target and judge only this result (default: all; a call without it is not judged)")
     h.add_argument("--seed", type=cli_args.nonnegative, help="search seed (default: random, printed)")
     h.add_argument("--shapes", choices=SHAPES, default="core",
                    help="core (default: the conformance suite's CORE configs) or all (its small sets' cross product)")
+    h.add_argument("--modes", type=cli_args.call_modes, default=("dense",), metavar="LIST",
+                   help="what to draw, comma-separated among dense and the training-call modes (varlen, gate, l2norm, "
+                        "state_v_first, intermediate) or all (default dense: the conformance suite's recipes; a mode "
+                        "adds drawn FLA training calls using it, judged by the modes judge, where the kernel accepts "
+                        "it)")
+    cli_args.add_case_timeout(h, "recipe")
     cli_args.add_run_options(h, mesh_jobs=False)
 
 
@@ -180,7 +267,8 @@ def run(args):
     fn = cli_args.build(spec)
     print(f"gdn2-oracle hunt: seed {seed} (the same search again: --seed {seed})", file=sys.stderr, flush=True)
     out = hunt(fn, spec.spec, budget=args.budget, result=args.result, seed=seed, shapes=args.shapes,
-               show_progress=not args.no_progress)
+               show_progress=not args.no_progress, modes=args.modes, case_timeout=args.case_timeout,
+               on_stop=lambda report: print(format_hunt(report), flush=True))
     print(format_hunt(out), flush=True)
     if out.found is not None:
         return EXIT["fail"]

@@ -9,7 +9,10 @@ import os
 import sys
 from pathlib import Path
 
+from gdn2_oracle.golden.processes import TERMINATED
 from gdn2_oracle.golden.progress import Progress
+
+from ..running.watchdog import exit_now
 
 
 # Exit status of each outcome of a command (README "Exit codes", docs/commands.md).
@@ -19,6 +22,27 @@ EXIT = {"pass": 0, "fail": 1, "usage": 2, "input-error": 3, "interrupted": 130,
 
 class UsageError(ValueError):
     """A command-line problem (unknown kernel, import failure, bad option): exit status 2."""
+
+
+# Exit status of a run the watchdog stopped (ci/running/watchdog.py): a kernel call past --case-timeout is a
+# FAIL (1); Ctrl-C / SIGTERM while a kernel did not return are 130 / 143, as when the main thread takes them.
+STOPPED = {"timeout": EXIT["fail"], "interrupt": EXIT["interrupted"], "terminate": TERMINATED}
+
+
+def timed_out(limit):
+    """The error recorded for a kernel call stopped by ``--case-timeout`` (``limit`` seconds)."""
+    return f"timed out after {limit:g} s (--case-timeout); the run stops here"
+
+
+def stop_run(reason, limit, what, report):
+    """The end of a run the watchdog stopped (``reason``: timeout, interrupt, terminate): ``report()`` prints and
+    writes what was finished, one stderr line says why, then the process ends with :data:`STOPPED`'s status (a hung
+    kernel cannot be unwound, so nothing returns)."""
+    report()
+    why = (f"a kernel call passed --case-timeout {limit:g} s" if reason == "timeout"
+           else "interrupted while a kernel did not return")
+    print(f"gdn2-oracle: {why}; the run stops with the {what} finished before it", file=sys.stderr, flush=True)
+    exit_now(STOPPED[reason])
 
 
 def say_interrupted(n, what, json_path):

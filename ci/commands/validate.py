@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -41,20 +40,18 @@ from ..grading.grades import FAIL, PASS, PRECISION, Verdict, worst_grade
 from ..grading import reference_cache
 from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
-from ..running.watchdog import Watchdog, exit_now
-from gdn2_oracle.golden.processes import TERMINATED
+from ..running.watchdog import Watchdog
 from ..running import modes as mode_running
 from ..running import serving as serving_running
 from ..grading.serving_cases import MODES as SERVING_MODES
 from ..running.mesh import format_mesh
 from . import args as cli_args
 from . import dump as dumping
-from .output import (EXIT, UsageError, fmt_err, output_dir, progress, say_interrupted, table, write_after_work,
-                     write_json)
+from .output import (EXIT, UsageError, fmt_err, output_dir, progress, say_interrupted, stop_run, table, timed_out,
+                     write_after_work, write_json)
 from .provenance import environment, kernel_notes, source_sha256
 
 CASE_SETS = ("golden", "quick", "full")
-CASE_TIMEOUT = 900.0  # seconds one kernel call may take by default (compilation included)
 # Every mode validate judges: the dense contract, FLA chunk_gdn2's training-call modes, the serving modes
 # (decode steps on a state pool, speculative slots: docs/serving.md).
 VALIDATE_MODES = ALL_MODES + SERVING_MODES
@@ -371,14 +368,12 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
 
     def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
         if reason == "timeout":
-            msg = f"timed out after {case_timeout:g} s (--case-timeout); the run stops here"
+            msg = timed_out(case_timeout)
             current["kout"]["cases"].append({**current["case"].describe(), "passed": False, "outcome": "error",
                                              "grade": FAIL, "verdicts": [], "error": msg, "seconds": case_timeout,
                                              "diagnosis": [{"kind": "timeout", "text": msg, "token": None}]})
         report = finish(interrupted=reason != "timeout")
-        if on_stop is not None:
-            on_stop(report, reason)
-        exit_now({"timeout": EXIT["fail"], "interrupt": EXIT["interrupted"], "terminate": TERMINATED}[reason])
+        stop_run(reason, case_timeout, "cases", lambda: on_stop(report, reason) if on_stop is not None else None)
 
     interrupted = False
     try:
@@ -550,9 +545,7 @@ def add_parser(sub):
                                                  "tolerance per token of each failing result, reproduce.txt")
     v.add_argument("--max-failures", type=int, default=60, metavar="N",
                    help="cases not graded PASS printed, each with its diagnosis (default 60)")
-    v.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT, metavar="S",
-                   help=f"seconds one kernel call may take (default {CASE_TIMEOUT:g}; 0: no limit); past it the case "
-                        "is FAIL (timed out) and the run stops with what was finished, exit 1")
+    cli_args.add_case_timeout(v)
     v.add_argument("--strict", action="store_true",
                    help="fail (exit 1) on cases graded PRECISION too: over the working-precision tolerance but within "
                         "the precision-loss bound (default: a warning, exit 0)")
@@ -566,8 +559,6 @@ def run(args):
     """Validate, print the verdict table, write ``--json``; the exit status."""
     if args.max_failures < 0:
         raise UsageError(f"gdn2-oracle validate: error: --max-failures must be >= 0, got {args.max_failures}")
-    if not args.case_timeout >= 0:
-        raise UsageError(f"gdn2-oracle validate: error: --case-timeout must be >= 0, got {args.case_timeout}")
     out = cli_args.outputs(args, json="validate.json", plot="validate.png")
     if out["plot"] or args.dump:
         try:
@@ -581,9 +572,6 @@ def run(args):
         print(format_validation(report, max_failures=args.max_failures), flush=True)
         if out["json"]:
             write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json()))
-        why = (f"a kernel call passed --case-timeout {args.case_timeout:g} s" if reason == "timeout"
-               else "interrupted while a kernel did not return")
-        print(f"gdn2-oracle: {why}; the run stops with the cases finished before it", file=sys.stderr, flush=True)
 
     with reference_cache.bypassed(args.no_reference_cache):
         report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,

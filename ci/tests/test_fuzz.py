@@ -34,6 +34,7 @@ from gdn2_oracle import kernels, oracle
 from gdn2_oracle.ci import cli
 from gdn2_oracle.ci.commands import bench, domain, hunt
 from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.running import modes as mode_running
 from gdn2_oracle.golden import regenerate
 
 CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
@@ -79,9 +80,9 @@ def no_heavy_work():
                 "status": "ok", "reason": None, "sweep": [], "label": spec.label(), "compile_s": 0.1,
                 "median_s": 1e-3, "min_s": 1e-3, "times_s": [1e-3]}
 
-    def no_search(fn, kernel, *, budget, result, seed, shapes, show_progress):
+    def no_search(fn, kernel, *, budget, result, seed, shapes, show_progress, modes, case_timeout, on_stop):
         return hunt.HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result, examples=0,
-                               first_fail=None, seconds=0.0, worst=None, found=None)
+                               first_fail=None, seconds=0.0, worst=None, found=None, modes=list(modes))
 
     def no_cluster(**kwargs):
         raise RuntimeError("fuzz: no other process")  # our checks before it are what is fuzzed
@@ -89,8 +90,9 @@ def no_heavy_work():
     import jax
 
     tiny = domain.Grid("tiny", (domain.Axis("erase", "erase gate b", (1.0,)),), seeds=1, base=domain.Point(T=4),
-                       shape=(1, 1, 2, 2))
+                       shape=(1, 1, 2, 2), mode_values={sweep: v[:1] for sweep, v in domain.MODE_VALUES.items()})
     mp.setattr(harness, "kernel_results", no_kernel_run)
+    mp.setattr(mode_running, "mode_results", no_kernel_run)
     mp.setattr(bench, "bench_one", made_up_record)
     mp.setattr(regenerate, "_run_all", lambda names, jobs, desc: iter(()))
     mp.setattr(hunt, "hunt", no_search)
@@ -152,17 +154,23 @@ def option_tokens(sandbox):
                   st.sampled_from(["seq=2", "bogus=1", "data=0", "data=1,data=1", "data", ""]))
     jobs = mostly(st.sampled_from(["1", "2"]), st.sampled_from(["0", "-1", "x"]))
     one_kernel = mostly(st.sampled_from(["pairwise", "gdn2_oracle.kernels.testing:correct"]), KERNEL_SPECS)
+    # never a short limit: the watchdog ends the process (this one) when a call passes it
+    case_timeout = mostly(st.sampled_from(["0", "900"]), st.sampled_from(["-1", "x", "nan", "inf", ""]))
+    call_modes = mostly(st.sampled_from(["dense", "varlen", "gate,l2norm", "all", "dense,intermediate"]),
+                        st.sampled_from(["bogus", "", ",", "decode"]))
     options = {
         "validate": {**common,
                      "--cases": mostly(st.sampled_from(["golden", "quick", "full"]), st.just("huge")),
                      "--max-failures": mostly(st.sampled_from(["0", "5"]), ints),
                      "--modes": mostly(st.sampled_from(["dense", "dense,varlen", "decode,speculative"]),
                                        st.sampled_from(["bogus", "", ","])),
-                     "--mesh": mesh, "--jobs": jobs},
-        "domain": {"--kernel": one_kernel, "--seed": mostly(st.integers(0, 10).map(str), ints),
+                     "--mesh": mesh, "--jobs": jobs, "--case-timeout": case_timeout},
+        "domain": {"--kernel": one_kernel, "--modes": call_modes, "--case-timeout": case_timeout,
+                   "--seed": mostly(st.integers(0, 10).map(str), ints),
                    "--grid": mostly(st.sampled_from(["quick", "full"]), st.just("huge")),
                    "--out": mostly(st.sampled_from([str(sandbox / "dom")]), paths(sandbox))},
-        "hunt": {"--kernel": one_kernel, "--seed": mostly(st.integers(0, 10).map(str), ints),
+        "hunt": {"--kernel": one_kernel, "--modes": call_modes, "--case-timeout": case_timeout,
+                 "--seed": mostly(st.integers(0, 10).map(str), ints),
                  "--budget": mostly(st.sampled_from(["1", "5"]), st.sampled_from(["0", "-3", "x"])),
                  "--result": mostly(st.sampled_from(["o", "dh0"]), st.just("dz")),
                  "--shapes": mostly(st.sampled_from(["core", "all"]), st.just("some"))},
@@ -174,7 +182,7 @@ def option_tokens(sandbox):
                   "--tiles": mostly(st.sampled_from(["sweep", "chunk_size=32,64", "leaf=8,16", ""]),
                                     st.sampled_from(["bogus=1", "chunk_size", "chunk_size=0", "leaf=abc", ";"])),
                   "--repeats": mostly(st.just("1"), st.sampled_from(["0", "-2"])),
-                  "--mesh": mesh, "--jobs": jobs},
+                  "--mesh": mesh, "--jobs": jobs, "--case-timeout": case_timeout},
         "golden": {"--case": mostly(st.sampled_from(["len_1", "len_c16"]), st.just("no_such_case")),
                    "--jobs": mostly(st.sampled_from(["1", "2"]), st.sampled_from(["0", "-1", "x"]))},
     }

@@ -11,7 +11,7 @@ from gdn2_oracle.ci.commands import bench, domain, validate
 CHANGES = {
     "gdn2-oracle/validate/2": {"added": {"modes"}, "added per kernel": {"accepted_modes", "modes",
                                                                         "not_accepted_cases"}},
-    "gdn2-oracle/domain/2": {"added": {"interrupted"}},
+    "gdn2-oracle/domain/3": {"added": {"modes", "not_accepted_modes"}},  # /2 added interrupted
 }
 VALIDATE = {"schema", "command", "cases", "dtypes", "seed", "only", "mesh", "environment", "n_cases", "seconds",
             "passed", "interrupted", "outcome", "grade", "kernels", "modes"}
@@ -23,7 +23,7 @@ VALIDATE_CASE = {"case", "source", "dtype", "shape", "passed", "outcome", "grade
 BENCH = {"schema", "command", "environment", "repeats", "seed", "tiles", "mesh", "problem", "timed", "oracle_seconds",
          "seconds", "passed", "interrupted", "outcome", "results"}
 DOMAIN = {"schema", "kernel", "grid", "seeds", "chunk", "shape", "base", "results", "panels", "seconds",
-          "environment", "interrupted", "boundaries", "summary"}
+          "environment", "interrupted", "modes", "not_accepted_modes", "boundaries", "summary"}
 
 
 def test_the_versions_are_the_documented_ones():

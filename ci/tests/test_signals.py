@@ -6,17 +6,20 @@ from __future__ import annotations
 import concurrent.futures
 import concurrent.futures.process
 import json
+import re
 import shutil
 import signal
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gdn2_oracle import golden
 from gdn2_oracle.ci.grading import references
-from gdn2_oracle.ci.testing import alive, corpus_copy, interrupt_after
+from gdn2_oracle.ci.commands import domain
+from gdn2_oracle.ci.testing import alive, children, corpus_copy, interrupt_after
 from gdn2_oracle.oracle import make_problem, random_cotangents
 
 TINY_BENCH = ["--batch", "1", "--seq", "32", "--heads", "2", "--dim", "16", "--repeats", "1", "--no-progress"]
@@ -193,6 +196,13 @@ def hangs(*args, **kwargs):  # a JAX kernel that never returns (at trace time, i
         time.sleep(0.05)
 
 
+def hangs_in_bf16(q, k, v, g, b, w, scale=None, initial_state=None):
+    """The pairwise kernel on float32 inputs; never returns on bfloat16 ones."""
+    if q.dtype.name == "bfloat16":
+        hangs()
+    return _base(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+
+
 def torch_hangs(q, k, v, g, b, w, scale=None, initial_state=None, output_final_state=False):
     """A torch kernel that loops for good on non-zero input (the probe, on zeros, returns)."""
     import torch
@@ -207,7 +217,8 @@ def torch_hangs(q, k, v, g, b, w, scale=None, initial_state=None, output_final_s
 '''
 
 
-def _validate_hanging(tmp_path, kernel, *extra):
+def _hanging(tmp_path, *argv, script=None):
+    """``gdn2-oracle *argv`` (or ``python script *argv``) in a subprocess that can import ``hanging_kernels``."""
     import os
     import subprocess
     import sys
@@ -215,10 +226,15 @@ def _validate_hanging(tmp_path, kernel, *extra):
     (tmp_path / "hanging_kernels.py").write_text(HANGING)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GDN2_"))},
            "PYTHONPATH": str(tmp_path)}
-    return subprocess.Popen([sys.executable, "-m", "gdn2_oracle.ci.cli", "validate", "--kernel", "pairwise",
-                             "--kernel", kernel, "--cases", "golden", "--case", "len_1", "--case", "decay_moderate",
-                             "--dtype", "float32", "--no-progress", "--json", str(tmp_path / "v.json"), *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = [str(script)] if script else ["-m", "gdn2_oracle.ci.cli"]
+    return subprocess.Popen([sys.executable, *start, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _validate_hanging(tmp_path, kernel, *extra):
+    return _hanging(tmp_path, "validate", "--kernel", "pairwise", "--kernel", kernel, "--cases", "golden", "--case",
+                    "len_1", "--case", "decay_moderate", "--dtype", "float32", "--no-progress", "--json",
+                    str(tmp_path / "v.json"), *extra)
 
 
 def test_a_hung_kernel_is_stopped_by_the_case_timeout_with_the_finished_cases_reported(tmp_path):
@@ -246,3 +262,118 @@ def test_ctrl_c_stops_a_torch_kernel_hung_in_its_callback_with_the_partial_repor
     assert proc.returncode == 130, out + err
     assert time.monotonic() - t0 < 30 and "interrupted while a kernel did not return" in err, err
     assert json.loads((tmp_path / "v.json").read_text())["interrupted"] is True
+
+
+# --case-timeout in bench, domain and hunt: the same option and stop as validate's (ci/commands/args.py,
+# output.stop_run). LIMIT: well over a cold compile of the pairwise kernel at these tiny shapes on a loaded 2-core
+# machine (about 5 s), so only the hung kernel passes it.
+LIMIT = 12
+
+
+def test_bench_stops_a_hung_kernel_at_the_case_timeout_with_the_finished_results(tmp_path):
+    """Before: bench had no time limit; a hung kernel held the run for good."""
+    path = tmp_path / "b.json"
+    proc = _hanging(tmp_path, "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", "hanging_kernels:hangs",
+                    *TINY_BENCH, "--case-timeout", str(LIMIT), "--json", str(path))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    assert f"--case-timeout {LIMIT} s" in err and "REJECTED" in out and f"timed out after {LIMIT} s" in out, out + err
+    report = json.loads(path.read_text())
+    ok, hung = report["results"] if len(report["results"]) == 2 else pytest.fail(out + err)
+    assert ok["status"] == "ok" and ok["median_s"] > 0, "the finished result is reported"
+    assert hung["status"] == "rejected" and "compiling at" in hung["reason"]
+    assert f"timed out after {LIMIT} s" in hung["reason"]
+    assert report["outcome"] == "fail" and report["interrupted"] is False
+
+
+def test_domain_stops_a_hung_kernel_at_the_case_timeout_and_writes_the_cells_done(tmp_path):
+    """Before: domain had no time limit. Now the cell whose kernel call passes --case-timeout is FAIL (timed out), the
+    cells finished before it are written (marked interrupted) and the exit status is 1."""
+    proc = _hanging(tmp_path, "domain", "--kernel", "hanging_kernels:hangs_in_bf16", "--out", str(tmp_path / "d"),
+                    "--case-timeout", str(LIMIT), "--no-progress")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    assert f"--case-timeout {LIMIT} s" in err and "domain: FAIL in 1 of" in out and "(INTERRUPTED)" in out, out + err
+    report = json.loads((tmp_path / "d" / "domain.json").read_text())
+    assert report["interrupted"] is True
+    # the decay-strength sweep: every float32 cell, then the first bfloat16 one
+    f32, bf16 = report["panels"] if len(report["panels"]) == 2 else pytest.fail(out + err)
+    assert f32["dtype"] == "float32" and len(f32["cells"]) == len(domain.GRIDS["quick"].axes[0].values)
+    assert all(r["grade"] == "PASS" for c in f32["cells"] for r in c["results"].values())
+    [hung] = bf16["cells"]
+    assert f"timed out after {LIMIT} s" in hung["note"] and {r["grade"] for r in hung["results"].values()} == {"FAIL"}
+    assert "INTERRUPTED" in report["summary"] and (tmp_path / "d" / "domain.png").stat().st_size > 0
+
+
+def test_hunt_stops_a_hung_kernel_at_the_case_timeout_with_its_seed_and_the_worst_so_far(tmp_path):
+    """Before: hunt had no time limit. Now the recipe whose kernel call passes --case-timeout is the FAIL (not shrunk:
+    the search stops there), printed with its reproducer, the seed and the worst recipe so far; exit 1."""
+    proc = _hanging(tmp_path, "hunt", "--kernel", "hanging_kernels:hangs_in_bf16", "--seed", "3", "--budget", "40",
+                    "--case-timeout", str(LIMIT), "--no-progress")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    assert f"--case-timeout {LIMIT} s" in err and "seed 3" in err, err
+    assert f"FAIL (timed out after {LIMIT} s" in out and "not shrunk" in out and "precision='bfloat16'" in out, out
+    assert "reproduce: python -c" in out and "--seed 3" in out and "hunt: FAIL found" in out, out
+    ran = int(re.search(r"(\d+) recipes run", out).group(1))
+    assert ran == 1 or "worst error / tolerance reached" in out, out
+
+
+def _tree(pid):
+    """``pid`` and its descendants (from /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return out
+
+
+def _cmdline(pid):
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+ORACLE_IN_WORKERS = """
+import sys
+
+from gdn2_oracle.ci import cli
+from gdn2_oracle.ci.grading import references
+
+references.MIN_WORK = 0  # every generated case's float64 oracle in the worker processes of --jobs
+sys.exit(cli.main())
+"""
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_validate_with_oracle_workers_leaves_no_process_of_its_tree_alive(tmp_path, sig, code):
+    """validate --jobs 2 runs the float64 oracle in spawned worker processes (ci/grading/references.py): a signal
+    while they work gives the partial report and exit 143/130, and no process of its tree outlives it."""
+    script = tmp_path / "oracle_in_workers.py"
+    script.write_text(ORACLE_IN_WORKERS)
+    path = tmp_path / "v.json"
+    proc = _hanging(tmp_path, "validate", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick", "--modes",
+                    "dense", "--dtype", "float32", "--case", "gen_moderate_T100", "--case", "gen_strong_negative_T100",
+                    "--case", "gen_extreme_h0_T130", "--jobs", "2", "--json", str(path), "--no-progress",
+                    script=script)
+    tree, deadline = [], time.monotonic() + 240
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            tree = _tree(proc.pid)
+            if any("spawn_main" in _cmdline(p) for p in tree):  # the oracle's workers have started
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "validate finished before its oracle workers were seen"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    workers = tree[1:]
+    assert workers, "no worker process of the oracle to check"
+    assert proc.returncode == code, out + err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert json.loads(path.read_text())["interrupted"] is True
+    assert not _gone(tree[1:]), f"processes of validate's tree alive after it exited: {_gone(tree[1:], 0)}"
