@@ -191,11 +191,12 @@ LOWER_BOUNDS = (-5.0, -1.0, -20.0)  # the bounded gate's lower_bound (FLA ships 
 
 
 @st.composite
-def mode_recipes(draw, modes=MODES, dtypes=DTYPES, shape=MODE_SHAPE):
+def mode_recipes(draw, modes=MODES, dtypes=None, shape=MODE_SHAPE):
     """A :class:`oracle.mode_recipes.ModeRecipe` using some of ``modes`` (each drawn on or off, at least one on;
     all off shrinks away): packed lengths around the chunk (varlen), the gate's form, ``lower_bound`` and
     parameters (gate), near-zero q/k rows (l2norm), ``[V, K]`` states, states at chunk starts (intermediate),
-    with drawn decay and gate regimes, q/k mode, initial state, dtype and data seeds."""
+    with drawn decay and gate regimes, q/k mode, initial state, dtype (among ``dtypes``, default :data:`DTYPES`) and
+    data seeds. The sets drawn from are this module's constants, read when drawing."""
     modes = tuple(m for m in MODES if m in modes)
     if not modes:
         raise ValueError(f"modes: expected some of {MODES}, got none")
@@ -224,7 +225,7 @@ def mode_recipes(draw, modes=MODES, dtypes=DTYPES, shape=MODE_SHAPE):
     if on.get("intermediate"):
         kw["intermediate_chunk_size"] = MODE_CHUNK
     return ModeRecipe(H, K, V, decay=draw(st.sampled_from(DECAYS)), gates=draw(st.sampled_from(GATES)),
-                      initial_state=draw(st.booleans()), precision=draw(st.sampled_from(tuple(dtypes))),
+                      initial_state=draw(st.booleans()), precision=draw(st.sampled_from(tuple(dtypes or DTYPES))),
                       seed=draw(seeds), cot_seed=draw(seeds), **kw)
 
 

@@ -682,9 +682,9 @@ def plot(report, path):
     cmap = plt.get_cmap("RdYlGn_r").with_extremes(over="#3b0000", bad="#c8c8c8")
     norm = Normalize(vmin=-3, vmax=3)
     ps = report.panels
-    if not ps:  # interrupted before the first cell: a page that says so
+    if not ps:  # interrupted before the first cell, or no sweep the kernel accepts: a page that says so
         fig = plt.figure(figsize=(6, 1.5))
-        fig.text(0.5, 0.5, f"{report.kernel}: no cell finished (interrupted)", ha="center", va="center")
+        fig.text(0.5, 0.5, f"{report.kernel}: no cell to map", ha="center", va="center")
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
         plt.close(fig)

@@ -158,3 +158,65 @@ def test_domain_usage_errors_come_before_any_work(cli, monkeypatch, argv, needle
     monkeypatch.setattr(domain, "evaluate", lambda *a, **k: pytest.fail("a cell was evaluated"))
     code, _, err = cli("domain", "--kernel", CLIPPED, *argv, "--no-progress")
     assert code == 2 and needle in err and "Traceback" not in err, err
+
+
+# --- training-call modes: domain --modes (sweeps judged by the modes judge) ------------------------------------
+
+MUTANTS = "gdn2_oracle.kernels.testing_modes"
+# Two cells a sweep (each new static call compiles once), no dense sweep: seconds per kernel.
+MODE_GRID = Grid("quick", (), seeds=1, mode_values={"varlen.length": (1, 64), "gate.A_log": (1.0, 16.0),
+                                                     "l2norm.qk_norm": (1.0, 1e-3)})
+
+
+def _mode_run(cli, monkeypatch, tmp_path, kernel, modes):
+    monkeypatch.setitem(domain.GRIDS, "quick", MODE_GRID)
+    code, out, err = cli("domain", "--kernel", kernel, "--modes", modes, "--out", tmp_path, "--no-progress")
+    return code, out + err, json.loads((tmp_path / "domain.json").read_text())
+
+
+def test_domain_mode_sweeps_of_a_correct_kernel_pass_with_the_mode_results(cli, tmp_path, monkeypatch):
+    code, out, report = _mode_run(cli, monkeypatch, tmp_path, "pairwise", "gate,l2norm")
+    assert code == 0 and "domain: no FAIL" in out, out
+    assert report["modes"] == ["gate", "l2norm"] and report["not_accepted_modes"] == []
+    gate, l2 = report["panels"]
+    assert (gate["field"], gate["mode"], l2["field"]) == ("gate.A_log", "gate", "l2norm.qk_norm")
+    assert {"dA_log", "ddt_bias"} <= set(gate["cells"][0]["results"]) and "dA_log" not in l2["cells"][0]["results"]
+    assert all(r["grade"] == PASS for p in report["panels"] for c in p["cells"] for r in c["results"].values())
+    # each cell names the call that rebuilds it
+    cell = l2["cells"][1]
+    point = domain.ModePoint(domain.ModeRecipe(**{**cell["point"]["recipe"],
+                                                  "lengths": tuple(cell["point"]["recipe"]["lengths"])}),
+                             qk_norm=cell["point"]["qk_norm"])
+    call, _, _ = domain.build_mode(point, report["seeds"][0])
+    assert call.qk_l2norm and np.allclose(np.linalg.norm(call.q, axis=-1), 1e-3, rtol=1e-2)
+    assert "mode sweeps gate, l2norm" in report["summary"] and "every result is PASS" in report["summary"]
+
+
+def test_domain_mode_sweeps_show_a_mutants_fail_cells_and_exit_1(cli, tmp_path, monkeypatch):
+    """leaky_state (a packed sequence starts from the previous one's final state) FAILs in every packed cell; the
+    bounded gate with exp(A_log) outside the sigmoid FAILs where exp(A_log) != 1 (at 1 only dA_log differs)."""
+    code, out, report = _mode_run(cli, monkeypatch, tmp_path / "leaky", f"{MUTANTS}:leaky_state", "varlen")
+    assert code == 1 and "domain: FAIL in 2 of 2 cells" in out, out
+    [panel] = report["panels"]
+    assert all(c["results"]["final_state"]["grade"] == FAIL for c in panel["cells"])
+    code, out, report = _mode_run(cli, monkeypatch, tmp_path / "gate", f"{MUTANTS}:lower_bound_outside", "gate")
+    assert code == 1, out
+    at_1, at_16 = _panel(report, "gate.A_log")["cells"]
+    assert at_1["results"]["o"]["grade"] == PASS and at_1["results"]["dA_log"]["grade"] == FAIL
+    assert all(r["grade"] == FAIL for r in at_16["results"].values())
+    assert "FAIL from 16" in report["summary"], report["summary"]
+
+
+def test_domain_names_the_modes_a_kernel_does_not_accept_without_failing(cli, tmp_path, monkeypatch):
+    code, out, report = _mode_run(cli, monkeypatch, tmp_path, "gdn2_oracle.kernels.testing:correct", "varlen,gate")
+    assert code == 0 and "not swept: varlen, gate" in out, out
+    assert report["not_accepted_modes"] == ["varlen", "gate"] and report["panels"] == []
+    assert "Not swept: varlen, gate" in report["summary"] and (tmp_path / "domain.png").stat().st_size > 0
+
+
+def test_domain_modes_argument(capsys):
+    from gdn2_oracle.ci.commands.args import call_modes
+
+    assert call_modes("all") == ("dense", *domain.MODES) and call_modes("gate,varlen") == ("varlen", "gate")
+    assert cli.main(["domain", "--kernel", "pairwise", "--modes", "decode"]) == 2
+    assert "decode not among dense, varlen" in capsys.readouterr().err

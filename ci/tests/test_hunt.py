@@ -113,3 +113,49 @@ def test_an_interrupted_hunt_prints_its_seed_and_the_worst_so_far(cli, monkeypat
 def test_hunt_refuses_a_negative_seed(cli):
     code, _, err = cli("hunt", "--kernel", "pairwise", "--seed", "-1")
     assert code == 2 and "expected an integer >= 0" in err
+
+
+# --- training-call modes: hunt --modes ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def few_call_structures(monkeypatch):
+    """Draw gated calls of one length, one row, one lower_bound, float32: every call structure (and compile) is
+    decided by A_log and dt_bias alone, so the search stays cheap."""
+    monkeypatch.setattr(hunt.strategies, "MODE_DENSE_LENGTHS", (8,))
+    monkeypatch.setattr(hunt.strategies, "BATCHES", (1,))
+    monkeypatch.setattr(hunt.strategies, "LOWER_BOUNDS", (-5.0,))
+    monkeypatch.setattr(hunt.strategies, "DTYPES", ("float32",))
+
+
+def test_hunt_modes_on_a_correct_kernel_exits_0(cli, few_call_structures):
+    code, out, _ = cli("hunt", "--kernel", "pairwise", "--modes", "gate", "--budget", "3", "--seed", "2",
+                       "--no-progress")
+    assert code == 0, out
+    assert "modes gate" in out and "hunt: no FAIL found" in out
+    worst = re.search(r"worst error / tolerance reached: (\S+) \((\w+), (\w+)\) on (ModeRecipe\(.*\))", out)
+    assert worst and worst.group(3) == PASS and "gate='" in worst.group(4), out  # a gated call
+
+
+def test_hunt_modes_finds_shrinks_and_reproduces_a_mutants_fail(cli, few_call_structures):
+    """lower_bound_outside (exp(A_log) scales the bounded gate's result, not its argument): found, shrunk to a
+    ModeRecipe, and the printed one-liner rebuilds the call and shows the FAIL."""
+    kernel = "gdn2_oracle.kernels.testing_modes:lower_bound_outside"
+    code, out, _ = cli("hunt", "--kernel", kernel, "--modes", "gate", "--budget", "20", "--seed", "0", "--no-progress")
+    assert code == 1 and "hunt: FAIL found" in out, out
+    shrunk = re.search(r"shrunk to (ModeRecipe\(.*\))", out).group(1)
+    recipe = eval(shrunk, {"ModeRecipe": hunt.ModeRecipe})  # noqa: S307 - the printed recipe
+    assert recipe.gate == "bounded" and recipe.A_log and recipe.seed == 0 and recipe.modes == ("gate",)
+    assert f"rerun:     gdn2-oracle hunt --kernel {kernel} --modes gate --budget 20 --seed 0" in out
+    assert f"pin it:    @example(recipe={recipe.call_source()})" in out
+    line = next(x for x in out.splitlines() if x.startswith("reproduce: "))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(re.fullmatch(r'reproduce: python -c "(.*)"', line).group(1), {})  # noqa: S102 - the printed one-liner
+    assert re.search(r"^\w+ .* FAIL", printed.getvalue(), re.M), printed.getvalue()
+
+
+def test_hunt_names_the_modes_a_kernel_does_not_accept(cli):
+    code, out, _ = cli("hunt", "--kernel", f"{WRONG}:correct", "--modes", "varlen", "--budget", "2", "--seed", "0",
+                       "--no-progress")
+    assert code == 0 and "not drawn: varlen" in out and "0 recipes run" in out, out
