@@ -40,6 +40,7 @@ from ..grading.grades import FAIL, PASS, PRECISION, Verdict, worst_grade
 from ..grading import reference_cache
 from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
+from ..running.ahead import Ahead
 from ..running.watchdog import Watchdog
 from ..running import modes as mode_running
 from ..running import serving as serving_running
@@ -131,7 +132,7 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     return cases
 
 
-def run_case(fn, case: Case, mesh=None, *, capture=False):
+def run_case(fn, case: Case, mesh=None, *, capture=False, program=None):
     """Judge kernel ``fn`` on one case: ``{"passed", "outcome", "verdicts", "error", "seconds"}``.
 
     ``outcome``: ``pass``, ``fail`` (over tolerance), ``error`` (the kernel raised) or ``input-error``
@@ -157,7 +158,7 @@ def run_case(fn, case: Case, mesh=None, *, capture=False):
 
     def run_dense(problem, do, dfs):
         harness.check_representable(problem, case.dtype)
-        return harness.kernel_results(fn, problem, do, dfs, dtype=case.dtype, mesh=mesh)
+        return harness.kernel_results(fn, problem, do, dfs, dtype=case.dtype, mesh=mesh, program=program)
 
     return _judged(case, run_dense, case.judge, capture=capture, inputs=_dense_inputs, reference=case.reference)
 
@@ -290,7 +291,8 @@ class ValidationReport:
 
 
 def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=None,
-                   show_progress=True, env=None, mesh=None, modes=None, dump=None, case_timeout=None, on_stop=None):
+                   show_progress=True, env=None, mesh=None, modes=None, dump=None, case_timeout=None, on_stop=None,
+                   compile_workers=None):
     """Validate every kernel spec (:class:`kernels.KernelSpec`); returns the :class:`ValidationReport`.
 
     With a ``mesh`` (a ``jax.sharding.Mesh``, ci/mesh.py) every kernel runs inside it on sharded inputs
@@ -326,7 +328,9 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
         if not takes_part(case, kout["accepted_modes"]):
             kout["not_accepted_cases"].append(case.name)
         else:
-            res = run_case(fn, case, mesh, capture=dump is not None)
+            key = (fn, id(case))
+            program = functools.partial(ahead.compiled, key) if key in ahead else None
+            res = run_case(fn, case, mesh, capture=dump is not None, program=program)
             arrays = res.pop("arrays", None)
             res.setdefault("grade", case_grade(res))
             res.setdefault("diagnosis", [{"kind": res["outcome"], "text": res["error"], "token": None}]
@@ -377,7 +381,7 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
 
     interrupted = False
     try:
-        with Watchdog(case_timeout, stop) as dog:
+        with Watchdog(case_timeout, stop) as dog, compile_ahead(built, case_list, mesh, compile_workers) as ahead:
             for case in case_list:
                 for (spec, fn), kout in zip(built, kernels_out):
                     current.update(kout=kout, case=case)
@@ -390,6 +394,19 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
         if bar is not None:
             bar.close()
     return finish(interrupted)
+
+
+def compile_ahead(built, case_list, mesh, workers):
+    """An :class:`Ahead` over the dense cases' programs of every kernel in the run's order (``workers`` 0, or a
+    mesh: none -- each program compiles on its first call)."""
+    def prepare(fn, case):
+        problem = case.data()[0]
+        return harness.program_signature(fn, problem, case.dtype), lambda: harness.lower(fn, problem, case.dtype)
+
+    jobs = [] if workers == 0 or mesh is not None else [
+        ((fn, id(case)), functools.partial(prepare, fn, case))
+        for case in case_list if type(case) is Case for _, fn in built]
+    return Ahead(jobs, workers or None)
 
 
 def outcome(kernels_out, interrupted=False):
@@ -546,6 +563,9 @@ def add_parser(sub):
     v.add_argument("--max-failures", type=int, default=60, metavar="N",
                    help="cases not graded PASS printed, each with its diagnosis (default 60)")
     cli_args.add_case_timeout(v)
+    v.add_argument("--compile-workers", type=int, default=None, metavar="N",
+                   help="threads compiling the kernels' programs ahead of the cases (default: one a core; 0: compile "
+                        "each program when its first case runs)")
     v.add_argument("--strict", action="store_true",
                    help="fail (exit 1) on cases graded PRECISION too: over the working-precision tolerance but within "
                         "the precision-loss bound (default: a warning, exit 0)")
@@ -557,6 +577,8 @@ def add_parser(sub):
 
 def run(args):
     """Validate, print the verdict table, write ``--json``; the exit status."""
+    if args.compile_workers is not None and args.compile_workers < 0:
+        raise UsageError(f"gdn2-oracle validate: error: --compile-workers must be >= 0, got {args.compile_workers}")
     if args.max_failures < 0:
         raise UsageError(f"gdn2-oracle validate: error: --max-failures must be >= 0, got {args.max_failures}")
     out = cli_args.outputs(args, json="validate.json", plot="validate.png")
@@ -576,7 +598,8 @@ def run(args):
     with reference_cache.bypassed(args.no_reference_cache):
         report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
                                 only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
-                                modes=args.modes, dump=dumper, case_timeout=args.case_timeout, on_stop=report_so_far)
+                                modes=args.modes, dump=dumper, case_timeout=args.case_timeout, on_stop=report_so_far,
+                                compile_workers=args.compile_workers)
     print(format_validation(report, max_failures=args.max_failures), flush=True)
     if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
         print(f"report: {out['json']}", flush=True)

@@ -76,21 +76,51 @@ def runner(fn):
     return jax.jit(run, static_argnames="scale")
 
 
+def host_cast(x, dtype):
+    """``x`` rounded to ``dtype`` on the host (NumPy / ml_dtypes, round to nearest even).
+
+    Not ``jnp.asarray(x, dtype)``: that compiles an XLA ``convert_element_type`` program for every new shape
+    and dtype (39 of the 77 programs of a ``validate --cases quick`` run were these)."""
+    return np.asarray(x).astype(jnp.dtype(dtype))
+
+
+def to_device(x, dtype):
+    """``x`` in ``dtype`` as a JAX array: cast on the host (:func:`host_cast`), then transferred."""
+    return jax.device_put(host_cast(x, dtype))
+
+
 def device_inputs(problem: oracle.Problem, do, dfinal_state, dtype="float32"):
     """The problem's inputs and cotangents as JAX arrays in the kernel's input dtype."""
     jdt = _check_dtype(dtype)
-    inputs = tuple(jnp.asarray(x, dtype=jdt) for x in problem.inputs())
-    h0 = jnp.asarray(problem.h0(), dtype=jnp.float32)
-    return inputs, h0, jnp.asarray(do, dtype=jdt), jnp.asarray(dfinal_state, dtype=jnp.float32)
+    inputs = tuple(to_device(x, jdt) for x in problem.inputs())
+    return inputs, to_device(problem.h0(), jnp.float32), to_device(do, jdt), to_device(dfinal_state, jnp.float32)
 
 
-def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="float32", mesh=None):
+def program_signature(fn, problem: oracle.Problem, dtype):
+    """What decides the program :func:`runner` compiles for ``fn`` on ``problem``: the kernel, the input shapes,
+    the dtype and the (static) scale."""
+    return fn, tuple(x.shape for x in problem.inputs()), jnp.dtype(dtype).name, problem.scale
+
+
+def lower(fn, problem: oracle.Problem, dtype):
+    """Trace and lower :func:`runner`'s forward-and-gradients program for ``problem`` in ``dtype`` on abstract
+    values (``ci/running/ahead.py`` compiles it; the compiled program takes ``(inputs, h0, do, dfs)``)."""
+    jdt, S = _check_dtype(dtype), jax.ShapeDtypeStruct
+    B, T, H, K = problem.q.shape
+    V = problem.v.shape[-1]
+    inputs = tuple(S(x.shape, jdt) for x in problem.inputs())
+    state = S((B, H, K, V), jnp.float32)
+    return runner(fn).lower(inputs, state, S((B, T, H, V), jdt), state, problem.scale)
+
+
+def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="float32", mesh=None, program=None):
     """``{name: np.ndarray}`` for o, final_state and the seven gradients, in the dtypes the kernel returned.
 
     The kernel sees exactly the problem's values (they are representable in ``dtype`` when the
     problem was generated or rounded for it; otherwise the rounding is the caller's choice).
     With a ``mesh`` (ci/mesh.py; default: the one set by ``jax.set_mesh``, if any) the inputs are placed
-    with NamedSharding and the kernel runs inside it.
+    with NamedSharding and the kernel runs inside it. ``program()``: the program compiled ahead of time
+    (``ci/running/ahead.py``; None or a raise as when tracing it), else it is compiled on this call.
     """
     inputs, h0, jdo, jdfs = device_inputs(problem, do, dfinal_state, dtype)
     mesh = mesh_lib.current() if mesh is None else mesh
@@ -98,7 +128,11 @@ def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="floa
         (*inputs, jdo), h0 = mesh_lib.place(mesh, (*inputs, jdo), h0)
     try:
         with _quiet_callback_failures(), mesh_lib.using(mesh), guarded():
-            out = runner(fn)(tuple(inputs), h0, jdo, jdfs, problem.scale)
+            compiled = program() if program is not None and mesh is None else None
+            if compiled is not None:
+                out = compiled(tuple(inputs), h0, jdo, jdfs)
+            else:
+                out = runner(fn)(tuple(inputs), h0, jdo, jdfs, problem.scale)
             out = jax.block_until_ready(out)
     except Exception as exc:
         line = host_callback_error(exc)
@@ -155,7 +189,7 @@ def check_representable(problem: oracle.Problem, dtype):
     """Raise ValueError if the problem's inputs are not exactly representable in ``dtype``."""
     jdt = _check_dtype(dtype)
     for name, x in zip(oracle.INPUTS, problem.inputs()):
-        if not np.array_equal(np.asarray(jnp.asarray(x, dtype=jdt), dtype=np.float64), x):
+        if not np.array_equal(host_cast(x, jdt).astype(np.float64), x):
             raise ValueError(f"{name}: values are not exactly representable in {dtype}; "
                              f"generate the problem with precision={dtype!r}")
 

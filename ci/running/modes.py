@@ -25,7 +25,8 @@ from gdn2_oracle.oracle.call import Call
 
 from ..grading.modes import KEYWORDS, MODES, ModeCase, result_names
 from ..grading.tolerance import Report
-from .harness import ContractError, KernelError, _check_dtype, _quiet_callback_failures, host_callback_error
+from .harness import (ContractError, KernelError, _check_dtype, _quiet_callback_failures, host_callback_error,
+                      host_cast, to_device)
 
 DEFAULT_CHUNK = 64  # a kernel without a ``chunk_size`` attribute is taken to use FLA's chunk
 
@@ -126,7 +127,11 @@ def runner(fn, static: Static, state_shape):
 
 @functools.cache
 def state_runner(fn, static: Static, state_shape, intermediate_shape):
-    """A jitted forward-only ``(inputs, h0, params) -> intermediate states`` (``return_intermediate_states``)."""
+    """A jitted forward-only ``(inputs, h0, params) -> intermediate states`` (``return_intermediate_states``).
+
+    A program of its own, not an aux output of :func:`runner`'s VJP: FLA returns the states at chunk starts only
+    from a forward without a backward (under ``torch.inference_mode()``), so asking for them under the VJP is a
+    call FLA does not support."""
     kw = static.keywords()
 
     def run(inputs, h0, params):
@@ -154,7 +159,7 @@ def check_representable(call: Call, dtype):
     named += [(n, getattr(call, n), jnp.float32) for n in ("initial_state", "A_log", "dt_bias")
               if getattr(call, n) is not None]
     for name, x, dt in named:
-        if not np.array_equal(np.asarray(jnp.asarray(x, dtype=dt), dtype=np.float64), x):
+        if not np.array_equal(host_cast(x, dt).astype(np.float64), x):
             raise ValueError(f"{name}: values are not exactly representable in {jnp.dtype(dt).name}")
 
 
@@ -167,10 +172,10 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32"):
     jdt = _check_dtype(dtype)
     call.check_cotangents(do, dfinal_state)
     static = Static.of(call)
-    inputs = tuple(jnp.asarray(x, dtype=jdt) for x in call.inputs())
-    h0 = jnp.asarray(call.initial_state if call.initial_state is not None else np.zeros(call.state_shape), jnp.float32)
-    params = tuple(jnp.asarray(getattr(call, n), jnp.float32) for n in static.params)
-    jdo, jdfs = jnp.asarray(do, dtype=jdt), jnp.asarray(dfinal_state, dtype=jnp.float32)
+    inputs = tuple(to_device(x, jdt) for x in call.inputs())
+    h0 = to_device(call.initial_state if call.initial_state is not None else np.zeros(call.state_shape), jnp.float32)
+    params = tuple(to_device(getattr(call, n), jnp.float32) for n in static.params)
+    jdo, jdfs = to_device(do, jdt), to_device(dfinal_state, jnp.float32)
     try:
         with _quiet_callback_failures():
             out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))

@@ -34,6 +34,7 @@ from gdn2_oracle.kernels.torch_bridge import TorchKernel
 from ..grading import serving_cases as recipes
 from ..grading.grades import FAIL, PASS, PRECISION
 from ..grading.serving import STATE_DTYPES, Session
+from .harness import host_cast, to_device
 
 CONVENTIONS = ("pool", "fla")  # state_pool / FLA's initial_state + ssm_state_indices
 GRADE_OUTCOME = {PASS: "pass", PRECISION: "precision", FAIL: "fail"}
@@ -92,15 +93,15 @@ class ServingRunner:
 
     def pool(self, values):
         """The initial pool in the kernel's state dtype (NumPy; ``values`` exact in it)."""
-        return np.asarray(jnp.asarray(np.asarray(values, np.float32)).astype(self.state_dtype))
+        return host_cast(np.asarray(values, np.float32), self.state_dtype)
 
     def step(self, call, pool, dtype):
         """Run one :class:`DecodeCall` on ``pool`` with inputs in ``dtype``: ``(o, new_pool)`` as NumPy arrays."""
         bk = call.bookkeeping()
         if self.torch is not None:
-            xs = [np.asarray(jnp.asarray(x, dtype)) for x in call.inputs()]
+            xs = [host_cast(x, dtype) for x in call.inputs()]
             return self.torch(*xs, state_pool=pool, **bk)
-        xs = [jnp.asarray(x, dtype) for x in call.inputs()]
+        xs = [to_device(x, dtype) for x in call.inputs()]
         ints = {k: jnp.asarray(np.asarray(v).astype(np.int32)) for k, v in bk.items() if k != "scale"}
         scale = bk.get("scale")
         if self.convention == "pool":
