@@ -32,12 +32,14 @@ $(STAMP): pyproject.toml | $(PY)
 # compiles the program again (with a warning); it never runs a torn program.
 # pytest-xdist: one worker a core (TEST_WORKERS=0: in this process, e.g. for pdb); work stealing, because
 # a few subprocess tests take minutes while most take a second.
+# The float64 references of fixed recipes go to .reference-cache/ (gitignored), not the user's ~/.cache; the
+# judge's own tests (ci/tests/conftest.py) turn it off where they watch the oracle work.
 # ruff first: the lint rules of pyproject.toml [tool.ruff] are part of the suite.
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
-		$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+		GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The main job: validate our kernels against the oracle and the goldens, then a validated benchmark.
 check: $(STAMP)
@@ -51,4 +53,4 @@ bench: $(STAMP)
 	$(VENV)/bin/pytest ci/benchmarks --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache $(REPORTS)
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache $(REPORTS)
