@@ -120,7 +120,7 @@ def run(fn, problem, do, dfs, dtype):
     return harness.kernel_results(fn, problem, do, dfs, dtype=dtype)
 
 
-def setup(spec):
+def inputs_of(spec):  # not `setup`: pytest < 8.1 calls a module-level setup() before the module's tests
     """``(problem, do, dfinal_state)`` of a recipe."""
     return spec.build()
 
@@ -152,7 +152,7 @@ def _fn(name, **options):
 @given(spec=core_specs())
 def test_matches_oracle(kernel, spec):
     """Forward, final state and the seven gradients match the float64 oracle, every regime and dtype."""
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
     target_ratios(report)  # hypothesis.target on error / tolerance per result: steers the search (as gdn2-oracle hunt)
     check(report, spec, kernel.name, f"kernel {kernel.name!r} vs the float64 oracle")
@@ -169,7 +169,7 @@ def test_pairwise_and_factorized_agree(kernel, owner, spec):
     """The two kernels differ only in how the score tiles' decay is formed: their results agree to
     a third of the model's recurrence rule (3x tighter than either's bound against the oracle); over it,
     within the agreement's precision-loss bound, PRECISION."""
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     a = run(_fn("pairwise"), p, do, dfs, spec.dtype)
     b = run(kernel.fn, p, do, dfs, spec.dtype)
     ref = references.reference_results(p, do, dfs)
@@ -206,7 +206,7 @@ def test_chunk_and_split_invariance(kernel, owner, options, spec):
     with its default options (the chunking is an implementation detail, not a numerical choice)."""
     assert kernel.name == owner and kernel.configurable  # other combinations are deselected (conftest)
     variant = kernel.variant(**options)
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     got = run(variant.fn, p, do, dfs, spec.dtype)
     ref = references.reference_results(p, do, dfs)
     report, base, cum = judge(p, do, dfs, got, ref, spec.dtype)
@@ -229,7 +229,7 @@ def _piece(p, lo, hi, h0):
 def test_state_carry(kernel, t, spec):
     """[0, t) then [t, T) with the carried final state equals one call: forward, and every gradient
     by chaining the two calls' VJPs (the second call's dh0 is the first call's final-state cotangent)."""
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     whole = run(kernel.fn, p, do, dfs, spec.dtype)
     first_fwd = run(kernel.fn, _piece(p, 0, t, p.initial_state), do[:, :t], dfs, spec.dtype)  # dfs: placeholder
     second = run(kernel.fn, _piece(p, t, None, first_fwd["final_state"].astype(np.float64)), do[:, t:], dfs, spec.dtype)
@@ -256,7 +256,7 @@ TINY = 2.0 ** -90  # below this, flush-to-zero of subnormals may differ between 
 def test_scaling_v_and_initial_state(kernel, spec, c):
     """Scaling v and h0 by a power of two c scales o, the final state and dq, dk, dg, db, dw by c
     exactly (every operation is linear in (v, h0) or independent of it) and leaves dv, dh0 unchanged."""
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     scaled = p.replace(v=c * p.v, initial_state=None if p.initial_state is None else c * p.initial_state)
     a = run(kernel.fn, p, do, dfs, spec.dtype)
     b = run(kernel.fn, scaled, do, dfs, spec.dtype)
@@ -292,7 +292,7 @@ PERMUTABLE = tuple(c for c in CORE if c.B > 1 or c.H > 1)
 @given(spec=st.sampled_from(PERMUTABLE).flatmap(specs))
 def test_batch_and_head_permutation(kernel, spec):
     """Permuting batch rows and heads of the inputs permutes every result the same way."""
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     a = run(kernel.fn, p, do, dfs, spec.dtype)
     ref = references.reference_results(p, do, dfs)
     base, cum = baselines(p, do, dfs, a)
@@ -317,7 +317,7 @@ def test_batch_and_head_permutation(kernel, spec):
 def test_gla_reduction(kernel, spec):
     """b = 0: o and the final state match the independent O(T^2) closed form (oracle.reductions.gla_forward),
     judged by the model (and the gradients against the recurrence)."""
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     got = run(kernel.fn, p, do, dfs, spec.dtype)
     ref = references.reference_results(p, do, dfs)
     o, S = reductions.gla_forward(p)
@@ -334,7 +334,7 @@ REDUCTION = {"kda": "kda", "gated_deltanet": "gdn"}  # test id -> Recipe.reducti
 def test_kda_and_gated_deltanet(kernel, model, spec):
     """KDA (b = w = beta) and Gated DeltaNet (also a scalar decay per head) problems match the oracle."""
     spec = spec.replace(reduction=REDUCTION[model])  # oracle.reductions.reduce of the drawn problem
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     report = harness.validate(kernel.fn, p, do, dfs, dtype=spec.dtype)
     check(report, spec, kernel.name, f"{kernel.name} on the {model} reduction of the spec's problem "
                                      f"(b = w = beta = b[..., 0]{', g = g[..., 0]' if model != 'kda' else ''})")
@@ -346,7 +346,7 @@ def test_gated_deltanet_key_channel_permutation(kernel, spec, perm_seed):
     (and the rows of h0) permutes dq, dk, dg, db, the final state and dh0 the same way and leaves o,
     dv, dw unchanged."""
     spec = spec.replace(reduction="gdn")
-    p, do, dfs = setup(spec)
+    p, do, dfs = inputs_of(spec)
     perm = np.random.default_rng(perm_seed).permutation(spec.K)
     h0 = None if p.initial_state is None else p.initial_state[:, :, perm]
     pp = p.replace(q=p.q[..., perm], k=p.k[..., perm], g=p.g[..., perm], b=p.b[..., perm], initial_state=h0)
