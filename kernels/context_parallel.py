@@ -33,8 +33,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from . import chunked, kernel
-from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs, floor_log_decay
+from . import chunked, kernel, varlen
+from .contract import ACC_DTYPE, MATMUL_PRECISION, check_finite_values, check_inputs, floor_log_decay
+from .modes import _check_cu_seqlens, _check_state
 
 # Mesh axis names and the dimension each shards (other axes of a mesh replicate the work).
 SEQ_AXIS, BATCH_AXIS, HEAD_AXIS = "seq", "data", "heads"
@@ -135,21 +136,126 @@ def _run(cfg, mesh, q, k, v, g, b, w, h0):
     return o[:B, :T, :H].astype(v.dtype), hT[-1, :B, :H]
 
 
+def _holder(cu, t):
+    """The sequence holding token ``t`` (a non-empty one: ``cu[n] <= t < cu[n+1]``), for ``t < cu[N]``."""
+    return jnp.minimum(jnp.searchsorted(cu[1:], t, side="right"), cu.shape[0] - 2)
+
+
+def _packed_entering_state(cu, L, h0, M, S_local):
+    """S_in of this device with packed sequences: a device whose first token starts a sequence n takes ``h0[n]``,
+    any other the prefix ``M_{p-1} S_in(p-1) + S_local(p-1)`` (``cu`` padded to the slices: :func:`_run_packed`)."""
+    Ms = jax.lax.all_gather(M, SEQ_AXIS)  # [P, 1, h, K, K]
+    Ss = jax.lax.all_gather(S_local, SEQ_AXIS)  # [P, 1, h, K, V]
+    me = jax.lax.axis_index(SEQ_AXIS)
+    t = jnp.arange(Ms.shape[0]) * L  # each device's first token
+    n = _holder(cu, t)
+    starts = cu[n] == t  # always on device 0
+    H0 = jnp.zeros((t.shape[0],) + S_local.shape, ACC_DTYPE) if h0 is None else h0[n][:, None]
+
+    def step(S, inp):
+        j, start, Hj, Mp, Sp = inp  # Mp, Sp: device j - 1's
+        return jnp.where(j <= me, jnp.where(start, Hj, _leaving_state(Mp, Sp, S)), S), None
+
+    rolled = (jnp.roll(Ms, 1, axis=0), jnp.roll(Ss, 1, axis=0))
+    S_in, _ = jax.lax.scan(step, jnp.zeros_like(S_local), (jnp.arange(t.shape[0]), starts, H0, *rolled))
+    return S_in
+
+
+def _packed_slice(cfg, T, cu, cu_pad, q, k, v, g, b, w, h0=None):
+    """One device's slice ``[1, L, h, dim]`` of a packed row: ``(o, F [1, N, h, K, V])``, F the final states of the
+    sequences whose last token is here (zeros elsewhere). ``cu_pad``: ``cu`` padded to the slices; h0 ``[N, h, K, V]``.
+    """
+    L = q.shape[1]
+    C = cfg.chunk_size
+    N = cu.shape[0] - 1
+    t0 = jax.lax.axis_index(SEQ_AXIS) * L
+    cu_local = jnp.clip(cu_pad - t0, 0, L)  # a sequence entering from before the slice or at its start: 0
+    pk = varlen.packing(cu_local, L, C)
+    qc, kc, vc, gc, bc, wc = (chunked.to_chunks(x, C) for x in (q, k, v, g, b, w))
+    K = kc.shape[-1]
+    zk = jnp.zeros_like(kc)
+    basis = jnp.concatenate([jnp.broadcast_to(jnp.eye(K, dtype=ACC_DTYPE), (1, q.shape[2], K, K)),
+                             jnp.zeros((1, q.shape[2], K, v.shape[-1]), ACC_DTYPE)], axis=-1)
+    h0a = None if h0 is None else jnp.concatenate([jnp.zeros(h0.shape[:-1] + (K,), ACC_DTYPE), h0], axis=-1)
+    QO, MS, S0s, R, G = varlen.packed_pass(cfg, pk, cu_local, qc, kc, jnp.concatenate([zk, vc], -1), gc, bc,
+                                           jnp.concatenate([zk, wc], -1), basis, h0a)
+    M, S_local = MS[..., :K], MS[..., K:]
+    S_in = _packed_entering_state(cu_pad, L, h0, M, S_local)
+    o = _correct_outputs(QO[..., :K], QO[..., K:], S_in)
+    # final states: [M_e | S_e] after each sequence's last token e, read where e is on this device
+    e = jnp.minimum(cu[1:], T) - 1 - t0
+    here = (cu[1:] > cu[:-1]) & (e >= 0) & (e < L)
+    ME = varlen.states_after(jnp.clip(e, 0, L - 1), jnp.arange(N), cu_local, pk, G, kc, R, S0s, h0a)
+    F = _leaving_state(ME[..., :K], ME[..., K:], S_in[0])
+    return chunked.from_chunks(o, L), jnp.where(here[:, None, None, None], F, 0.0)[None]
+
+
+def _unsharded_packed(cfg, T, cu, cu_pad, q, k, v, g, b, w, h0=None):
+    """A mesh without ``seq``: the packed chunked kernel (kernels/varlen.py) on this device's heads."""
+    o, final, _ = varlen.run(cfg, q, k, v, g, b, w, h0, cu)
+    return o, final[None]
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _run_packed(cfg, mesh, q, k, v, g, b, w, h0, cu):
+    """Packed sequences (B == 1): pad T/H to the mesh, run :func:`_packed_slice` under shard_map, sum the final
+    states over the devices (each sequence's is on one device), empty sequences return ``h0[n]``."""
+    T, H = q.shape[1:3]
+    P = _size(mesh, SEQ_AXIS)
+    Tp = P * -(-T // P)
+    Hp = _size(mesh, HEAD_AXIS) * -(-H // _size(mesh, HEAD_AXIS))
+    g = floor_log_decay(g)
+    xs = [_pad_to(_pad_to(x.astype(ACC_DTYPE), 1, Tp), 2, Hp) for x in (q, k, v, g, b, w)]
+    # the identity tokens padding T belong to the sequence holding token T - 1; the empty ones at T start after
+    cu_pad = jnp.where(cu >= T, Tp, cu)
+    seq, heads = _axis(mesh, SEQ_AXIS), _axis(mesh, HEAD_AXIS)
+    x_spec, h_spec = PartitionSpec(None, seq, heads, None), PartitionSpec(None, heads, None, None)
+    hs = () if h0 is None else (_pad_to(h0.astype(ACC_DTYPE), 1, Hp),)
+    body = partial(_packed_slice if seq is not None else _unsharded_packed, cfg, T)
+    f = jax.shard_map(body, mesh=mesh, in_specs=(PartitionSpec(),) * 2 + (x_spec,) * 6 + (h_spec,) * len(hs),
+                      out_specs=(x_spec, PartitionSpec(seq, None, heads, None, None)), check_vma=False)
+    o, F = f(cu, cu_pad, *xs, *hs)
+    final = jnp.sum(F, axis=0)[:, :H]
+    empty = (cu[1:] == cu[:-1])[:, None, None, None]
+    final = jnp.where(empty, 0.0 if h0 is None else h0, final)
+    return o[:, :T, :H].astype(v.dtype), final
+
+
 class ContextParallelKernel:
     """A chunked GDN-2 kernel run context-parallel on a mesh, with the contract ``fn(q, k, v, g, b, w, *, ...)``."""
 
     def __init__(self, name, inner, mesh=None):
         self.name, self.inner, self.mesh = name, inner, mesh
 
-    def __call__(self, q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False):
-        """Return (o [B,T,H,V] in v.dtype, final_state [B,H,K,V] float32), sharded over the current mesh."""
-        _, scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state, check_values=check_values)
-        cfg = chunked.Config(self.inner.chunk_size, scale, self.inner.decay)
+    def __call__(self, q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False, cu_seqlens=None):
+        """Return (o [B,T,H,V] in v.dtype, final_state [B,H,K,V] float32), sharded over the current mesh.
+
+        ``cu_seqlens [N+1]`` (FLA's packed sequences, B == 1): ``initial_state`` and the final state are
+        ``[N, H, K, V]`` (kernels/modes.py checks them); the only mode keyword these kernels take.
+        """
+        if cu_seqlens is None:
+            _, scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
+                                    check_values=check_values)
+            return _run(self._config(scale), self._mesh(), q, k, v, g, b, w, initial_state)
+        (B, T, H, K, V), scale = check_inputs(q, k, v, g, b, w, scale=scale)
+        cu = _check_cu_seqlens(cu_seqlens, B, T, check_values)
+        _check_state(initial_state, (cu.shape[0] - 1, H, K, V), True, False)
+        if check_values:
+            check_finite_values(dict(q=q, k=k, v=v, g=g, b=b, w=w), initial_state)
+        return _run_packed(self._config(scale), self._mesh(), q, k, v, g, b, w, initial_state,
+                           jnp.asarray(cu, jnp.int32))
+
+    def _config(self, scale):
+        """The chunked core's static configuration for a resolved ``scale``."""
+        return chunked.Config(self.inner.chunk_size, scale, self.inner.decay)
+
+    def _mesh(self):
+        """The mesh to run on (:func:`current_mesh`); ValueError unless its axes are all ``AxisType.Auto``."""
         mesh = current_mesh(self.mesh)
         if not mesh.are_all_axes_auto:
             raise ValueError(f"mesh: axes must be AxisType.Auto (e.g. jax.make_mesh(..., axis_types=(AxisType.Auto,)"
                              f" * n) or gdn2_oracle.ci.running.mesh.build_mesh), got {mesh.axis_types}")
-        return _run(cfg, mesh, q, k, v, g, b, w, initial_state)
+        return mesh
 
     def __repr__(self):
         return f"ContextParallelKernel({self.name!r}, inner={self.inner!r}, mesh={self.mesh})"

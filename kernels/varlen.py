@@ -145,6 +145,28 @@ def states_after(e, n, cu, pk, G, kc, R, S0s, h0):
     return (S + decay * entering)[:, 0]
 
 
+def packed_pass(cfg, pk, cu, qc, kc, vc, gc, bc, wc, S0, h0):
+    """Steps 1-2 on chunk-major inputs: ``(o, leaving state, S0s, R, G)`` of the packed chunk form.
+
+    ``pk = packing(cu, ...)``; ``gc`` the floored log-decays; ``S0 [1, H, K, V]`` the state the sequence holding
+    the first token enters with; ``h0 [N, H, K, V]`` (V the values' width) or None (zeros) the entering states
+    of the sequences starting later; ``G`` the chunks' LogDecay of the original log-decays (for step 3).
+    """
+    G = log_decay(gc)
+    gs = jnp.exp(_exponent(G, _at(_with_start(G), _tokens(pk.anchor))))  # decay from each token's entering state
+    dz = hc = D = None
+    if h0 is not None:
+        new = _tokens(pk.new)
+        D = _entering_terms(jnp.stack([new * gs * bc * kc, new * gs * qc], axis=-2), pk, cu, h0)
+        dz = -D[..., 0, :]
+        last = pk.seg[:, -1]
+        hc = jnp.where(pk.new[:, -1, None, None, None, None], gs[..., -1, :, None] * h0[last][:, None], 0.0)
+    o, hT, S0s, R = affine_core(cfg, qc, kc, vc, gc + RESET * _tokens(pk.reset), bc, wc, S0, dz, hc)
+    if h0 is not None:
+        o = o + cfg.scale * D[..., 1, :]
+    return o, hT, S0s, R, G
+
+
 def run(cfg, q, k, v, g, b, w, h0, cu, chunk_starts=None):
     """Packed forward: ``(o [1, T, H, V], final_state [N, H, K, V], intermediate [1, NT, H, K, V] or None)``.
 
@@ -158,20 +180,9 @@ def run(cfg, q, k, v, g, b, w, h0, cu, chunk_starts=None):
     N = cu.shape[0] - 1
     pk = packing(cu, T, C)
     qc, kc, vc, gc, bc, wc = (to_chunks(x, C) for x in (q, k, v, floor_log_decay(g), b, w))
-    G = log_decay(gc)
-    gs = jnp.exp(_exponent(G, _at(_with_start(G), _tokens(pk.anchor))))  # decay from each token's entering state
-    if h0 is None:
-        h_first, dz, hc = jnp.zeros((1, H, K, V), ACC_DTYPE), None, None
-    else:
-        h_first = h0[pk.seg[0, 0]][None]
-        new = _tokens(pk.new)
-        D = _entering_terms(jnp.stack([new * gs * bc * kc, new * gs * qc], axis=-2), pk, cu, h0)
-        dz = -D[..., 0, :]
-        last = pk.seg[:, -1]
-        hc = jnp.where(pk.new[:, -1, None, None, None, None], gs[..., -1, :, None] * h0[last][:, None], 0.0)
-    o, _, S0s, R = affine_core(cfg, qc, kc, vc, gc + RESET * _tokens(pk.reset), bc, wc, h_first, dz, hc)
-    if h0 is not None:
-        o = o + cfg.scale * D[..., 1, :]
+    h_first = jnp.zeros((1, H, K, V), ACC_DTYPE) if h0 is None else h0[pk.seg[0, 0]][None]
+    o, _, S0s, R, G = packed_pass(cfg, pk, cu, qc, kc, vc, gc, bc, wc, h_first, h0)
+
     def read(e, n, initial):
         """States after tokens e of sequences n, or their initial states where ``initial``."""
         S = states_after(e, n, cu, pk, G, kc, R, S0s, h0)
