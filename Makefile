@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test bench check clean
+.PHONY: test bench check clean test-oldest
 REPORTS := reports
 
 $(PY):
@@ -54,3 +54,27 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache $(REPORTS)
+
+# The dependency floors (pyproject.toml [project] dependencies), each installed at its floor: its own venv,
+# the project (editable) with ci/oldest-constraints.txt (pip -c: the floors pinned ==; jaxlib follows jax), then
+# the conformance suite as a user runs it (--pyargs, from an empty directory, CI=true) and the golden tests and
+# the matplotlib drawings (validate --dump/--plot) with the repository's own tests (-o addopts=: no
+# pytest-benchmark here). docs/development.md#dependency-floors
+OLDEST := .venv-oldest
+OLDEST_CONSTRAINTS := ci/oldest-constraints.txt
+OLDEST_STAMP := $(OLDEST)/.installed
+
+$(OLDEST_STAMP): pyproject.toml $(OLDEST_CONSTRAINTS)
+	rm -rf $(OLDEST)
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST)/bin/python -m pip install -q -e . -c $(OLDEST_CONSTRAINTS)
+	touch $(OLDEST_STAMP)
+
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST)/bin/python -m pip freeze -q | grep -i -E '^(jax|jaxlib|numpy|pytest|hypothesis|mpmath|matplotlib|tqdm)=='
+	export CI=true JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache && \
+		work=$$(mktemp -d) && cd $$work && \
+		$(CURDIR)/$(OLDEST)/bin/pytest --pyargs gdn2_oracle.property_tests -p no:cacheprovider $(PYTEST_ARGS) && \
+		cd $(CURDIR) && rm -rf $$work && \
+		$(OLDEST)/bin/pytest -p no:cacheprovider -o addopts= golden/tests ci/tests/test_validate_dump_plot.py $(PYTEST_ARGS)
