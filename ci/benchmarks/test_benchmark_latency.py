@@ -16,7 +16,8 @@ import pytest
 
 from gdn2_oracle import kernels
 from gdn2_oracle.ci.commands import bench
-from gdn2_oracle.ci.commands.provenance import environment, source_sha256
+from gdn2_oracle.ci.commands.provenance import environment
+from gdn2_oracle.ci.running.fingerprint import source_sha256
 
 # CPU-sized: B, T, H, K, V (several chunks of the default chunk size, plus a tail).
 SHAPE = (1, 320, 2, 64, 64)

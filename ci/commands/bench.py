@@ -44,7 +44,8 @@ from ..running.watchdog import Watchdog
 from . import args as cli_args
 from .output import (EXIT, UsageError, fmt_err, progress, say_interrupted, stop_run, table, timed_out,
                      write_after_work, write_json)
-from .provenance import environment, kernel_notes, source_sha256
+from ..running.fingerprint import source_sha256
+from .provenance import environment, kernel_notes
 
 SCHEMA = "gdn2-oracle/bench/1"
 DEFAULT_SWEEP = "chunk_size=32,64,128;leaf=4,8,16"

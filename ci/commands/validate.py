@@ -50,7 +50,8 @@ from . import args as cli_args
 from . import dump as dumping
 from .output import (EXIT, UsageError, fmt_err, output_dir, progress, say_interrupted, stop_run, table, timed_out,
                      write_after_work, write_json)
-from .provenance import environment, kernel_notes, source_sha256
+from ..running.fingerprint import source_sha256
+from .provenance import environment, kernel_notes
 
 CASE_SETS = ("golden", "quick", "full")
 # Every mode validate judges: the dense contract, FLA chunk_gdn2's training-call modes, the serving modes
@@ -292,7 +293,7 @@ class ValidationReport:
 
 def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=None,
                    show_progress=True, env=None, mesh=None, modes=None, dump=None, case_timeout=None, on_stop=None,
-                   compile_workers=None):
+                   compile_workers=None, program_cache=True):
     """Validate every kernel spec (:class:`kernels.KernelSpec`); returns the :class:`ValidationReport`.
 
     With a ``mesh`` (a ``jax.sharding.Mesh``, ci/mesh.py) every kernel runs inside it on sharded inputs
@@ -381,7 +382,8 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
 
     interrupted = False
     try:
-        with Watchdog(case_timeout, stop) as dog, compile_ahead(built, case_list, mesh, compile_workers) as ahead:
+        with Watchdog(case_timeout, stop) as dog, compile_ahead(built, case_list, mesh, compile_workers,
+                                                                           program_cache) as ahead:
             for case in case_list:
                 for (spec, fn), kout in zip(built, kernels_out):
                     current.update(kout=kout, case=case)
@@ -396,12 +398,14 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
     return finish(interrupted)
 
 
-def compile_ahead(built, case_list, mesh, workers):
+def compile_ahead(built, case_list, mesh, workers, program_cache=True):
     """An :class:`Ahead` over the dense cases' programs of every kernel in the run's order (``workers`` 0, or a
-    mesh: none -- each program compiles on its first call)."""
+    mesh: none -- each program compiles on its first call), through the program cache unless ``program_cache``
+    is false."""
     def prepare(fn, case):
         problem = case.data()[0]
-        return harness.program_signature(fn, problem, case.dtype), lambda: harness.lower(fn, problem, case.dtype)
+        return (harness.program_signature(fn, problem, case.dtype),
+                lambda: harness.lower(fn, problem, case.dtype, cache=program_cache))
 
     jobs = [] if workers == 0 or mesh is not None else [
         ((fn, id(case)), functools.partial(prepare, fn, case))
@@ -566,6 +570,10 @@ def add_parser(sub):
     v.add_argument("--compile-workers", type=int, default=None, metavar="N",
                    help="threads compiling the kernels' programs ahead of the cases (default: one a core; 0: compile "
                         "each program when its first case runs)")
+    v.add_argument("--no-program-cache", action="store_true",
+                   help="trace every kernel program again (default: read back the exported program of a kernel whose "
+                        "sources, options and environment are unchanged, from $GDN2_PROGRAM_CACHE or "
+                        "~/.cache/gdn2-oracle/programs)")
     v.add_argument("--strict", action="store_true",
                    help="fail (exit 1) on cases graded PRECISION too: over the working-precision tolerance but within "
                         "the precision-loss bound (default: a warning, exit 0)")
@@ -599,7 +607,8 @@ def run(args):
         report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
                                 only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
                                 modes=args.modes, dump=dumper, case_timeout=args.case_timeout, on_stop=report_so_far,
-                                compile_workers=args.compile_workers)
+                                compile_workers=args.compile_workers,
+                                program_cache=not args.no_program_cache)
     print(format_validation(report, max_failures=args.max_failures), flush=True)
     if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
         print(f"report: {out['json']}", flush=True)

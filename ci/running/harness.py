@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +20,7 @@ from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 from ..grading.case import Case
 from ..grading.tolerance import Report
 from . import mesh as mesh_lib
+from . import program_cache
 
 
 def _check_dtype(dtype):
@@ -102,15 +105,30 @@ def program_signature(fn, problem: oracle.Problem, dtype):
     return fn, tuple(x.shape for x in problem.inputs()), jnp.dtype(dtype).name, problem.scale
 
 
-def lower(fn, problem: oracle.Problem, dtype):
+def lower(fn, problem: oracle.Problem, dtype, *, cache=False):
     """Trace and lower :func:`runner`'s forward-and-gradients program for ``problem`` in ``dtype`` on abstract
-    values (``ci/running/ahead.py`` compiles it; the compiled program takes ``(inputs, h0, do, dfs)``)."""
+    values (``ci/running/ahead.py`` compiles it; the compiled program takes ``(inputs, h0, do, dfs)``).
+    ``cache``: through the program cache (``ci/running/program_cache.py``): a call to the kernel's exported
+    program, read back instead of traced when an earlier run stored it."""
     jdt, S = _check_dtype(dtype), jax.ShapeDtypeStruct
     B, T, H, K = problem.q.shape
     V = problem.v.shape[-1]
-    inputs = tuple(S(x.shape, jdt) for x in problem.inputs())
     state = S((B, H, K, V), jnp.float32)
-    return runner(fn).lower(inputs, state, S((B, T, H, V), jdt), state, problem.scale)
+    args = (tuple(S(x.shape, jdt) for x in problem.inputs()), state, S((B, T, H, V), jdt), state)
+    if cache:
+        signature = {"inputs": [list(x.shape) for x in problem.inputs()], "dtype": jdt.name,
+                     "scale": repr(problem.scale)}
+        exp = program_cache.exported(fn, signature, _source(),
+                                     lambda: jax.export.export(runner(fn))(*args, problem.scale))
+        if exp is not None:
+            return jax.jit(exp.call).lower(*args)
+    return runner(fn).lower(*args, problem.scale)
+
+
+@functools.cache
+def _source():
+    """This module's source: the VJP and the contract checks every program of :func:`runner` holds."""
+    return inspect.getsource(sys.modules[__name__])
 
 
 def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="float32", mesh=None, program=None):

@@ -8,6 +8,7 @@ import pytest
 from gdn2_oracle import oracle
 from gdn2_oracle.ci.commands import validate
 from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.running import program_cache
 from gdn2_oracle.ci.running.ahead import Ahead
 from gdn2_oracle.kernels import spec
 
@@ -81,3 +82,68 @@ def test_validate_grades_the_same_with_and_without_programs_compiled_ahead():
 def test_ahead_refuses_a_bad_worker_count():
     with pytest.raises(ValueError, match="workers"):
         Ahead([], workers=0)
+
+
+TRACES = []
+
+
+def make_counted():
+    """A new function object (so nothing traced is kept in memory for it) of one stable name: pairwise, counting
+    how often it is traced."""
+    def counted(q, k, v, g, b, w, *, scale=None, initial_state=None):
+        TRACES.append(q.shape)
+        return spec.get("pairwise[chunk_size=16]")(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+
+    return counted
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_program_cache_reads_back_a_kernel_program_without_tracing_it(tmp_path, monkeypatch, dtype):
+    monkeypatch.setenv(program_cache.ENV, str(tmp_path))
+    p = oracle.make_problem(1, 24, 1, 8, 8, decay="moderate", initial_state=True, seed=0, precision=dtype)
+    do, dfs = oracle.random_cotangents(p, precision=dtype)
+    TRACES.clear()
+    runs = []
+    for _ in range(2):
+        counted = make_counted()  # nothing of it traced in memory: only the program cache can spare the trace
+        compiled = harness.lower(counted, p, dtype, cache=True).compile()
+        runs.append(harness.kernel_results(counted, p, do, dfs, dtype=dtype, program=lambda c=compiled: c))
+    assert len(TRACES) == 1, "the second lowering reads the exported program back"
+    assert len(list(tmp_path.glob("*.exported"))) == 1
+    reference = harness.kernel_results(counted, p, do, dfs, dtype=dtype)  # jit on first call, no cache
+    for got in runs:
+        for result in oracle.RESULTS:
+            np.testing.assert_array_equal(got[result], reference[result], err_msg=result)
+
+
+def test_a_damaged_program_entry_is_rebuilt_and_a_changed_kernel_is_a_new_key(tmp_path, monkeypatch):
+    monkeypatch.setenv(program_cache.ENV, str(tmp_path))
+    p, do, dfs = _problem(24)
+    harness.lower(make_counted(), p, "float32", cache=True)
+    (entry,) = tmp_path.glob("*.exported")
+    data = bytearray(entry.read_bytes())
+    data[-10] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    assert program_cache.read(tmp_path, entry.stem) is None, "the damage is seen"
+    TRACES.clear()
+    harness.lower(make_counted(), p, "float32", cache=True)
+    assert len(TRACES) == 1, "a damaged entry is traced again"
+    assert program_cache.read(tmp_path, entry.stem) is not None, "and stored again"
+    signature = {"shape": [1]}
+    kernels = ("pairwise[chunk_size=16]", "pairwise[chunk_size=32]")
+    keys = {program_cache.key(spec.get(s), signature, "h") for s in kernels}
+    assert len(keys) == 2 and None not in keys, "the kernel's options are part of the key"
+    assert program_cache.key(spec.get("pairwise"), signature, "h") != program_cache.key(
+        spec.get("pairwise"), signature, "harness changed")
+
+
+def test_a_kernel_without_a_stable_name_is_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv(program_cache.ENV, str(tmp_path))
+
+    class Anonymous:
+        def __call__(self, *args, **kwargs):
+            return make_counted()(*args, **kwargs)
+
+    assert program_cache.key(Anonymous(), {}, "h") is None
+    monkeypatch.setenv(program_cache.ENV, "off")
+    assert program_cache.directory() is None

@@ -14,7 +14,7 @@ import pytest
 from gdn2_oracle.ci.cli import build_parser
 from gdn2_oracle.ci.commands import bench
 from gdn2_oracle.ci.commands.output import UsageError, jsonable
-from gdn2_oracle.ci.commands.provenance import source_sha256
+from gdn2_oracle.ci.running.fingerprint import source_sha256
 from gdn2_oracle.kernels import KernelSpec
 from gdn2_oracle.oracle import RESULTS
 
