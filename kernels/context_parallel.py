@@ -31,6 +31,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from . import chunked, kernel, varlen
@@ -161,9 +162,10 @@ def _packed_entering_state(cu, L, h0, M, S_local):
     return S_in
 
 
-def _packed_slice(cfg, T, cu, cu_pad, q, k, v, g, b, w, h0=None):
+def _packed_slice(cfg, T, slots, cu, cu_pad, q, k, v, g, b, w, h0=None):
     """One device's slice ``[1, L, h, dim]`` of a packed row: ``(o, F [1, N, h, K, V])``, F the final states of the
-    sequences whose last token is here (zeros elsewhere). ``cu_pad``: ``cu`` padded to the slices; h0 ``[N, h, K, V]``.
+    sequences whose last token is here (zeros elsewhere). ``cu_pad``: ``cu`` padded to the slices; h0 ``[N, h, K, V]``;
+    ``slots``: at most this many sequences start inside a slice, and as many end in one (:func:`_slots`).
     """
     L = q.shape[1]
     C = cfg.chunk_size
@@ -177,27 +179,47 @@ def _packed_slice(cfg, T, cu, cu_pad, q, k, v, g, b, w, h0=None):
     basis = jnp.concatenate([jnp.broadcast_to(jnp.eye(K, dtype=ACC_DTYPE), (1, q.shape[2], K, K)),
                              jnp.zeros((1, q.shape[2], K, v.shape[-1]), ACC_DTYPE)], axis=-1)
     h0a = None if h0 is None else jnp.concatenate([jnp.zeros(h0.shape[:-1] + (K,), ACC_DTYPE), h0], axis=-1)
+    # the sequences starting inside the slice (t0 < cu[n] < t0 + L) are consecutive; -1 matches no token
+    first = jnp.searchsorted(cu_pad[:-1], t0, side="right") + jnp.arange(slots)
+    starting = jnp.where(first < N, first, -1)
     QO, MS, S0s, R, G = varlen.packed_pass(cfg, pk, cu_local, qc, kc, jnp.concatenate([zk, vc], -1), gc, bc,
-                                           jnp.concatenate([zk, wc], -1), basis, h0a)
+                                           jnp.concatenate([zk, wc], -1), basis, h0a, starting)
     M, S_local = MS[..., :K], MS[..., K:]
     S_in = _packed_entering_state(cu_pad, L, h0, M, S_local)
     o = _correct_outputs(QO[..., :K], QO[..., K:], S_in)
-    # final states: [M_e | S_e] after each sequence's last token e, read where e is on this device
-    e = jnp.minimum(cu[1:], T) - 1 - t0
-    here = (cu[1:] > cu[:-1]) & (e >= 0) & (e < L)
-    ME = varlen.states_after(jnp.clip(e, 0, L - 1), jnp.arange(N), cu_local, pk, G, kc, R, S0s, h0a)
-    F = _leaving_state(ME[..., :K], ME[..., K:], S_in[0])
-    return chunked.from_chunks(o, L), jnp.where(here[:, None, None, None], F, 0.0)[None]
+    # final states: [M_e | S_e] after the last token e of each sequence ending here (consecutive ones), M_e S_in + S_e
+    ending = jnp.searchsorted(cu[1:], t0 + 1, side="left") + jnp.arange(slots)
+    n = jnp.minimum(ending, N - 1)
+    e = cu[n + 1] - 1 - t0
+    here = (ending < N) & (cu[n + 1] > cu[n]) & (e >= 0) & (e < L)
+    ME = varlen.states_after(jnp.clip(e, 0, L - 1), n, cu_local, pk, G, kc, R, S0s, h0a)
+    F = jnp.where(here[:, None, None, None], _leaving_state(ME[..., :K], ME[..., K:], S_in[0]), 0.0)
+    return chunked.from_chunks(o, L), jnp.zeros((N,) + F.shape[1:], F.dtype).at[n].add(F)[None]
 
 
-def _unsharded_packed(cfg, T, cu, cu_pad, q, k, v, g, b, w, h0=None):
+def _slots(cu, T, P):
+    """Static bound on the sequences starting inside, or ending in, one of P slices: counted from host offsets
+    (rounded up to a power of two, so few programs compile), else N (``cu`` on a device or traced)."""
+    N = cu.shape[0] - 1
+    if not isinstance(cu, np.ndarray) or P == 1:
+        return N
+    L = -(-T // P)
+    cu_pad = np.where(cu >= T, P * L, cu)
+    t = np.arange(P) * L
+    starting = np.searchsorted(cu_pad[:-1], t + L, "left") - np.searchsorted(cu_pad[:-1], t, "right")
+    ending = np.searchsorted(cu[1:], t + L, "right") - np.searchsorted(cu[1:], t + 1, "left")
+    most = max(1, int(starting.max()), int(ending.max()))
+    return min(N, 1 << (most - 1).bit_length())
+
+
+def _unsharded_packed(cfg, T, slots, cu, cu_pad, q, k, v, g, b, w, h0=None):
     """A mesh without ``seq``: the packed chunked kernel (kernels/varlen.py) on this device's heads."""
     o, final, _ = varlen.run(cfg, q, k, v, g, b, w, h0, cu)
     return o, final[None]
 
 
-@partial(jax.jit, static_argnums=(0, 1))
-def _run_packed(cfg, mesh, q, k, v, g, b, w, h0, cu):
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _run_packed(cfg, mesh, slots, q, k, v, g, b, w, h0, cu):
     """Packed sequences (B == 1): pad T/H to the mesh, run :func:`_packed_slice` under shard_map, sum the final
     states over the devices (each sequence's is on one device), empty sequences return ``h0[n]``."""
     T, H = q.shape[1:3]
@@ -211,7 +233,7 @@ def _run_packed(cfg, mesh, q, k, v, g, b, w, h0, cu):
     seq, heads = _axis(mesh, SEQ_AXIS), _axis(mesh, HEAD_AXIS)
     x_spec, h_spec = PartitionSpec(None, seq, heads, None), PartitionSpec(None, heads, None, None)
     hs = () if h0 is None else (_pad_to(h0.astype(ACC_DTYPE), 1, Hp),)
-    body = partial(_packed_slice if seq is not None else _unsharded_packed, cfg, T)
+    body = partial(_packed_slice if seq is not None else _unsharded_packed, cfg, T, slots)
     f = jax.shard_map(body, mesh=mesh, in_specs=(PartitionSpec(),) * 2 + (x_spec,) * 6 + (h_spec,) * len(hs),
                       out_specs=(x_spec, PartitionSpec(seq, None, heads, None, None)), check_vma=False)
     o, F = f(cu, cu_pad, *xs, *hs)
@@ -242,8 +264,9 @@ class ContextParallelKernel:
         _check_state(initial_state, (cu.shape[0] - 1, H, K, V), True, False)
         if check_values:
             check_finite_values(dict(q=q, k=k, v=v, g=g, b=b, w=w), initial_state)
-        return _run_packed(self._config(scale), self._mesh(), q, k, v, g, b, w, initial_state,
-                           jnp.asarray(cu, jnp.int32))
+        mesh = self._mesh()
+        return _run_packed(self._config(scale), mesh, _slots(cu, T, _size(mesh, SEQ_AXIS)), q, k, v, g, b, w,
+                           initial_state, jnp.asarray(cu, jnp.int32))
 
     def _config(self, scale):
         """The chunked core's static configuration for a resolved ``scale``."""

@@ -109,15 +109,21 @@ def _with_start(G):
     return G.map(lambda x: jnp.concatenate([jnp.zeros_like(x[..., :1, :]), x], axis=-2))
 
 
-def _entering_terms(P, pk, cu, h0):
+def _entering_terms(P, pk, cu, h0, seqs=None):
     """Per chunk, ``P [nc, 1, H, C, P, K]`` (rows of new tokens) times their own sequence's ``h0 [N, H, K, V]``.
 
     One gathered chunk per sequence (its first), masked to its own rows, scatter-added back: ``[nc, 1, H, C, P, V]``.
+    ``seqs`` (default all): the sequences that may start inside these chunks (the others add nothing).
     """
     nc, C = pk.seg.shape
-    N = h0.shape[0]
-    c0 = jnp.clip(cu[:-1] // C, 0, nc - 1)
-    rows = (pk.seg[c0] == jnp.arange(N)[:, None]) & pk.new[c0]  # [N, C]
+    if seqs is None:
+        N = h0.shape[0]
+        c0 = jnp.clip(cu[:-1] // C, 0, nc - 1)
+        rows = (pk.seg[c0] == jnp.arange(N)[:, None]) & pk.new[c0]  # [N, C]
+    else:
+        c0 = jnp.clip(cu[seqs] // C, 0, nc - 1)
+        rows = (pk.seg[c0] == seqs[:, None]) & pk.new[c0]
+        h0 = h0[seqs]
     D = jnp.einsum("nbhcpk,nhkv->nbhcpv", P[c0] * rows[:, None, None, :, None, None], h0, precision=MATMUL_PRECISION)
     return jnp.zeros((nc,) + D.shape[1:], D.dtype).at[c0].add(D)
 
@@ -145,19 +151,20 @@ def states_after(e, n, cu, pk, G, kc, R, S0s, h0):
     return (S + decay * entering)[:, 0]
 
 
-def packed_pass(cfg, pk, cu, qc, kc, vc, gc, bc, wc, S0, h0):
+def packed_pass(cfg, pk, cu, qc, kc, vc, gc, bc, wc, S0, h0, seqs=None):
     """Steps 1-2 on chunk-major inputs: ``(o, leaving state, S0s, R, G)`` of the packed chunk form.
 
     ``pk = packing(cu, ...)``; ``gc`` the floored log-decays; ``S0 [1, H, K, V]`` the state the sequence holding
     the first token enters with; ``h0 [N, H, K, V]`` (V the values' width) or None (zeros) the entering states
-    of the sequences starting later; ``G`` the chunks' LogDecay of the original log-decays (for step 3).
+    of the sequences starting later (``seqs``: those that may start here, default all); ``G`` the chunks'
+    LogDecay of the original log-decays (for step 3).
     """
     G = log_decay(gc)
     gs = jnp.exp(_exponent(G, _at(_with_start(G), _tokens(pk.anchor))))  # decay from each token's entering state
     dz = hc = D = None
     if h0 is not None:
         new = _tokens(pk.new)
-        D = _entering_terms(jnp.stack([new * gs * bc * kc, new * gs * qc], axis=-2), pk, cu, h0)
+        D = _entering_terms(jnp.stack([new * gs * bc * kc, new * gs * qc], axis=-2), pk, cu, h0, seqs)
         dz = -D[..., 0, :]
         last = pk.seg[:, -1]
         hc = jnp.where(pk.new[:, -1, None, None, None, None], gs[..., -1, :, None] * h0[last][:, None], 0.0)
