@@ -32,14 +32,16 @@ $(STAMP): pyproject.toml | $(PY)
 # compiles the program again (with a warning); it never runs a torn program.
 # pytest-xdist: one worker a core (TEST_WORKERS=0: in this process, e.g. for pdb); work stealing, because
 # a few subprocess tests take minutes while most take a second.
-# The float64 references of fixed recipes go to .reference-cache/ (gitignored), not the user's ~/.cache; the
-# judge's own tests (ci/tests/conftest.py) turn it off where they watch the oracle work.
+# The float64 references of fixed recipes go to .reference-cache/ and validate's exported kernel programs to
+# .program-cache/ (both gitignored), not the user's ~/.cache; the judge's own tests (ci/tests/conftest.py) turn
+# the reference cache off where they watch the oracle work.
 # ruff first: the lint rules of pyproject.toml [tool.ruff] are part of the suite.
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
-		GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+		GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache GDN2_PROGRAM_CACHE=$(CURDIR)/.program-cache \
+		$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The main job: validate our kernels against the oracle and the goldens, then a validated benchmark.
 check: $(STAMP)
@@ -53,7 +55,7 @@ bench: $(STAMP)
 	$(VENV)/bin/pytest ci/benchmarks --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache $(REPORTS)
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache .program-cache $(REPORTS)
 
 # The dependency floors (pyproject.toml [project] dependencies), each installed at its floor: its own venv,
 # the project (editable) with ci/oldest-constraints.txt (pip -c: the floors pinned ==; jaxlib follows jax), then
