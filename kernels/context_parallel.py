@@ -23,6 +23,20 @@ Backward: JAX differentiates through ``shard_map``, the chunked kernel's own ``c
 width ``K + V``), ``all_gather`` (transposed to a reduce-scatter), the prefix scan and the two products.
 T is padded at the end to ``P * ceil(T / P)`` with identity tokens (all-zero inputs: g = 0, k = b = w = 0
 leave the state unchanged); B and H are padded with zero elements to multiples of their axes' sizes.
+
+**Packed sequences** (``cu_seqlens [N+1]``, B == 1, ``initial_state`` and final state ``[N, H, K, V]``; FLA's
+convention, the only mode keyword these kernels accept). Each slice runs kernels/varlen.py's packed chunk pass
+(``varlen.packed_pass``: a reset in the chunk form, not padding) in the augmented form above on its local offsets
+``clip(cu - t_p, 0, L)``: a sequence that began before the slice, or begins at its first token, continues from the
+entering state; one that begins inside gets ``RESET`` and its ``h0[n]`` by linearity (``[0 | h0[n]]``, a constant,
+no ``S_in`` column), so from a local start on the ``Qin`` rows and ``M`` are exactly 0. The combine takes
+``S_in(p) = h0[n]`` where the slice's first token ``t_p`` starts sequence n (``S_in(0)`` too), else the prefix
+above, so a sequence spanning any number of devices is chained. Final states: sequence n's ``[M_e | S_e]`` after its
+last token e, read on the device holding e (``varlen.states_after``), is ``M_e S_in + S_e``; summed over ``seq``
+(each end is on one device; an empty sequence returns ``h0[n]``). The identity tokens padding T belong to the
+sequence holding token T - 1. Each device handles only the sequences starting or ending in its slice (consecutive
+in n; a static slot count from host offsets, N for device or traced ones), so one program serves every packing with
+the same N, T and slot count. B is not sharded (``data`` replicates); ``heads`` shards H as above.
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ chunk of rows and do one ``C x K x V`` product (two more with an initial state):
 Measured on CPU (T = 4096, H = 4, K = V = 64, C = 64, forward + backward, median of 9 against a dense call of
 the same length): 1.0-1.05x for N = 4...64 (1.1-1.2x with initial states), 1.3-1.5x at N = 512 (1.6-2.0x).
 
+**Across devices.** ``packed_pass`` (steps 1-2 on chunk-major inputs) and ``states_after`` also serve the
+context-parallel kernels (kernels/context_parallel.py), on each device's slice in the augmented form.
+
 **cu_seqlens is traced.** N and T are static (from the shapes); the offsets' values may be traced, so one
 compiled program serves every packing with the same N and T (pad ``cu_seqlens`` with empty sequences at T to
 fix N). Only ``return_intermediate_states`` needs them on the host (the number of chunks depends on them).
