@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test bench check clean test-oldest
+.PHONY: test test-release test-all bench check clean test-oldest
 REPORTS := reports
 
 $(PY):
@@ -23,7 +23,9 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q filelock 'typing-extensions>=4.10' networkx jinja2 fsspec 'einops>=0.8'
 	touch $(STAMP)
 
-# The whole suite: the conformance suite (property_tests/) and every package's own tests (*/tests/).
+# The suite: the conformance suite (property_tests/) and every package's own tests (*/tests/), in two groups
+# (conftest.py): `make test` runs all but the release group, `make test-release` the release group (tests
+# marked slow, the interpreter, multi-device and second-kernel runs); `make test-all` both; .ci/run runs both.
 # The venv's pytest, not `python -m pytest`: the repository root must not be on sys.path, so a
 # bare `import kernels` (instead of gdn2_oracle.kernels) fails here as it would when installed.
 # JAX's persistent compilation cache in .jax-cache/ (gitignored): the suite's many subprocesses (plugin,
@@ -37,11 +39,17 @@ $(STAMP): pyproject.toml | $(PY)
 # the reference cache off where they watch the oracle work.
 # ruff first: the lint rules of pyproject.toml [tool.ruff] are part of the suite.
 TEST_WORKERS ?= auto
+PYTEST := JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
+	GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache GDN2_PROGRAM_CACHE=$(CURDIR)/.program-cache \
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
-		GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache GDN2_PROGRAM_CACHE=$(CURDIR)/.program-cache \
-		$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PYTEST) -m "not release" $(PYTEST_ARGS)
+
+test-release: $(STAMP)
+	$(PYTEST) -m release $(PYTEST_ARGS)
+
+test-all: test test-release
 
 # The main job: validate our kernels against the oracle and the goldens, then a validated benchmark.
 check: $(STAMP)

@@ -1,0 +1,48 @@
+"""The repository's two test groups (not installed; the conformance suite a user runs is not affected).
+
+``make test`` runs every test outside the **release** group; ``make test-release`` runs the release group, and
+``.ci/run`` runs both, so nothing is checked less often than on every change that lands. The release group is
+every test marked ``slow`` and the tests matched by :data:`RELEASE`: the heaviest interpreter runs (FLA's Triton
+kernels, Pallas in interpret mode), multi-device and multi-process runs, and the second kernel of checks that run
+per kernel (``factorized``, where ``pairwise`` keeps the check in ``make test``). Chosen from the durations of a
+cold ``make test`` (``pytest --durations``; docs/performance.md); a pattern is ``fnmatch``-ed on the node id.
+"""
+
+from fnmatch import fnmatch
+
+import pytest
+
+RELEASE = (
+    # interpreters: FLA's Triton kernels on the CPU, Pallas TPU kernels in interpret mode
+    "kernels/tests/test_fla_interpret.py::*",
+    "kernels/tests/test_torch_modes.py::test_interpreted_fla_chunk*",
+    "kernels/tests/test_pallas.py::*",
+    "kernels/tests/test_pallas_golden.py::*",
+    "kernels/tests/test_pallas_lowering.py::*",
+    "kernels/tests/test_extreme_log_decay.py::*[[]pallas-*",
+    "ci/tests/test_serving_judge.py::test_flas_fused_recurrent_kernel_under_the_interpreter*",
+    # several processes or devices
+    "ci/tests/test_multihost.py::*",
+    "ci/tests/test_mesh.py::*",
+    # per-kernel checks: factorized here, pairwise in make test
+    "kernels/tests/test_kernel_modes.py::*[[]factorized*",
+    "property_tests/test_conformance.py::test_matches_oracle[[]factorized*",
+    "property_tests/test_conformance.py::test_chunk_and_split_invariance[[]factorized*",
+    "property_tests/test_conformance_golden.py::*[[]factorized-*",
+    "property_tests/test_modes.py::*[[]factorized-*",
+    # long figures and sweeps
+    "ci/tests/test_serving_judge.py::test_long_horizon_figure",
+    "ci/tests/test_cli.py::test_bench_tile_sweep*",
+    "ci/tests/repository/test_readme_commands.py::test_gdn2_oracle_command_runs[[]docs/*",
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "release: the release group (make test-release; conftest.py says which)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the release group: tests marked slow and those :data:`RELEASE` matches."""
+    for item in items:
+        if item.get_closest_marker("slow") or any(fnmatch(item.nodeid, p) for p in RELEASE):
+            item.add_marker(pytest.mark.release)
