@@ -83,7 +83,7 @@ $(OLDEST_STAMP): pyproject.toml $(OLDEST_CONSTRAINTS)
 	touch $(OLDEST_STAMP)
 
 test-oldest: $(OLDEST_STAMP)
-	$(OLDEST)/bin/python -m pip freeze -q | grep -i -E '^(jax|jaxlib|numpy|pytest|hypothesis|mpmath|matplotlib|tqdm)=='
+	$(OLDEST)/bin/python -m pip freeze | grep -i -x -F -f $(OLDEST_CONSTRAINTS)  # the pins, as installed
 	export CI=true JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache && \
 		work=$$(mktemp -d) && cd $$work && \
 		$(CURDIR)/$(OLDEST)/bin/pytest --pyargs gdn2_oracle.property_tests -p no:cacheprovider \
