@@ -63,7 +63,7 @@ bench: $(STAMP)
 	$(VENV)/bin/pytest ci/benchmarks --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache .program-cache $(REPORTS)
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache .program-cache .venv-oldest $(REPORTS)
 
 # The dependency floors (pyproject.toml [project] dependencies), each installed at its floor: its own venv,
 # the project (editable) with ci/oldest-constraints.txt (pip -c: the floors pinned ==; jaxlib follows jax), then
