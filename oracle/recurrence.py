@@ -3,7 +3,10 @@
 The core works on any element type NumPy can do arithmetic on: float32, float64,
 ``np.longdouble`` here, and object arrays of ``mpmath.mpf`` in :mod:`oracle.mp`.
 Memory is O(T/N + N) states: the forward pass keeps a checkpoint every N tokens and
-the backward pass recomputes the states inside one segment at a time.
+the backward pass recomputes the states inside one segment at a time. The specification,
+:func:`_spec_run`, steps all (batch, head) pairs at once; NumPy element types run the pairs a
+cache-sized group at a time (:func:`_run`), with the same calls on the same operands, so with
+the same bits (and then the states held are those of one group).
 """
 
 from __future__ import annotations

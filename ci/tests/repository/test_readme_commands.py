@@ -347,7 +347,8 @@ def test_pytest_commands_collect_with_their_options(user_dir, user_pkg):
 # and what their output must then say.
 SMALL = {
     "gdn2_oracle.ci.benchmarks.bench_oracle": (
-        ["--numpy-shape", "2,16,2,4,4", "--mp-shape", "1,4,1,2,2", "--prec", "64", "--repeats", "1"],
+        ["--numpy-shape", "2,16,2,4,4", "--mp-shape", "1,4,1,2,2", "--prec", "64", "--repeats", "1",
+         "--yardstick", "1000", "--bandwidth-mib", "4"],
         r"numpy float64|mpmath"),
     "gdn2_oracle.ci.benchmarks.bench_kernels": (
         ["--batch", "1", "--seq", "32", "--heads", "1", "--dim", "8", "--chunk", "16", "--repeats", "1"],
