@@ -34,7 +34,8 @@ from pathlib import Path
 
 WORKLOAD = "sum(i*i for i in range(30_000_000))"
 TARGETS = ("validate", "torch", "plugin")
-TORCH_KERNEL = "torch:gdn2_oracle.kernels.testing_torch:recurrent"  # a correct torch kernel that needs no GPU
+# a correct torch kernel that needs no GPU
+TORCH_KERNEL = "torch:gdn2_oracle.kernels.testing_torch:recurrent[output_final_state=True]"
 
 # Sampled stack categories: (category, path fragment, function name or None), innermost frame first.
 _RULES = (

@@ -294,6 +294,12 @@ def evaluate(fn, point: Point, seed, shape=SHAPE, chunk=DEFAULT_CHUNK):
         cell["note"] = f"error: {type(exc).__name__}: {exc}"
         cell["results"] = {n: {"ratio": math.inf, "grade": FAIL} for n in RESULTS}
         return cell
+    return _judged_cell(cell, report)
+
+
+def _judged_cell(cell, report):
+    """``cell`` with a judged report's per-result ratios, grades and diagnosis (a note instead when the
+    working-precision baseline is not finite)."""
     if not all(math.isfinite(v.tol_ratio) and math.isfinite(v.tol_max) for v in report.verdicts):
         cell["note"] = "working-precision baseline not finite"
         return cell
@@ -327,14 +333,7 @@ def evaluate_mode(fn, point: ModePoint, seed, chunk=DEFAULT_CHUNK):
         return cell
     with np.errstate(all="ignore"):
         report = case.judge(got, chunk_size=kchunk)
-    if not all(math.isfinite(v.tol_ratio) and math.isfinite(v.tol_max) for v in report.verdicts):
-        cell["note"] = "working-precision baseline not finite"
-        return cell
-    cell["results"] = {v.name: {"ratio": v.ratio, "grade": v.grade, "err_ratio": v.err_ratio,
-                                "max_err": v.max_err, "tol_ratio": v.tol_ratio, "tol_max": v.tol_max}
-                       for v in report.verdicts}
-    cell["diagnosis"] = [str(f) for f in report.diagnosis]
-    return cell
+    return _judged_cell(cell, report)
 
 
 def _worst(cells):

@@ -568,8 +568,8 @@ def add_parser(sub):
                    help="cases not graded PASS printed, each with its diagnosis (default 60)")
     cli_args.add_case_timeout(v)
     v.add_argument("--compile-workers", type=int, default=None, metavar="N",
-                   help="threads compiling the kernels' programs ahead of the cases (default: one a core; 0: compile "
-                        "each program when its first case runs)")
+                   help="threads compiling the kernels' programs ahead of the cases (default: one per two cores; 0: "
+                        "compile each program when its first case runs)")
     v.add_argument("--no-program-cache", action="store_true",
                    help="trace every kernel program again (default: read back the exported program of a kernel whose "
                         "sources, options and environment are unchanged, from $GDN2_PROGRAM_CACHE or "

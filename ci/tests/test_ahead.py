@@ -79,6 +79,19 @@ def test_validate_grades_the_same_with_and_without_programs_compiled_ahead():
         assert (a["grade"], a["verdicts"]) == (b["grade"], b["verdicts"]), a["case"]
 
 
+def test_every_case_of_a_program_that_fails_to_trace_gets_the_failure():
+    """Before: the first case got the failure and the second, sharing the signature, waited for good."""
+    def prepare():
+        def lower():
+            raise harness.ContractError("returned 1 results, expected 2")
+        return "one signature", lower
+
+    with Ahead([("a", prepare), ("b", prepare)], workers=1) as ahead:
+        for key in ("a", "b"):
+            with pytest.raises(harness.ContractError, match="returned 1 results"):
+                ahead.compiled(key, timeout=60)
+
+
 def test_ahead_refuses_a_bad_worker_count():
     with pytest.raises(ValueError, match="workers"):
         Ahead([], workers=0)
