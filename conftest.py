@@ -8,9 +8,16 @@ per kernel (``factorized``, where ``pairwise`` keeps the check in ``make test``)
 cold ``make test`` (``pytest --durations``; docs/performance.md); a pattern is ``fnmatch``-ed on the node id.
 """
 
+import signal
 from fnmatch import fnmatch
 
 import pytest
+
+# A test run started in the background by a script (``cmd &`` without job control) inherits SIGINT ignored, and
+# so would every process a test starts: the tests that send Ctrl-C to a command would see it ignored. Ctrl-C is
+# the default here, as in a terminal (a Python handler, unlike SIG_IGN, is not inherited across exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 RELEASE = (
     # interpreters: FLA's Triton kernels on the CPU, Pallas TPU kernels in interpret mode
