@@ -36,10 +36,12 @@ $(STAMP): pyproject.toml | $(PY)
 # a few subprocess tests take minutes while most take a second.
 # The float64 references of fixed recipes go to .reference-cache/ and validate's exported kernel programs to
 # .program-cache/ (both gitignored), not the user's ~/.cache; the judge's own tests (ci/tests/conftest.py) turn
-# the reference cache off where they watch the oracle work.
+# the reference cache off where they watch the oracle work. A command a test starts without the GDN2_ variables
+# uses the default caches under XDG_CACHE_HOME: .test-cache-home/ (gitignored), never the user's home.
 # ruff first: the lint rules of pyproject.toml [tool.ruff] are part of the suite.
 TEST_WORKERS ?= auto
-PYTEST := JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
+PYTEST := XDG_CACHE_HOME=$(CURDIR)/.test-cache-home \
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
 	GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache GDN2_PROGRAM_CACHE=$(CURDIR)/.program-cache \
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
 test: $(STAMP)
@@ -63,7 +65,7 @@ bench: $(STAMP)
 	$(VENV)/bin/pytest ci/benchmarks --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache .program-cache .venv-oldest $(REPORTS)
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache .program-cache .test-cache-home .venv-oldest $(REPORTS)
 
 # The dependency floors (pyproject.toml [project] dependencies), each installed at its floor: its own venv,
 # the project (editable) with ci/oldest-constraints.txt (pip -c: the floors pinned ==; jaxlib follows jax), then
