@@ -255,10 +255,15 @@ def test_ctrl_c_stops_a_torch_kernel_hung_in_its_callback_with_the_partial_repor
     watchdog sees the signal the main thread cannot take, reports what was finished and exits 130."""
     proc = _validate_hanging(tmp_path, "torch:hanging_kernels:torch_hangs[output_final_state=True]",
                              "--case-timeout", "0")
-    time.sleep(25)  # past the first cases and into the hung callback
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        time.sleep(25)  # past the first cases and into the hung callback
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # it ignored the signal: never leave a kernel looping after the test
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, out + err
     assert time.monotonic() - t0 < 30 and "interrupted while a kernel did not return" in err, err
     assert json.loads((tmp_path / "v.json").read_text())["interrupted"] is True
