@@ -154,7 +154,9 @@ def env(tmp_path_factory):
         # 5. Reuse this environment's packages: a plain path line (its own .pth files do not run).
         (site / "_gdn2_dev_site_packages.pth").write_text("".join(p + "\n" for p in _dev_site_packages()))
 
+        # its caches in the user's place, outside the clone (make test points XDG_CACHE_HOME into the clone)
         run_env = _clean_env(JAX_PLATFORMS="cpu", VIRTUAL_ENV=str(vdir), PYTHONPATH=str(rundir),
+                             XDG_CACHE_HOME=str(base / "cache-home"),
                              PATH=str(bindir) + os.pathsep + os.environ.get("PATH", ""))
         yield SimpleNamespace(wheel=wheel, build_log=build_log, vdir=vdir, bindir=bindir, python=python,
                               site=site, rundir=rundir, env=run_env, times=times,
