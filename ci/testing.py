@@ -120,3 +120,23 @@ def corpus_copy(tmp_path, names=(), drop_entries=()):
     for n in names:
         shutil.copy(load.DATA_DIR / f"{n}.npz", root / "data" / f"{n}.npz")
     return root
+
+
+DAMAGES = ("flip", "truncate", "missing")
+
+
+def damage(path, how):
+    """Damage the file at ``path`` as a disk or a copy might: ``flip`` one bit in its middle, ``truncate`` its
+    last 100 bytes, or make it ``missing``."""
+    if how == "missing":
+        Path(path).unlink()
+        return
+    data = bytearray(Path(path).read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0x01
+    elif how == "truncate":
+        del data[len(data) - 100:]
+    else:
+        raise ValueError(f"how: {how!r} not one of {DAMAGES}")
+    Path(path).write_bytes(bytes(data))
+

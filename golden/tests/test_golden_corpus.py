@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import golden
+from gdn2_oracle.ci.testing import DAMAGES
+from gdn2_oracle.ci.testing import damage as damage_file
 from gdn2_oracle import oracle
 from gdn2_oracle.golden import catalogue
 from gdn2_oracle.golden.load import ARRAY_ORDER, DATA_DIR, MANIFEST, decode, encode, read_manifest
@@ -125,21 +127,14 @@ def _smallest():
     return min(NAMES, key=lambda n: (DATA_DIR / f"{n}.npz").stat().st_size)
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "missing"])
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_damaged_golden_is_detected(tmp_path, damage):
     name = _smallest()
     expected = MANIFEST_DATA["cases"][name]["sha256"]
     path = tmp_path / f"{name}.npz"
     shutil.copyfile(DATA_DIR / f"{name}.npz", path)
     golden.load(name, data_dir=tmp_path)  # an intact copy loads
-    data = bytearray(path.read_bytes())
-    if damage == "flip":
-        data[len(data) // 2] ^= 0x01
-        path.write_bytes(bytes(data))
-    elif damage == "truncate":
-        path.write_bytes(bytes(data[: len(data) - 100]))
-    else:
-        path.unlink()
+    damage_file(path, damage)
     with pytest.raises(golden.GoldenError) as info:
         golden.load(name, data_dir=tmp_path)
     msg = str(info.value)
