@@ -21,6 +21,7 @@ every run. An entry is a payload and its sha256; one that fails the check or to 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -67,13 +68,19 @@ def _environment():
 _ENV = None
 
 
+@functools.cache
+def _source(fn):
+    """The sha256 of the sources defining ``fn``, once a run (every program of a kernel is keyed by it)."""
+    from .fingerprint import source_sha256
+
+    return source_sha256(fn)["sha256"]
+
+
 def key(fn, signature, harness_source):
     """The sha256 naming kernel ``fn``'s program for ``signature`` (JSON-ready parts), or None if ``fn`` cannot be
     named stably (it is then traced every run)."""
-    from .fingerprint import source_sha256
-
     global _ENV
-    name, source = identity(fn), source_sha256(fn)["sha256"]
+    name, source = identity(fn), _source(fn)
     if name is None or source is None:
         return None
     if _ENV is None:
