@@ -29,8 +29,10 @@ import contextlib
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -158,10 +160,32 @@ def _entry(case, data, arrays, errors, results) -> dict:
 
 
 def _work(name: str):
-    """Process-pool worker: compute a case by name; returns ``(name, bytes, entry, seconds)``."""
+    """Compute a case by name; returns ``(name, bytes, entry, seconds)``."""
     t0 = time.perf_counter()
     data, entry = compute(get_case(name))
     return name, data, entry, time.perf_counter() - t0
+
+
+def _work_to_file(name: str, scratch: str) -> str:
+    """Process-pool worker: :func:`_work`, its result pickled into a file in ``scratch``; returns the file's path.
+
+    A worker's result crosses a pipe, and a worker stopped on Ctrl-C may be stopped in the middle of writing it: the
+    pool's manager thread then waits for the rest of a message that never comes, and ``shutdown`` hangs (2 of 36
+    interrupted runs on a loaded machine). A message of a path is shorter than ``PIPE_BUF`` and is written whole
+    or not at all."""
+    path = os.path.join(scratch, f"{name}.pickle")
+    with open(path + ".part", "wb") as f:
+        pickle.dump(_work(name), f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(path + ".part", path)
+    return path
+
+
+def _read_result(path: str):
+    """The result :func:`_work_to_file` stored at ``path`` (the file is removed)."""
+    with open(path, "rb") as f:
+        result = pickle.load(f)
+    os.unlink(path)
+    return result
 
 
 def _run_all(names, jobs, desc):
@@ -179,25 +203,31 @@ def _run_all(names, jobs, desc):
                 bar.set_postfix_str(f"{n} {result[3]:.1f}s")
                 bar.update(1)
         else:
-            # spawn: never fork a process that may have started JAX's threads (the CLI, the tests)
-            pool = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint,
-                                          mp_context=multiprocessing.get_context("spawn"))
-            futures = [pool.submit(_work, n) for n in order]
-            try:
-                for fut in cf.as_completed(futures):
-                    result = fut.result()
-                    yield result
-                    bar.set_postfix_str(f"{result[0]} {result[3]:.1f}s")
-                    bar.update(1)
-            except BaseException:  # interrupted (or a worker failed): stop the others now
-                for fut in futures:
-                    fut.cancel()
-                terminate_workers(pool)
-                raise
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+            yield from _in_pool(order, jobs, bar)
     finally:
         bar.close()
+
+
+def _in_pool(order, jobs, bar):
+    """:func:`_run_all`'s results from ``jobs`` spawned workers, through files in a scratch directory."""
+    # spawn: never fork a process that may have started JAX's threads (the CLI, the tests)
+    with tempfile.TemporaryDirectory(prefix="gdn2-golden-") as scratch:
+        pool = cf.ProcessPoolExecutor(max_workers=jobs, initializer=_ignore_sigint,
+                                      mp_context=multiprocessing.get_context("spawn"))
+        futures = [pool.submit(_work_to_file, n, scratch) for n in order]
+        try:
+            for fut in cf.as_completed(futures):
+                result = _read_result(fut.result())
+                yield result
+                bar.set_postfix_str(f"{result[0]} {result[3]:.1f}s")
+                bar.update(1)
+        except BaseException:  # interrupted (or a worker failed): stop the others now
+            for fut in futures:
+                fut.cancel()
+            terminate_workers(pool)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _ignore_sigint():

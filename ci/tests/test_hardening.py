@@ -274,6 +274,21 @@ def test_interrupted_regeneration_exits_130_and_keeps_finished_cases(tmp_path, j
     assert not [p for p in (root / "data").iterdir() if p.suffix != ".npz"]
 
 
+def test_a_regeneration_worker_sends_a_message_a_pipe_writes_whole(tmp_path):
+    """A worker stopped on Ctrl-C while writing a longer result left the pool's manager thread waiting for the rest
+    (``shutdown`` hung in 2 of 36 interrupted runs on a loaded machine): a worker sends a path, its result is a
+    file."""
+    import pickle
+    import select
+
+    path = regenerate._work_to_file("len_c16_minus1", str(tmp_path))
+    assert len(pickle.dumps(path, protocol=pickle.HIGHEST_PROTOCOL)) < select.PIPE_BUF // 4
+    name, data, entry, _ = regenerate._read_result(path)
+    assert not list(tmp_path.iterdir())  # read once, then removed
+    assert (name, entry["sha256"]) == ("len_c16_minus1", golden.read_manifest()["cases"]["len_c16_minus1"]["sha256"])
+    assert golden_load.sha256(data) == entry["sha256"]
+
+
 # --- 8. smaller ones ------------------------------------------------------------------------
 
 def _inputs(B=1, T=3, H=1, K=4, V=2, seed=0):
