@@ -152,7 +152,7 @@ def run_case(fn, case: Case, mesh=None, *, capture=False, program=None):
 
         def run(call, do, dfs):
             mode_running.check_representable(call, case.dtype)
-            return mode_running.mode_results(fn, call, do, dfs, dtype=case.dtype)
+            return mode_running.mode_results(fn, call, do, dfs, dtype=case.dtype, mesh=mesh)
 
         return _judged(case, run, lambda got: case.judge(got, chunk_size=chunk), capture=capture,
                        inputs=_mode_inputs, reference=lambda: case.reference(chunk_size=chunk))

@@ -25,6 +25,7 @@ from gdn2_oracle.oracle.call import Call
 
 from ..grading.modes import KEYWORDS, MODES, ModeCase, result_names
 from ..grading.tolerance import Report
+from . import mesh as mesh_lib
 from .harness import (ContractError, KernelError, _check_dtype, _quiet_callback_failures, host_callback_error,
                       host_cast, to_device)
 
@@ -163,11 +164,13 @@ def check_representable(call: Call, dtype):
             raise ValueError(f"{name}: values are not exactly representable in {jnp.dtype(dt).name}")
 
 
-def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32"):
+def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None):
     """``{name: np.ndarray}`` over ``ci.grading.modes.result_names(call)``, in the dtypes the kernel returned.
 
     ``initial_state`` is always passed (zeros when the call has none, so ``dh0`` is defined); the states at
-    chunk starts are taken at :func:`kernel_chunk_size`.
+    chunk starts are taken at :func:`kernel_chunk_size`. With a ``mesh`` (``--mesh``) the call runs inside it
+    (``jax.set_mesh``), so a context-parallel kernel shards over it; the inputs are not placed (a packed batch
+    has one row, and the kernel places its slices itself).
     """
     jdt = _check_dtype(dtype)
     call.check_cotangents(do, dfinal_state)
@@ -177,7 +180,7 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32"):
     params = tuple(to_device(getattr(call, n), jnp.float32) for n in static.params)
     jdo, jdfs = to_device(do, jdt), to_device(dfinal_state, jnp.float32)
     try:
-        with _quiet_callback_failures():
+        with _quiet_callback_failures(), mesh_lib.using(mesh):
             out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))
             inter = None
             if call.intermediate_chunk_size is not None:

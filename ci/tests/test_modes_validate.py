@@ -210,3 +210,23 @@ def test_mode_properties_are_deselected_for_kernels_without_the_mode(tmp_path):
     code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_modes", "--collect-only", "-q",
                            "--gdn2-modes", "bogus")
     assert code == 4 and "bogus" in out
+
+
+def test_a_mode_case_runs_on_the_mesh_validate_was_given():
+    """``validate --mesh`` judges a training-call case inside the mesh (a context-parallel kernel shards over it),
+    as it does a dense case; before, the mode cases ran on the kernel's default mesh."""
+    import jax
+
+    from gdn2_oracle.ci.running.mesh import build_mesh
+
+    seen = []
+
+    def spy(xs, kw):
+        seen.append(dict(jax.sharding.get_abstract_mesh().shape))
+        return testing_modes.correct(*xs, **kw)
+
+    recipe = props.RECIPES["varlen"]
+    case = ModeCase.from_recipe(recipe_name(recipe), recipe)
+    res = validate.run_case(testing_modes.ModeMutant("mesh_spy", spy), case, build_mesh("seq=1"))
+    assert res["outcome"] == "pass", res
+    assert seen and all(shape == {"seq": 1} for shape in seen), seen
