@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from gdn2_oracle.property_tests import grading, profiles
-from gdn2_oracle.property_tests.plugin import XFAILS, every_mode, kernel_names, mesh_spec, modes_option, strict
+from gdn2_oracle.property_tests.plugin import (XFAILS, every_mode, kernel_names, mesh_spec, modes_option,
+                                               no_compile_cache, strict)
 from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
 HERE = Path(__file__).resolve().parent
@@ -35,6 +36,7 @@ def pytest_configure(config):
     config._gdn2_kernels = _built(config._gdn2_kernel_names)  # a bad kernel: one line, before collection
     grading.STRICT = strict(config)
     config._gdn2_modes = _selected_modes(config)
+    config._gdn2_compile_cache = _enable_compile_cache(config)
     if mesh_spec(config):  # every kernel call (ci.harness) runs in this mesh, on NamedSharding inputs
         from gdn2_oracle.ci.running.mesh import build_mesh  # JAX only with --gdn2-mesh
         import jax
@@ -44,6 +46,23 @@ def pytest_configure(config):
         except ValueError as exc:
             raise pytest.UsageError(f"--gdn2-mesh {mesh_spec(config)}: {exc}") from None
         config._gdn2_mesh.__enter__()
+
+
+def _enable_compile_cache(config):
+    """JAX's persistent compilation cache for the suite's programs, as the CLI's (ci/running/compile_cache.py): a
+    warm run reads what a cold one compiled (the ``ci`` profile draws the same examples every run). Not with
+    --gdn2-no-compile-cache or ``GDN2_COMPILE_CACHE=off``, nor where JAX already has a cache directory (the user's
+    setting wins). Returns the settings to restore when pytest ends, None when nothing was changed."""
+    if no_compile_cache(config):
+        return None
+    import jax
+
+    from gdn2_oracle.ci.running import compile_cache
+
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    if before[0] or compile_cache.enable() is None:
+        return None
+    return before
 
 
 def _selected_modes(config):
@@ -68,6 +87,12 @@ def _modes_missing(item, kernel, config):
 def pytest_unconfigure(config):
     if getattr(config, "_gdn2_mesh", None) is not None:
         config._gdn2_mesh.__exit__(None, None, None)
+    before = getattr(config, "_gdn2_compile_cache", None)
+    if before is not None:  # an in-process pytest run leaves JAX's settings as it found them
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
 
 
 IMPORT_HINT = ("is its module installed in this environment, or on PYTHONPATH? pytest does not add the working "

@@ -25,7 +25,10 @@ what acts on them::
   deselected for that kernel (docs/modes.md);
 * ``--gdn2-no-reference-cache`` (or env ``GDN2_REFERENCE_CACHE=0``): the references and baselines of cases built
   from a recipe are neither read from nor stored in the reference cache (``ci/grading/reference_cache.py``; by
-  default ``$GDN2_REFERENCE_CACHE``, else ``~/.cache/gdn2-oracle/references``).
+  default ``$GDN2_REFERENCE_CACHE``, else ``~/.cache/gdn2-oracle/references``);
+* ``--gdn2-no-compile-cache`` (or env ``GDN2_COMPILE_CACHE=off``): the suite's compiled programs are not kept in
+  JAX's persistent compilation cache (by default they are, as the CLI's: ``ci/running/compile_cache.py``, unless
+  JAX already has a cache directory of its own).
 """
 
 from __future__ import annotations
@@ -113,10 +116,16 @@ def no_reference_cache(config):
     return bool(config.getoption("gdn2_no_reference_cache", default=False))
 
 
+def no_compile_cache(config):
+    """Whether --gdn2-no-compile-cache was given."""
+    return bool(config.getoption("gdn2_no_compile_cache", default=False))
+
+
 def _asked(config):
     return bool(kernel_names(config) or config.getoption("gdn2_profile", default=None)
                 or config.getoption("gdn2_xfails", default=None) or strict(config) or mesh_spec(config)
-                or config.getoption("gdn2_modes", default=None) or no_reference_cache(config))
+                or config.getoption("gdn2_modes", default=None) or no_reference_cache(config)
+                or no_compile_cache(config))
 
 
 def pytest_addoption(parser):
@@ -144,6 +153,10 @@ def pytest_addoption(parser):
     group.addoption("--gdn2-no-reference-cache", action="store_true", default=False,
                     help="neither read nor write the references and baselines cached by recipe (default: env "
                          "GDN2_REFERENCE_CACHE, a directory or 0 for none, else ~/.cache/gdn2-oracle/references)")
+    group.addoption("--gdn2-no-compile-cache", action="store_true", default=False,
+                    help="do not keep the suite's compiled programs in JAX's persistent compilation cache (default: "
+                         "env GDN2_COMPILE_CACHE, a directory or off; else JAX's own cache directory if set; else "
+                         "~/.cache/gdn2-oracle/jax)")
 
 
 # The entries of --gdn2-xfails, read (and checked) when pytest starts.
@@ -209,5 +222,6 @@ def pytest_report_header(config):
                 + ("; strict grades (PRECISION fails)" if strict(config) else "")
                 + (f"; mesh {mesh_spec(config)}" if mesh_spec(config) else "")
                 + (f"; modes {','.join(modes_option(config))}" if modes_option(config) else "")
-                + ("; reference cache off" if no_reference_cache(config) else ""))
+                + ("; reference cache off" if no_reference_cache(config) else "")
+                + ("; compile cache off" if no_compile_cache(config) else ""))
     return None

@@ -103,3 +103,26 @@ def test_gdn2_modes_selects_serving_properties_too(tmp_path):
     code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_serving", "--gdn2-modes", "varlen",
                            "--collect-only", "-q")
     assert code == 5 and "9 deselected" in out, out
+
+
+def test_the_suite_keeps_its_compiled_programs_in_the_compile_cache(tmp_path, monkeypatch):
+    """The suite's programs go to JAX's persistent cache, as the CLI's do, so a warm CI run reads what a cold one
+    compiled; JAX's own cache directory, where set, wins; --gdn2-no-compile-cache writes nothing."""
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    home, own, run = tmp_path / "home", tmp_path / "own", tmp_path / "run"
+    run.mkdir()
+    ours = home / "gdn2-oracle" / "jax"
+    args = ("--pyargs", "gdn2_oracle.property_tests", "--gdn2-kernel", "pairwise", *ONE_GOLDEN)
+
+    def entries(directory):
+        return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+    code, out = pytest_run(run, *args, env={"XDG_CACHE_HOME": str(home), "JAX_COMPILATION_CACHE_DIR": str(own)})
+    assert code == 0 and "1 passed" in out, out
+    assert entries(own) and not entries(ours)
+    code, out = pytest_run(run, *args, "--gdn2-no-compile-cache", env={"XDG_CACHE_HOME": str(home)})
+    assert code == 0 and "1 passed" in out and "compile cache off" in out, out
+    assert not entries(ours)
+    code, out = pytest_run(run, *args, env={"XDG_CACHE_HOME": str(home)})
+    assert code == 0 and "1 passed" in out, out
+    assert entries(ours)
