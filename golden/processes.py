@@ -80,7 +80,10 @@ def exit_status(exc):
 
 
 def terminate_workers(pool):
-    """Stop a ``ProcessPoolExecutor``'s workers now, without waiting for their current task."""
+    """Stop a ``ProcessPoolExecutor``'s workers now, without waiting for their current task.
+
+    Only for pools whose results are short (under ``PIPE_BUF``): a worker stopped while writing a longer one leaves
+    the pool's manager thread waiting for the rest, and ``shutdown`` hangs. Send large results through files."""
     stop = getattr(pool, "terminate_workers", None)  # Python >= 3.14
     if stop is not None:
         stop()

@@ -172,11 +172,10 @@ def _work_to_file(name: str, scratch: str) -> str:
     A worker's result crosses a pipe, and a worker stopped on Ctrl-C may be stopped in the middle of writing it: the
     pool's manager thread then waits for the rest of a message that never comes, and ``shutdown`` hangs (2 of 36
     interrupted runs on a loaded machine). A message of a path is shorter than ``PIPE_BUF`` and is written whole
-    or not at all."""
+    or not at all (and is sent only once the file is whole)."""
     path = os.path.join(scratch, f"{name}.pickle")
-    with open(path + ".part", "wb") as f:
+    with open(path, "wb") as f:
         pickle.dump(_work(name), f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(path + ".part", path)
     return path
 
 

@@ -55,11 +55,9 @@ def _enable_compile_cache(config):
     setting wins). Returns the settings to restore when pytest ends, None when nothing was changed."""
     if no_compile_cache(config):
         return None
-    import jax
-
     from gdn2_oracle.ci.running import compile_cache
 
-    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    before = compile_cache.settings()
     if before[0] or compile_cache.enable() is None:
         return None
     return before
@@ -89,10 +87,9 @@ def pytest_unconfigure(config):
         config._gdn2_mesh.__exit__(None, None, None)
     before = getattr(config, "_gdn2_compile_cache", None)
     if before is not None:  # an in-process pytest run leaves JAX's settings as it found them
-        import jax
+        from gdn2_oracle.ci.running import compile_cache
 
-        jax.config.update("jax_compilation_cache_dir", before[0])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+        compile_cache.restore(before)
 
 
 IMPORT_HINT = ("is its module installed in this environment, or on PYTHONPATH? pytest does not add the working "

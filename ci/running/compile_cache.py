@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache for the CLI: a second ``validate``/``bench`` reuses compiled programs.
+"""JAX's persistent compilation cache for the CLI and the conformance suite: a second run reuses compiled programs.
 
 The directory is env ``GDN2_COMPILE_CACHE`` if set (``off`` disables it), else JAX's ``JAX_COMPILATION_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/gdn2-oracle/jax`` (default ``~/.cache/gdn2-oracle/jax``); ``--no-compile-cache`` turns it off.
@@ -38,3 +38,18 @@ def enable(directory=None):
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return directory
+
+
+def settings():
+    """JAX's cache settings in force: ``(directory or None, minimum compile seconds)``, for :func:`restore`."""
+    import jax
+
+    return jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+
+
+def restore(previous):
+    """Put back the cache settings :func:`settings` returned (an in-process run leaves JAX as it found it)."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", previous[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", previous[1])

@@ -53,3 +53,13 @@ def test_jax_own_cache_variable_is_honoured(monkeypatch, tmp_path):
     assert compile_cache.cache_dir() == tmp_path / "jax"
     monkeypatch.setenv(compile_cache.ENV, "off")  # ours wins
     assert compile_cache.cache_dir() is None
+
+
+def test_restore_puts_back_the_settings_enable_changed(tmp_path):
+    before = compile_cache.settings()
+    try:
+        assert compile_cache.enable(tmp_path) == tmp_path
+        assert compile_cache.settings() == (str(tmp_path), compile_cache.MIN_COMPILE_SECONDS)
+    finally:
+        compile_cache.restore(before)
+    assert compile_cache.settings() == before
