@@ -1,38 +1,63 @@
-"""Kernel programs kept between runs: a kernel's exported forward-and-gradients program (``jax.export``), read back
-instead of traced again while nothing that determines it has changed.
+"""Kernel programs kept between runs: a kernel's exported forward-and-gradients program (``jax.export``), keyed by
+the program itself, read back instead of lowered again.
 
-JAX's persistent compilation cache skips only the XLA compile; tracing and lowering the kernel come first, every
-run, and in a warm ``validate`` they are most of the time. This cache keeps the program one step earlier: the
-serialized ``jax.export.Exported`` of :func:`harness.runner` for one kernel and one signature (input shapes, dtype,
-scale). A warm run deserializes it and lowers only a call to it (~0.1 s instead of seconds of tracing); the
-compile then comes from the persistent compilation cache as before.
+JAX's persistent compilation cache skips only the XLA compile; tracing and lowering come first. This cache skips
+the lowering of :func:`harness.runner`'s program: the serialized ``jax.export.Exported`` is stored under the
+**content key** of what was traced this run, and a run that traces the same program deserializes it and lowers only
+a call to it; the compile then comes from the persistent compilation cache as before.
 
-**What may be reused, and what is never trusted.** The key covers everything the program is a function of that we
-can see: the kernel's identity (its factory's repr with its options, or its module and name) and the sha256 of the
-sources of every module of its package it refers to (``fingerprint.source_sha256``), the harness's own source (the
-VJP and the contract checks), the versions of JAX, jaxlib and every installed distribution (an upgraded dependency
-is a new key), the backend and the signature. What it cannot see -- code outside the kernel's package changed in
-place without a version change, a kernel reading files or the environment while traced -- is why the cache can be
-turned off (``--no-program-cache``, env ``GDN2_PROGRAM_CACHE=off``). A kernel without a stable identity (an object
-whose repr is its address), without source, or that cannot be exported (a host callback: torch kernels) is traced
-every run. An entry is a payload and its sha256; one that fails the check or to deserialize is rebuilt.
+**The key** (:func:`key`) is the sha256 of the traced program's canonical text (``program_key.py``: every equation,
+parameter, nested jaxpr -- a Pallas kernel body, its index maps -- and the bytes of every constant and literal),
+with the signature (input shapes, dtype, scale), the backend and device kind, the versions of JAX, jaxlib and every
+installed distribution, every ``jax.config`` value that is not about caching or logging, the ``XLA_FLAGS`` and
+``LIBTPU_INIT_ARGS`` environment and this entry format's version. Every run traces the kernel, so a name never
+decides what runs: two kernels of one factory, a kernel behind a mapping or padding option, a peer with other
+options, an edited file or helper module, an environment variable or file read while tracing -- each traces to its
+own program and key; two different callables that trace to the same program share one entry, rightly.
+
+**What it cannot see, and so never stores**: a program holding something whose content cannot be written down (a
+host callback such as a torch kernel's, a Python object without readable state) is :class:`program_key.Unkeyable`
+and is lowered every run. A lowering rule registered by user code at run time is not in the key (JAX's version is).
+
+**An entry** is ``HEADER``, its key, the payload's sha256 and the payload. A read checks all three: a damaged,
+truncated, swapped (another key's entry under this name) or older-format entry is ignored and rebuilt, so entries
+written before the content key existed are never read. A program is stored only if the export traced the very
+jaxpr that was keyed (JAX's trace cache returns the same object before and after it). A directory that cannot be
+written warns once (:class:`ProgramCacheWarning`) and the run goes on lowering. ``--no-program-cache`` and env
+``GDN2_PROGRAM_CACHE=off`` turn it off.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import hashlib
 import importlib.metadata
-import inspect
-import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
+
+from . import program_key
 
 ENV = "GDN2_PROGRAM_CACHE"
 OFF = ("", "0", "off", "false", "no")
-_HEADER = b"gdn2-oracle program 1\n"
+FORMAT = 2  # 1: keyed by the kernel's name and package sources (unsound; never read again)
+HEADER = f"gdn2-oracle program {FORMAT}\n".encode()
+# Environment variables that change a lowered or compiled program without changing the traced one.
+ENV_FLAGS = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+# jax.config options left out of the key: where caches live and what is logged change no program.
+_CONFIG_IGNORED = ("cache", "log", "explain")
+
+
+class ProgramCacheWarning(RuntimeWarning):
+    """The program cache could not be written; programs are lowered again next run."""
+
+
+_unwritable: set = set()  # directories that failed a write in this process (warned once)
+# This process's counts: programs read back, stored, not keyable (lowered every run), not exportable or stored.
+STATS = collections.Counter()
 
 
 def directory():
@@ -45,99 +70,104 @@ def directory():
     return Path(base) / "gdn2-oracle" / "programs"
 
 
-def identity(fn):
-    """A stable name for kernel ``fn`` with its options (None when it has none: a repr holding an address)."""
-    if inspect.isfunction(fn) or inspect.isbuiltin(fn):
-        return f"{fn.__module__}:{fn.__qualname__}"
-    text = repr(fn)
-    return None if " at 0x" in text or "object at" in text else f"{type(fn).__module__}.{type(fn).__qualname__}:{text}"
-
-
-def _environment():
-    """The versions and backend a program depends on beyond the kernel's own code."""
+def environment():
+    """What a program depends on beyond its jaxpr: versions, backend, device, ``jax.config`` and flag variables."""
     import jax
     import jaxlib
 
-    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-                   if d.metadata["Name"])
-    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
+    config = {k: repr(v) for k, v in sorted(jax.config.values.items())
+              if not any(word in k for word in _CONFIG_IGNORED)}
+    return {"format": FORMAT, "jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
             "device": jax.devices()[0].device_kind,
-            "distributions": hashlib.sha256("\n".join(dists).encode()).hexdigest()}
-
-
-_ENV = None
+            "distributions": _distributions(),
+            "config": config, "env": {name: os.environ.get(name) for name in ENV_FLAGS}}
 
 
 @functools.cache
-def _source(fn):
-    """The sha256 of the sources defining ``fn``, once a run (every program of a kernel is keyed by it)."""
-    from .fingerprint import source_sha256
+def _distributions():
+    """sha256 over every installed distribution's name and version (an upgrade is a new key), once a process."""
+    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                   if d.metadata["Name"])
+    return hashlib.sha256("\n".join(dists).encode()).hexdigest()
 
-    return source_sha256(fn)["sha256"]
 
-
-def key(fn, signature, harness_source):
-    """The sha256 naming kernel ``fn``'s program for ``signature`` (JSON-ready parts), or None if ``fn`` cannot be
-    named stably (it is then traced every run)."""
-    global _ENV
-    name, source = identity(fn), _source(fn)
-    if name is None or source is None:
-        return None
-    if _ENV is None:
-        _ENV = _environment()
-    text = json.dumps({"kernel": name, "source": source, "harness": hashlib.sha256(harness_source.encode()).hexdigest(),
-                       "environment": _ENV, "signature": signature}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+def key(closed_jaxpr, signature):
+    """The sha256 naming the program ``closed_jaxpr`` traced for ``signature`` (JSON-ready) in this environment;
+    raises :class:`program_key.Unkeyable` for a program whose content cannot be written down."""
+    return program_key.sha256(closed_jaxpr, signature, environment())
 
 
 def read(root: Path, name: str):
-    """The serialized program stored under ``name``, or None (missing, damaged: its sha256 does not match)."""
+    """The serialized program stored under key ``name``, or None (missing, damaged, another key's, older format)."""
     try:
         data = (root / f"{name}.exported").read_bytes()
     except OSError:
         return None
-    head, _, rest = data.partition(b"\n")
-    digest, payload = rest[:64], rest[64:]
-    if head + b"\n" != _HEADER or hashlib.sha256(payload).hexdigest().encode() != digest:
+    n = len(HEADER)
+    stored, digest, payload = data[n:n + 64], data[n + 64:n + 128], data[n + 128:]
+    if (data[:n] != HEADER or stored != name.encode()
+            or hashlib.sha256(payload).hexdigest().encode() != digest):
         return None
     return payload
 
 
 def write(root: Path, name: str, payload: bytes):
-    """Store ``payload`` under ``name`` atomically (a temporary file, then a rename); an OSError is ignored (the
-    program is then traced again next run)."""
-    with contextlib.suppress(OSError):
+    """Store ``payload`` under key ``name`` atomically (a temporary file, then a rename); an OSError warns once
+    per directory (:class:`ProgramCacheWarning`) and the program is lowered again next run."""
+    if root in _unwritable:
+        return
+    tmp = None
+    try:
         root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_HEADER + hashlib.sha256(payload).hexdigest().encode() + payload)
-            os.replace(tmp, root / f"{name}.exported")
-        finally:
-            with contextlib.suppress(FileNotFoundError):
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{name[:16]}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(HEADER + name.encode() + hashlib.sha256(payload).hexdigest().encode() + payload)
+        os.replace(tmp, root / f"{name}.exported")
+        tmp = None
+    except OSError as exc:
+        _unwritable.add(root)
+        warnings.warn(ProgramCacheWarning(f"program cache {root}: cannot write ({type(exc).__name__}: {exc}); "
+                                          f"programs are lowered again next run (env {ENV}=off turns it off)"),
+                      stacklevel=2)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
 
-def exported(fn, signature, harness_source, export):
-    """``jax.export.Exported`` of kernel ``fn``'s program for ``signature``: read from the cache, or made by
-    ``export()`` and stored; None when the cache is off, ``fn`` has no stable key, or it cannot be exported or
-    serialized (the caller then traces it as usual)."""
+def exported(traced, signature, export, retrace):
+    """``jax.export.Exported`` of the program ``traced`` (a ``jax.stages.Traced``) for ``signature``: read from the
+    cache under its content key, or made by ``export()`` and stored; None when the cache is off, the program is
+    unkeyable, or it cannot be exported or serialized (the caller then lowers ``traced`` as usual).
+    ``retrace()``: the same trace again; a program is stored only if it returns the keyed jaxpr itself (so the
+    export serialized exactly what was keyed)."""
     from jax import export as jax_export
 
     root = directory()
-    name = None if root is None else key(fn, signature, harness_source)
-    if name is None:
+    if root is None:
+        return None
+    try:
+        name = key(traced.jaxpr, signature)
+    except program_key.Unkeyable:
+        STATS["unkeyable"] += 1
         return None
     payload = read(root, name)
     if payload is not None:
         try:
-            return jax_export.deserialize(bytearray(payload))
+            exp = jax_export.deserialize(bytearray(payload))
+            STATS["read"] += 1
+            return exp
         except Exception:  # noqa: BLE001 - a damaged or foreign entry is rebuilt below
             pass
     try:
         exp = export()
         payload = bytes(exp.serialize())
-    except Exception:  # noqa: BLE001 - not exportable (e.g. a host callback): traced every run
+    except Exception:  # noqa: BLE001 - not exportable (e.g. a host callback): lowered every run
+        STATS["not_exported"] += 1
         return None
+    if retrace().jaxpr is not traced.jaxpr:
+        STATS["not_exported"] += 1
+        return None  # the export traced again and may have seen another program: lower what was keyed
     write(root, name, payload)
+    STATS["stored"] += 1
     return exp

@@ -1,6 +1,7 @@
 """Programs compiled ahead of time (ci/running/ahead.py): one program a signature, the same results as compiling on
 first call, and a kernel's failure while tracing raised where its case is judged."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -110,18 +111,23 @@ def make_counted():
     return counted
 
 
+def _from(counts, before):
+    return {k: counts[k] - before.get(k, 0) for k in ("read", "stored", "unkeyable", "not_exported")}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_program_cache_reads_back_a_kernel_program_without_tracing_it(tmp_path, monkeypatch, dtype):
+def test_the_program_cache_reads_back_a_kernel_program_it_traced_again(tmp_path, monkeypatch, dtype):
     monkeypatch.setenv(program_cache.ENV, str(tmp_path))
     p = oracle.make_problem(1, 24, 1, 8, 8, decay="moderate", initial_state=True, seed=0, precision=dtype)
     do, dfs = oracle.random_cotangents(p, precision=dtype)
     TRACES.clear()
-    runs = []
+    runs, before = [], dict(program_cache.STATS)
     for _ in range(2):
-        counted = make_counted()  # nothing of it traced in memory: only the program cache can spare the trace
+        counted = make_counted()  # a new function object: nothing of it is traced in memory
         compiled = harness.lower(counted, p, dtype, cache=True).compile()
         runs.append(harness.kernel_results(counted, p, do, dfs, dtype=dtype, program=lambda c=compiled: c))
-    assert len(TRACES) == 1, "the second lowering reads the exported program back"
+    assert len(TRACES) == 2, "every run traces the kernel: the key is what was traced"
+    assert _from(program_cache.STATS, before) == {"read": 1, "stored": 1, "unkeyable": 0, "not_exported": 0}
     assert len(list(tmp_path.glob("*.exported"))) == 1
     reference = harness.kernel_results(counted, p, do, dfs, dtype=dtype)  # jit on first call, no cache
     for got in runs:
@@ -129,34 +135,76 @@ def test_the_program_cache_reads_back_a_kernel_program_without_tracing_it(tmp_pa
             np.testing.assert_array_equal(got[result], reference[result], err_msg=result)
 
 
-def test_a_damaged_program_entry_is_rebuilt_and_a_changed_kernel_is_a_new_key(tmp_path, monkeypatch):
+def make_scaled(factor):
+    """A factory's kernel: pairwise with ``o`` times ``factor`` (every kernel it makes has one name)."""
+    base = spec.get("pairwise[chunk_size=16]")
+
+    def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
+        o, S = base(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+        return o * factor, S
+
+    return kernel
+
+
+def test_kernels_of_one_factory_get_programs_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setenv(program_cache.ENV, str(tmp_path))
     p, do, dfs = _problem(24)
-    harness.lower(make_counted(), p, "float32", cache=True)
-    (entry,) = tmp_path.glob("*.exported")
-    data = bytearray(entry.read_bytes())
-    data[-10] ^= 0xFF
-    entry.write_bytes(bytes(data))
-    assert program_cache.read(tmp_path, entry.stem) is None, "the damage is seen"
-    TRACES.clear()
-    harness.lower(make_counted(), p, "float32", cache=True)
-    assert len(TRACES) == 1, "a damaged entry is traced again"
-    assert program_cache.read(tmp_path, entry.stem) is not None, "and stored again"
-    signature = {"shape": [1]}
-    kernels = ("pairwise[chunk_size=16]", "pairwise[chunk_size=32]")
-    keys = {program_cache.key(spec.get(s), signature, "h") for s in kernels}
-    assert len(keys) == 2 and None not in keys, "the kernel's options are part of the key"
-    assert program_cache.key(spec.get("pairwise"), signature, "h") != program_cache.key(
-        spec.get("pairwise"), signature, "harness changed")
+    results = {}
+    for factor in (1.0, 1.5, 1.0):
+        fn = make_scaled(factor)
+        compiled = harness.lower(fn, p, "float32", cache=True).compile()
+        results.setdefault(factor, []).append(harness.kernel_results(fn, p, do, dfs, program=lambda c=compiled: c))
+    assert len(list(tmp_path.glob("*.exported"))) == 2, "one entry a program, shared by the two factor-1 kernels"
+    np.testing.assert_array_equal(results[1.5][0]["o"], 1.5 * results[1.0][0]["o"])
+    np.testing.assert_array_equal(results[1.0][1]["o"], results[1.0][0]["o"])
 
 
-def test_a_kernel_without_a_stable_name_is_not_cached(tmp_path, monkeypatch):
+def test_a_damaged_swapped_or_old_entry_is_never_read(tmp_path, monkeypatch):
     monkeypatch.setenv(program_cache.ENV, str(tmp_path))
+    p, do, dfs = _problem(24)
+    for factor in (1.0, 2.0):
+        harness.lower(make_scaled(factor), p, "float32", cache=True)
+    one, two = sorted(tmp_path.glob("*.exported"))
+    good = one.read_bytes()
+    assert program_cache.read(tmp_path, one.stem) is not None
+    damaged = bytearray(good)
+    damaged[-10] ^= 0xFF
+    for data in (bytes(damaged), good[:len(good) // 2], two.read_bytes(),
+                 good.replace(program_cache.HEADER, b"gdn2-oracle program 1\n")):
+        one.write_bytes(data)
+        assert program_cache.read(tmp_path, one.stem) is None
+    before = dict(program_cache.STATS)
+    for factor in (1.0, 2.0):
+        harness.lower(make_scaled(factor), p, "float32", cache=True)
+    assert _from(program_cache.STATS, before) == {"read": 1, "stored": 1, "unkeyable": 0, "not_exported": 0}, (
+        "the refused entry is rebuilt, the other read")
+    assert program_cache.read(tmp_path, one.stem) is not None
 
-    class Anonymous:
-        def __call__(self, *args, **kwargs):
-            return make_counted()(*args, **kwargs)
 
-    assert program_cache.key(Anonymous(), {}, "h") is None
+def test_a_program_with_a_host_callback_is_never_stored(tmp_path, monkeypatch):
+    monkeypatch.setenv(program_cache.ENV, str(tmp_path))
+    base = spec.get("pairwise[chunk_size=16]")
+
+    def calls_back(q, k, v, g, b, w, *, scale=None, initial_state=None):
+        o, S = base(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+        shift = jax.pure_callback(lambda: np.float32(0), jax.ShapeDtypeStruct((), np.float32))
+        return o + shift.astype(o.dtype), S
+
+    p, _, _ = _problem(24)
+    before = dict(program_cache.STATS)
+    harness.lower(calls_back, p, "float32", cache=True)
+    assert _from(program_cache.STATS, before)["unkeyable"] == 1
+    assert not list(tmp_path.glob("*.exported"))
     monkeypatch.setenv(program_cache.ENV, "off")
     assert program_cache.directory() is None
+
+
+def test_an_unwritable_cache_warns_once_and_the_run_goes_on(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    monkeypatch.setenv(program_cache.ENV, str(blocked / "programs"))
+    p, do, dfs = _problem(24)
+    with pytest.warns(program_cache.ProgramCacheWarning, match="cannot write"):
+        compiled = harness.lower(make_scaled(2.0), p, "float32", cache=True).compile()
+    got = harness.kernel_results(make_scaled(2.0), p, do, dfs, program=lambda: compiled)
+    assert np.isfinite(got["o"]).all()
