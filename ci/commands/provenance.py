@@ -54,3 +54,18 @@ def environment():
     }
 
 
+
+
+def source_lines(kernels_out):
+    """Console lines naming the code each kernel's verdict belongs to: its source sha256 and every module of it
+    (through wrappers, factories and peers; ``ci/running/fingerprint.py``) with a short hash, by package."""
+    lines = []
+    for k in kernels_out:
+        src = k.get("source") or {}
+        packages = {}
+        for module, h in (src.get("modules") or {}).items():
+            package, _, name = module.rpartition(".")
+            packages.setdefault(package, []).append(f"{name} {h[:8]}")
+        mods = "; ".join(f"{p}.{{{', '.join(n)}}}" if p else ", ".join(n) for p, n in packages.items())
+        lines.append(f"  {k['name']}: source {(src.get('sha256') or 'none')[:12]} = {mods or 'no module source found'}")
+    return lines
