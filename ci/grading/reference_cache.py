@@ -5,9 +5,13 @@ file by its sha256) always has the same float64 reference and working-precision 
 the user's cache and read back by a later run instead of being computed again. Nothing is trusted blindly:
 
 * the file name is the sha256 of the canonical key: what is cached (the recipe, which value, the result dtypes a
-  baseline is rounded to), :func:`oracle_fingerprint` (every ``.py`` file of the installed ``gdn2_oracle.oracle``
-  package and the grading modules that compute or shape a cached value), NumPy's version, the machine and the
-  CPU features NumPy dispatches on (its float64 kernels may round differently elsewhere);
+  baseline is rounded to; a golden case by its file's sha256), :func:`oracle_fingerprint` (every ``.py`` file of
+  the installed ``gdn2_oracle.oracle`` package, the modules that compute or shape a cached value -- the grading
+  modules and the golden loader -- and every module of the package they import, found by reading their imports),
+  the versions of NumPy and mpmath, NumPy's BLAS, the BLAS environment (``OPENBLAS_CORETYPE``, thread counts:
+  a float64 product may round differently), the machine and the CPU features NumPy dispatches on;
+* the key carries :data:`FORMAT`: version 2 came with the content-keyed program cache (issue 28), so every entry
+  written before it is ignored;
 * the entry is an ``.npz`` holding the arrays, that key and a sha256 over all of them; a read checks both, and a
   missing, truncated, altered, unreadable or mismatched entry is recomputed and overwritten;
 * an entry is written to a temporary file and renamed into place (``os.replace``), so concurrent writers (xdist
@@ -26,6 +30,7 @@ directory is kept under :data:`MAX_BYTES` (least recently used entries go first)
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
@@ -47,12 +52,17 @@ from gdn2_oracle import oracle
 ENV = "GDN2_REFERENCE_CACHE"
 # Values of ENV that turn the cache off.
 OFF = ("", "0", "off", "false", "no")
-# Bump when the entry format or the meaning of a key changes.
-FORMAT = 1
+# Bump when the entry format or the meaning of a key changes (2: the audit of issue 28; older entries ignored).
+FORMAT = 2
 # The directory is pruned (least recently used first) to 80% of this once it holds more.
 MAX_BYTES = 2 * 2**30
-# The grading modules whose code computes or shapes a cached value (besides the whole oracle package).
-GRADING_SOURCES = ("references.py", "tolerance.py", "case.py", "modes.py", "reference_cache.py")
+# The modules whose code computes or shapes a cached value (besides the whole oracle package); what they import
+# from the package is added (:func:`source_closure`).
+VALUE_MODULES = ("ci.grading.references", "ci.grading.tolerance", "ci.grading.case", "ci.grading.modes",
+                 "ci.grading.reference_cache", "golden.load")
+# Environment variables that change how NumPy's BLAS rounds a float64 product.
+BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "MKL_CBWR")
 KEY, SECONDS, SHA256 = "__key__", "__seconds__", "__sha256__"  # the entry's own arrays
 STALE_TEMP_SECONDS = 3600  # a temporary file this old belongs to a writer that died
 
@@ -140,25 +150,82 @@ def _cpu_dispatch():
     return sorted(t for t in getattr(umath, "__cpu_dispatch__", ()) if features.get(t))
 
 
+def _package_root() -> Path:
+    return Path(oracle.__file__).resolve().parent.parent
+
+
+def _imports(path: Path, module: str):
+    """The ``gdn2_oracle`` modules (names relative to the package) that the source at ``path`` imports."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+            elif mod.split(".")[0] == "gdn2_oracle":
+                base, mod = [], mod.removeprefix("gdn2_oracle").lstrip(".")
+            else:
+                continue
+            head = base + (mod.split(".") if mod else [])
+            yield ".".join(head)
+            yield from (".".join([*head, alias.name]) for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (a.name.removeprefix("gdn2_oracle.") for a in node.names if a.name.startswith("gdn2_oracle."))
+
+
+def _file_of(root: Path, module: str):
+    """The source file of package module ``module`` (relative name), or None when it is not a module of ours."""
+    if not module:
+        return None
+    for path in (root / Path(*module.split(".")).with_suffix(".py"), root / Path(*module.split(".")) / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def source_closure():
+    """``{relative module: path}``: the oracle package (tests excepted), :data:`VALUE_MODULES` and every module of
+    the package they import, directly or through others."""
+    root = _package_root()
+    todo = [f"oracle.{p.relative_to(root / 'oracle').with_suffix('').as_posix().replace('/', '.')}".removesuffix(
+        ".__init__") for p in sorted((root / "oracle").rglob("*.py")) if "tests" not in p.parts] + list(VALUE_MODULES)
+    found = {}
+    while todo:
+        module = todo.pop()
+        path = _file_of(root, module)
+        if path is None or module in found:
+            continue
+        found[module] = path
+        todo.extend(m for m in _imports(path, module) if m not in found)
+    return dict(sorted(found.items()))
+
+
 @functools.cache
 def oracle_fingerprint() -> str:
-    """sha256 over the sources a cached value depends on: every ``.py`` file of the ``gdn2_oracle.oracle``
-    package (its tests excepted) and :data:`GRADING_SOURCES`, each with its path."""
-    here = Path(__file__).resolve().parent
-    package = Path(oracle.__file__).resolve().parent
-    files = [(f"oracle/{p.relative_to(package).as_posix()}", p) for p in sorted(package.rglob("*.py"))
-             if "tests" not in p.relative_to(package).parts]
-    files += [(f"ci/grading/{name}", here / name) for name in GRADING_SOURCES]
+    """sha256 over the sources a cached value depends on (:func:`source_closure`), each with its module name."""
     h = hashlib.sha256()
-    for name, path in files:
+    for name, path in source_closure().items():
         h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).hexdigest().encode() + b"\n")
     return h.hexdigest()
 
 
+@functools.cache
+def _blas():
+    """NumPy's BLAS as its build reports it (name and version), or None."""
+    with contextlib.suppress(Exception):
+        info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{info.get('name')} {info.get('version')}"
+    return None
+
+
 def canonical(what: dict) -> str:
     """The canonical key text of a cached value ``what`` (JSON, sorted keys, no whitespace), with everything else
-    the value depends on: the oracle's sources, NumPy's version, the machine and NumPy's CPU targets."""
+    the value depends on: the sources, NumPy's and mpmath's versions and BLAS, the BLAS environment, the machine
+    and NumPy's CPU targets."""
+    import mpmath
+
     key = {"format": FORMAT, "what": what, "oracle": oracle_fingerprint(), "numpy": np.__version__,
+           "mpmath": mpmath.__version__, "blas": _blas(), "blas_env": {n: os.environ.get(n) for n in BLAS_ENV},
            "machine": platform.machine(), "cpu": _cpu_dispatch()}
     return json.dumps(key, sort_keys=True, separators=(",", ":"), allow_nan=False)
 

@@ -323,3 +323,25 @@ def test_the_plugin_option_turns_it_off(tmp_path):
     env = {reference_cache.ENV: str(tmp_path / "refs")}  # a directory: only the option can turn it off
     code, out = pytest_run(tmp_path, "-s", "--gdn2-no-reference-cache", "test_where.py", env=env)
     assert code == 0 and "CACHE None" in out and "reference cache off" in out, out
+
+
+def test_the_key_covers_every_module_a_cached_value_is_computed_by(cache):
+    closure = reference_cache.source_closure()
+    for module in ("oracle.recurrence", "oracle.generate", "ci.grading.tolerance", "ci.grading.case",
+                   "golden.load", "golden.catalogue"):
+        assert module in closure, f"{module} is not in the reference cache's key"
+    assert not any(m.startswith(("ci.commands", "ci.running", "kernels", "property_tests")) for m in closure)
+    imported = {m for name, path in closure.items() for m in reference_cache._imports(path, name)}
+    assert {m for m in imported if reference_cache._file_of(reference_cache._package_root(), m)} <= set(closure), (
+        "every package module a covered module imports is covered")
+
+
+@pytest.mark.parametrize("env", ["OPENBLAS_CORETYPE", "OMP_NUM_THREADS"])
+def test_the_blas_environment_and_the_format_are_in_the_key(cache, calls, monkeypatch, env):
+    dense_case(calls).reference()
+    monkeypatch.setenv(env, "7")
+    dense_case(calls).reference()
+    assert calls["reference"] == 2 and len(_entries(cache)) == 2
+    monkeypatch.setattr(reference_cache, "FORMAT", 1)  # an entry of the format before the audit is never read
+    dense_case(calls).reference()
+    assert calls["reference"] == 3
