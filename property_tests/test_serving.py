@@ -22,7 +22,6 @@ show which property catches each wrong kernel of ``kernels/testing_decode.py``.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 from collections.abc import Callable
 
@@ -35,6 +34,7 @@ from gdn2_oracle import oracle
 from gdn2_oracle.ci.grading import serving as judge
 from gdn2_oracle.ci.grading import serving_cases as recipes
 from gdn2_oracle.ci.grading.serving import DecodeCall, Session
+from gdn2_oracle.ci.running.per_kernel import per_kernel
 from gdn2_oracle.ci.running.serving import ServingRunner, accepts_serving, run_session
 from gdn2_oracle.oracle import serving as oracle_serving
 from gdn2_oracle.property_tests import grading, strategies
@@ -58,7 +58,7 @@ class ServingKernel(NamedTuple):
         return _runner(self.fn)
 
 
-@functools.cache
+@per_kernel
 def _runner(fn):
     return ServingRunner(fn)
 

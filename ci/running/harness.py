@@ -18,6 +18,7 @@ from ..grading.case import Case
 from ..grading.tolerance import Report
 from . import mesh as mesh_lib
 from . import program_cache
+from .per_kernel import per_kernel
 
 
 def _check_dtype(dtype):
@@ -58,16 +59,11 @@ def check_results(out, q, v, o_dtype=None):
             raise ContractError(f"returned {name} of dtype {jnp.dtype(x.dtype).name}, expected {dtype.name}{why}")
 
 
-_RUNNERS: dict = {}  # id(fn) -> (fn, program): by identity, never by equality or name
-
-
+@per_kernel
 def runner(fn):
     """A jitted ``(inputs, h0, do, dfs, scale) -> results`` for kernel ``fn`` (compiled once per shape);
-    a result that breaks the contract raises ContractError while tracing. One per kernel object: two kernels
-    that compare equal (or share a name) still get programs of their own."""
-    held = _RUNNERS.get(id(fn))
-    if held is not None and held[0] is fn:
-        return held[1]
+    a result that breaks the contract raises ContractError while tracing. One per kernel object
+    (``per_kernel.py``): two kernels that compare equal or share a name get programs of their own."""
 
     def run(inputs, h0, do, dfs, scale):
         def call(q, k, v, g, b, w, h0):
@@ -79,9 +75,7 @@ def runner(fn):
         grads = pullback((do.astype(o.dtype), dfs))
         return (o, S) + tuple(grads)
 
-    program = jax.jit(run, static_argnames="scale")
-    _RUNNERS[id(fn)] = (fn, program)
-    return program
+    return jax.jit(run, static_argnames="scale")
 
 
 def host_cast(x, dtype):

@@ -12,7 +12,6 @@ A kernel takes part in a mode when its signature accepts the mode's keywords (``
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import NamedTuple
 
@@ -24,6 +23,7 @@ from gdn2_oracle.oracle import INPUTS, RESULTS
 from gdn2_oracle.oracle.call import Call
 
 from ..grading.modes import KEYWORDS, MODES, ModeCase, result_names
+from .per_kernel import per_kernel
 from ..grading.tolerance import Report
 from . import mesh as mesh_lib
 from .harness import (ContractError, KernelError, _check_dtype, _quiet_callback_failures, host_callback_error,
@@ -109,7 +109,7 @@ def _check(out, q, v, state_shape, n_results, intermediate_shape=None, o_dtype=N
                                 f"{' or '.join(d.name for d in dtypes)}")
 
 
-@functools.cache
+@per_kernel
 def runner(fn, static: Static, state_shape):
     """A jitted ``(inputs, h0, params, do, dfs) -> (o, final_state, dq..dh0, d<params>)`` for kernel ``fn``."""
     kw = static.keywords()
@@ -126,7 +126,7 @@ def runner(fn, static: Static, state_shape):
     return jax.jit(run)
 
 
-@functools.cache
+@per_kernel
 def state_runner(fn, static: Static, state_shape, intermediate_shape):
     """A jitted forward-only ``(inputs, h0, params) -> intermediate states`` (``return_intermediate_states``).
 

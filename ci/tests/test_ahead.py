@@ -208,3 +208,27 @@ def test_an_unwritable_cache_warns_once_and_the_run_goes_on(tmp_path, monkeypatc
         compiled = harness.lower(make_scaled(2.0), p, "float32", cache=True).compile()
     got = harness.kernel_results(make_scaled(2.0), p, do, dfs, program=lambda: compiled)
     assert np.isfinite(got["o"]).all()
+
+
+class AlwaysEqual:
+    """A kernel object equal to every other of its class (as a dataclass whose options are compare=False)."""
+
+    def __init__(self, factor):
+        self.inner = make_scaled(factor)
+
+    def __call__(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+    def __eq__(self, other):
+        return isinstance(other, AlwaysEqual)
+
+    def __hash__(self):
+        return 0
+
+
+def test_kernels_that_compare_equal_get_programs_of_their_own():
+    p, do, dfs = _problem(24)
+    one, two = AlwaysEqual(1.0), AlwaysEqual(3.0)
+    assert one == two and harness.runner(one) is not harness.runner(two)
+    got = [harness.kernel_results(fn, p, do, dfs)["o"] for fn in (one, two)]
+    np.testing.assert_array_equal(got[1], 3.0 * got[0])
