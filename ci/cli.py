@@ -3,8 +3,10 @@
 Each subcommand is a module of ``ci/commands`` with ``add_parser(sub)`` and ``run(args) -> exit status``.
 Exit status (``commands.output.EXIT``, README "Exit codes"): 0 pass (validate: PRECISION is a warning,
 a failure with ``--strict``), 1 a kernel failed or was rejected, 2 a usage error (before any work),
-3 some validate cases could not be judged (input error), 130 Ctrl-C after reporting what was finished (143
-for SIGTERM, handled the same way).
+3 some validate cases could not be judged (input error), 4 nothing was judged for a kernel (empty), 130 Ctrl-C
+after reporting what was finished (143 for SIGTERM, handled the same way).
+Ctrl-C and SIGTERM are handled from the first moment of :func:`main`: the subcommands (and JAX) are imported only
+then, and a signal whose exception some code swallowed still makes the run interrupted (never a pass).
 Run as the console script, an interrupted command ends with ``os._exit(130)`` after flushing, skipping
 interpreter teardown (where JAX's threads could crash the process).
 """
@@ -12,19 +14,27 @@ interpreter teardown (where JAX's threads could crash the process).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
+import time
 
-from gdn2_oracle.golden.processes import TERMINATED, terminate_as_interrupt
+from gdn2_oracle.golden.processes import TERMINATED, signal_status, signalled, terminate_as_interrupt
 
-from .commands import bench, cost, domain, golden, hunt, validate
-from .commands.args import PROG
-from .commands.output import EXIT, UsageError
+from .commands.output import EXIT, PROG, UsageError
+from .grading.grades import INTERRUPTED
 
-# The subcommands, in the order ``--help`` lists them.
-COMMANDS = {"validate": validate, "bench": bench, "golden": golden, "domain": domain, "hunt": hunt, "cost": cost}
+# The subcommands (modules of ci/commands, imported when the parser is built), in the order ``--help`` lists them.
+COMMANDS = ("validate", "bench", "golden", "domain", "hunt", "cost")
 # Commands that compile kernels (the persistent compilation cache applies to them).
 COMPILING = ("validate", "bench", "domain", "hunt")
+# Options naming a file or directory to write: an empty value would write nothing (or into the working directory).
+PATH_OPTIONS = ("json", "plot", "dump", "out")
+
+
+def command(name):
+    """The module of subcommand ``name`` (imports it, and with most of them JAX)."""
+    return importlib.import_module(f"{__package__}.commands.{name}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -85,8 +95,8 @@ def build_parser():
     _global_options(shared, argparse.SUPPRESS)
     sub = ap.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}", parser_class=_Parser)
     sub.required = True
-    for module in COMMANDS.values():
-        module.add_parser(_Commands(sub, [shared]))
+    for name in COMMANDS:
+        command(name).add_parser(_Commands(sub, [shared]))
     return ap
 
 
@@ -94,7 +104,7 @@ def main(argv=None):
     """Entry point of the ``gdn2-oracle`` console script; returns the exit status. As the script
     (``argv is None``) an interrupted command exits with ``os._exit(130)`` once its output is flushed."""
     with terminate_as_interrupt() as received:  # SIGTERM: the same partial report as Ctrl-C, then exit 143
-        code = received.status(_main(argv))
+        code = _interrupted(received.status(_main(argv)))
     if argv is None and (code in (EXIT["interrupted"], TERMINATED) or _joining()):
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -103,6 +113,55 @@ def main(argv=None):
                 pass
         os._exit(code)  # no interpreter teardown: JAX/XLA threads can crash it after an interrupt or a failed start
     return code
+
+
+def _interrupted(code):
+    """``code``, or 130 (143 for SIGTERM) when a signal reached the run and the command still returned a pass, an
+    empty or an input-error status (its exception swallowed where the command could not see it): said on stderr."""
+    sig = signalled()
+    if sig is None or code not in (EXIT["pass"], EXIT["input-error"], EXIT["empty"]):
+        return code
+    print(f"{PROG}: interrupted: a signal reached the run; the report above may be incomplete and is not a pass",
+          file=sys.stderr, flush=True)
+    return signal_status(sig)
+
+
+def _check_paths(args):
+    """An output option given an empty path is a usage error (it would silently write no report)."""
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if value is not None and not str(value).strip():
+            raise UsageError(f"{PROG} {args.command}: error: --{name}: expected a path, got an empty one")
+
+
+def _raw_args(argv):
+    """``command`` and ``json`` as the raw arguments give them (for an interrupt that came before parsing)."""
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    name = next((a for a in argv if a in COMMANDS), None)
+    given = [argv[i + 1] if a == "--json" and i + 1 < len(argv) else a.removeprefix("--json=")
+             for i, a in enumerate(argv) if a == "--json" or a.startswith("--json=")]
+    return argparse.Namespace(command=name, json=given[-1] if given and name else None)
+
+
+def _report_interrupt(args, started):
+    """After an interrupt the command did not report (it came during start-up): its ``--json`` file, unless this
+    run already wrote it, becomes a report that judged nothing and is marked interrupted, so that no earlier run's
+    report is left there to be read as this one's. Returns the path written, or None."""
+    if getattr(args, "json", None) is None:
+        return None
+    from .commands.output import output_path, write_json
+
+    module = sys.modules.get(f"{__package__}.commands.{args.command}")
+    try:
+        path = output_path(args.json, option="--json", default_name=f"{args.command}.json", suffixes=(".json",))
+        if path.exists() and path.stat().st_mtime >= started:
+            return None
+        write_json(path, {"schema": getattr(module, "SCHEMA", None), "command": args.command, "passed": False,
+                          "interrupted": True, "outcome": "interrupted", "grade": INTERRUPTED,
+                          "note": "interrupted before any result: nothing was judged"})
+    except (UsageError, OSError):
+        return None
+    return path
 
 
 def _joining():
@@ -142,9 +201,10 @@ def _set_jobs(args):
 
 
 def _main(argv):
-    parser = build_parser()
+    started, args = time.time(), None
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
+        _check_paths(args)
         _start_distributed(args)
         if not args.no_compile_cache and args.command in COMPILING:
             from .running.compile_cache import enable  # imports JAX
@@ -152,7 +212,7 @@ def _main(argv):
             enable()
         if hasattr(args, "jobs"):
             _set_jobs(args)
-        return COMMANDS[args.command].run(args)
+        return command(args.command).run(args)
     except _Exit as exc:
         return exc.status
     except UsageError as exc:
@@ -161,8 +221,10 @@ def _main(argv):
             msg = f"{PROG}: error: {msg}"
         print(msg, file=sys.stderr)
         return EXIT["usage"]
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # before the command's own interrupt handling (start-up) or after it
+        written = _report_interrupt(args or _raw_args(argv), started)
+        print(f"{PROG}: interrupted{'' if written is None else f'; nothing judged ({written} marked interrupted)'}",
+              file=sys.stderr)
         return EXIT["interrupted"]  # 143 for a SIGTERM (main)
 
 

@@ -9,8 +9,10 @@ spawned workers orphaned. Inside :func:`terminate_as_interrupt` SIGTERM raises :
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
+import sys
 import threading
 
 INTERRUPTED, TERMINATED = 130, 143  # 128 + SIGINT, 128 + SIGTERM
@@ -41,31 +43,66 @@ def terminate_as_interrupt():
 
     def handler(signum, frame):
         received.terminated = True
-        _SIGNALLED.set()
+        _record(signum)
         raise Terminated(f"signal {signum}")
 
     def ctrl_c(signum, frame):
-        _SIGNALLED.set()
+        _record(signum)
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, handler)
     ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # else someone else handles Ctrl-C
     previous_int = signal.signal(signal.SIGINT, ctrl_c) if ours else None
-    _SIGNALLED.clear()
+    if not _WATCHING:  # the outermost: a signal an inner one (golden regenerate) sees stays recorded
+        _forget()
     _WATCHING.append(ours)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_unraisable, previous_hook)
     try:
         yield received
     finally:
         _WATCHING.pop()
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGTERM, previous)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
+        if not _WATCHING:
+            _forget()
+
+
+def _unraisable(previous, info):
+    """``sys.unraisablehook``: the interrupt of a recorded signal, raised where it could not propagate (a gc
+    callback), is not printed as a traceback (the run reports it as interrupted); anything else goes to ``previous``."""
+    if not (isinstance(info.exc_value, KeyboardInterrupt) and _RECEIVED):
+        previous(info)
 
 
 # Set when a real Ctrl-C or SIGTERM arrived inside terminate_as_interrupt: a KeyboardInterrupt without it was
 # raised by code (a kernel), not by the user. _WATCHING: whether our Ctrl-C handler is the one installed.
 _SIGNALLED = threading.Event()
 _WATCHING = []
+_RECEIVED = []  # the number of the first such signal (SIGINT or SIGTERM)
+
+
+def _record(signum):
+    """Remember a real Ctrl-C or SIGTERM (before raising it: code may swallow the exception, not the record)."""
+    if not _RECEIVED:
+        _RECEIVED.append(signum)
+    _SIGNALLED.set()
+
+
+def _forget():
+    _SIGNALLED.clear()
+    _RECEIVED.clear()
+
+
+def signalled():
+    """The Ctrl-C (SIGINT) or SIGTERM that arrived inside :func:`terminate_as_interrupt`, None when none did.
+
+    Recorded even when the exception it raised was swallowed -- an exception raised in a gc callback (JAX has one,
+    run during start-up) or in a host callback is printed or made a kernel's error, not passed on -- so a command
+    asks this before its final report: a run a signal reached is interrupted, whatever else it saw."""
+    return _RECEIVED[0] if _RECEIVED else None
 
 
 def by_signal():
@@ -77,6 +114,11 @@ def by_signal():
 def exit_status(exc):
     """The exit status of an interrupt: 143 for SIGTERM, 130 for Ctrl-C."""
     return TERMINATED if isinstance(exc, Terminated) else INTERRUPTED
+
+
+def signal_status(signum):
+    """The exit status of a run stopped by signal ``signum``: 143 for SIGTERM, else 130."""
+    return TERMINATED if signum == signal.SIGTERM else INTERRUPTED
 
 
 def terminate_workers(pool):

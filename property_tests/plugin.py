@@ -1,7 +1,8 @@
 """The ``gdn2_oracle`` pytest plugin (entry point ``pytest11``): options of the conformance suite.
 
-Loaded automatically once gdn2-oracle is installed. It only declares options (all ``--gdn2-*``)
-and does nothing else: no fixtures, no hooks that run, no import of JAX or Hypothesis. The
+Loaded automatically once gdn2-oracle is installed. It declares options (all ``--gdn2-*``) and
+otherwise does nothing outside a run of the conformance suite: no fixtures, no import of JAX or
+Hypothesis; its only hooks that act look for the suite's kernels and do nothing without them. The
 conformance suite (``gdn2_oracle.property_tests``, whose ``conftest.py`` reads these options) is
 what acts on them::
 
@@ -29,6 +30,10 @@ what acts on them::
 * ``--gdn2-no-compile-cache`` (or env ``GDN2_COMPILE_CACHE=off``): the suite's compiled programs are not kept in
   JAX's persistent compilation cache (by default they are, as the CLI's: ``ci/running/compile_cache.py``, unless
   JAX already has a cache directory of its own).
+
+In a run of the suite's tests, a selected kernel that no test judges (every test taking it deselected: its signature
+lacks the modes, ``--gdn2-modes``, ``-k``, ``-m``) makes the run EMPTY for it, not a pass: the summary names it and
+a run that would exit 0 exits 5 (pytest's "no tests collected"). ``--collect-only`` is exempt.
 """
 
 from __future__ import annotations
@@ -212,6 +217,46 @@ def pytest_unconfigure(config):
         from gdn2_oracle.ci.grading import reference_cache
 
         reference_cache.set_enabled(True)
+
+
+# The selected kernels no collected test judges (set after collection, when the suite runs).
+UNJUDGED = pytest.StashKey[list]()
+EMPTY_EXIT = pytest.ExitCode.NO_TESTS_COLLECTED
+
+
+def _kernel_of(item):
+    """The name of the suite's kernel a test runs on (its ``kernel`` or ``serving_kernel`` argument), or None."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return getattr(params.get("kernel", params.get("serving_kernel")), "name", None)
+
+
+def _in_suite(item):
+    """Whether a test is one of the conformance suite's (a module beside this file, not the plugin's own tests)."""
+    return Path(str(item.fspath)).resolve().parent == Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(trylast=True)  # after the suite's and pytest's own deselection (-k, -m)
+def pytest_collection_modifyitems(config, items):
+    names = getattr(config, "_gdn2_kernel_names", None)  # set by the suite's conftest.py: absent, not our run
+    if names is not None and not config.option.collectonly and any(map(_in_suite, items)):
+        judged = {_kernel_of(item) for item in items}
+        config.stash[UNJUDGED] = [n for n in names if n not in judged]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run that would pass but judged some selected kernel on nothing exits 5 (EMPTY, not a pass)."""
+    if session.config.stash.get(UNJUDGED, None) and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = EMPTY_EXIT
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line naming the kernels no test judged."""
+    unjudged = config.stash.get(UNJUDGED, None)
+    if unjudged:
+        terminalreporter.write_line(
+            f"gdn2: EMPTY for {', '.join(unjudged)}: no test judged {'it' if len(unjudged) == 1 else 'them'} (every "
+            "test taking it was deselected: the modes it accepts, --gdn2-modes, -k or -m); not a pass (exit 5)",
+            red=True)
 
 
 def pytest_report_header(config):

@@ -7,9 +7,7 @@ import argparse
 from gdn2_oracle.kernels import DEFAULTS, KernelSpec, known, parse_value, split_specs
 from gdn2_oracle.oracle import KERNEL_DTYPES
 
-from .output import UsageError, output_path
-
-PROG = "gdn2-oracle"
+from .output import PROG, UsageError, output_path
 MESH_HELP = ("run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, data, heads shard T, B, H; "
              "inputs placed with NamedSharding)")
 JOBS_HELP = ("worker processes of the float64 oracle over batch/head slices of large problems (default: one a core; "
@@ -140,9 +138,10 @@ def build(spec, **extra):
 
 
 def outputs(args, **defaults):
-    """The output files of ``--json``/``--plot`` (default names per option), probed before any work."""
+    """The output files of ``--json``/``--plot`` (default names per option), probed before any work; None where
+    the option is not given (an empty path is a usage error: it would silently write nothing)."""
     return {opt: output_path(getattr(args, opt), option=f"--{opt}", default_name=name, suffixes=SUFFIXES[opt])
-            if getattr(args, opt) else None for opt, name in defaults.items()}
+            if getattr(args, opt) is not None else None for opt, name in defaults.items()}
 
 
 def built_mesh(args):

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 import jax
 import numpy as np
 
+from gdn2_oracle.golden.processes import signalled
 from gdn2_oracle.oracle import RESULTS, Recipe
 
 from ..grading.case import Case
@@ -42,8 +43,8 @@ from ..running import harness, multihost
 from ..running import mesh as mesh_lib
 from ..running.watchdog import Watchdog
 from . import args as cli_args
-from .output import (EXIT, UsageError, fmt_err, progress, say_interrupted, stop_run, table, timed_out,
-                     write_after_work, write_json)
+from .output import (EXIT, UsageError, fmt_err, interrupt_error, progress, say_interrupted, stop_run, table,
+                     timed_out, write_after_work, write_json)
 from ..running.fingerprint import source_sha256
 from .provenance import environment, kernel_notes
 
@@ -369,13 +370,14 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
     current = {}
 
     def report_of(done, was_interrupted):
-        passed = not was_interrupted and all(r["status"] == "ok" for r in done)
+        was_interrupted = was_interrupted or signalled() is not None  # a signal whose exception was swallowed too
+        if was_interrupted:  # a kernel call the interrupt broke off was not rejected: it was not judged
+            done = [r for r in done if r["status"] == "ok" or not interrupt_error(r["reason"])]
+        passed = not was_interrupted and bool(done) and all(r["status"] == "ok" for r in done)
         return BenchReport(environment=env or environment(), repeats=repeats, seed=seed, tiles=tiles,
                            mesh=mesh_lib.format_mesh(mesh) if mesh is not None else None,
                            oracle_seconds=cases.seconds, seconds=time.perf_counter() - t0, passed=passed,
-                           interrupted=was_interrupted,
-                           outcome="interrupted" if was_interrupted else ("pass" if passed else "fail"),
-                           results=done)
+                           interrupted=was_interrupted, outcome=bench_outcome(done, was_interrupted), results=done)
 
     def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
         done = list(results)
@@ -421,6 +423,16 @@ def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dty
     return report_of(results, interrupted)
 
 
+def bench_outcome(results, interrupted):
+    """``interrupted``, else ``fail`` when a kernel was rejected, else ``empty`` when nothing was timed, else
+    ``pass``."""
+    if interrupted:
+        return "interrupted"
+    if any(r["status"] != "ok" for r in results):
+        return "fail"
+    return "pass" if results else "empty"
+
+
 @dataclass
 class BenchReport:
     """What ``bench`` measured: one record (a plain JSON dict) per (kernel, shape, dtype), timed or rejected."""
@@ -434,7 +446,7 @@ class BenchReport:
     seconds: float
     passed: bool
     interrupted: bool
-    outcome: str  # pass | fail | interrupted
+    outcome: str  # pass | fail | empty | interrupted
     results: list = field(default_factory=list)
     problem: str = "oracle.make_problem(decay='moderate', gates='uniform', initial_state=True), random cotangents"
     timed: str = "jit(vjp forward + pullback of all seven inputs), block_until_ready, median of repeats"
@@ -495,6 +507,8 @@ def format_bench(report):
     lines.append(f"float64 oracle + baselines: {report.oracle_seconds:.1f} s; total {report.seconds:.1f} s")
     if report.interrupted:
         lines.append(f"INTERRUPTED: {len(report.results)} result(s) finished before Ctrl-C are reported")
+    elif not report.results:
+        lines.append("EMPTY: no kernel was validated or timed (not a pass)")
     return "\n".join(lines)
 
 

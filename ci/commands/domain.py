@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gdn2_oracle import oracle
+from gdn2_oracle.golden.processes import signalled
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 from gdn2_oracle.oracle.generate import log_decay, round_to
 from gdn2_oracle.oracle.mode_recipes import FLA_CHUNK, MODES, ModeRecipe
@@ -43,8 +44,8 @@ from ..running import harness
 from ..running import modes as mode_running
 from ..running.watchdog import Watchdog
 from . import args as cli_args
-from .output import (EXIT, UsageError, output_dir, progress, say_interrupted, stop_run, table, timed_out,
-                     write_after_work, write_json)
+from .output import (EXIT, UsageError, interrupt_error, output_dir, progress, say_interrupted, stop_run, table,
+                     timed_out, write_after_work, write_json)
 from .provenance import environment
 
 SCHEMA = "gdn2-oracle/domain/3"  # 2: + interrupted; 3: + modes, not_accepted_modes (and mode panels)
@@ -410,6 +411,10 @@ def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True, m
     current = {}
 
     def report_of(done_panels, was_interrupted):
+        was_interrupted = was_interrupted or signalled() is not None  # a signal whose exception was swallowed too
+        if was_interrupted:  # a kernel call the interrupt broke off was not judged
+            for p in done_panels:
+                p["cells"] = [c for c in p["cells"] if not interrupt_error(c["note"])]
         report = DomainReport(kernel=kernel, grid=grid.name, seeds=seeds, chunk=chunk,
                               shape=dict(zip("BHKV", grid.shape)), base=dataclasses.asdict(grid.base),
                               results=list(RESULTS), panels=[p for p in done_panels if p["cells"]],
@@ -592,6 +597,7 @@ def worst_cell(report):
 
 def summary(report):
     """One paragraph: the base point, then each boundary found, then the sweeps with none."""
+    mapped = " mapped before the interrupt" if report.interrupted else ""
     base = Point(**report.base)
     shape = report.shape
     modes = getattr(report, "modes", ["dense"])
@@ -605,7 +611,10 @@ def summary(report):
     text = (f"{report.kernel} ({report.grid} grid, {len(report.seeds)} seed(s) per cell; {'; '.join(parts)}, "
             "float32 unless stated):")
     said = [("in bfloat16, " if b["dtype"] == "bfloat16" else "") + b["text"] for b in report.boundaries]
-    text += " " + ("; ".join(said) + "." if said else "every result is PASS in every cell.")
+    clean_text = (f"every result is PASS in every cell{mapped}." if judged_cells(report) else
+                  "no cell was judged before the interrupt." if report.interrupted else
+                  "no cell was judged (EMPTY: nothing is known about the kernel; not a pass).")
+    text += " " + ("; ".join(said) + "." if said else clean_text)
     if report.not_accepted_modes:
         text += (f" Not swept: {', '.join(report.not_accepted_modes)} (the kernel's signature does not accept the "
                  "mode's keywords; not a failure).")
@@ -621,7 +630,7 @@ def summary(report):
         dtypes = {}
         for p in clean:
             dtypes.setdefault((p["label"], _range_of(p)), []).append(p["dtype"])
-        text += " Every result is PASS along " + ", ".join(
+        text += f" Every result is PASS{mapped} along " + ", ".join(
             f"{label} {span}{'' if d == ['float32'] else ' (' + ' and '.join(d) + ')'}"
             for (label, span), d in dtypes.items()) + "."
     na = sorted({f"{p['label']} {c['label']} ({p['dtype']}): {c['note']}" for p in report.panels
@@ -738,13 +747,15 @@ def format_domain(report):
     if rows:
         lines.append(table(["sweep", "dtype", "results", "where they leave PASS"], rows))
     if clean:
-        lines += ["", "PASS everywhere along: " + ", ".join(clean)]
+        lines += ["", f"PASS everywhere{' mapped before the interrupt' if report.interrupted else ''} along: "
+                  + ", ".join(clean)]
     if report.not_accepted_modes:
         lines += ["", f"not swept: {', '.join(report.not_accepted_modes)} (not accepted by the kernel's signature; "
                       "not a failure)"]
     failed = failed_cells(report)
-    lines += ["", f"domain: {'FAIL in ' + str(failed) + ' of ' + str(cells) + ' cells' if failed else 'no FAIL'}"
-                  f"{' (INTERRUPTED)' if report.interrupted else ''}"]
+    verdict = (f"FAIL in {failed} of {cells} cells" if failed else
+               "no FAIL" if judged_cells(report) or report.interrupted else "EMPTY: no cell judged (not a pass)")
+    lines += ["", f"domain: {verdict}{' (INTERRUPTED)' if report.interrupted else ''}"]
     return "\n".join(lines)
 
 
@@ -791,7 +802,12 @@ def run(args):
     if report.interrupted:
         say_interrupted(sum(len(p["cells"]) for p in report.panels), "domain cell(s)", paths.get("json"))
         return EXIT["interrupted"]
-    return EXIT["fail"] if failed_cells(report) else EXIT["pass"]
+    return EXIT["fail"] if failed_cells(report) else EXIT["pass"] if judged_cells(report) else EXIT["empty"]
+
+
+def judged_cells(report):
+    """How many cells were judged (have results)."""
+    return sum(c["results"] is not None for p in report.panels for c in p["cells"])
 
 
 def failed_cells(report):

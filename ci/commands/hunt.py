@@ -25,6 +25,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from gdn2_oracle.golden.processes import signalled
 from gdn2_oracle.oracle.mode_recipes import ModeRecipe
 from gdn2_oracle.property_tests import strategies
 
@@ -34,7 +35,7 @@ from ..running import harness
 from ..running import modes as mode_running
 from ..running.watchdog import Watchdog
 from . import args as cli_args
-from .output import EXIT, progress, stop_run, timed_out
+from .output import EXIT, interrupt_error, progress, stop_run, timed_out
 
 SHAPES = ("core", "all")
 DEFAULT_BUDGET = 500  # recipes drawn (shrinking a FAIL comes on top); half of them go to targeting
@@ -94,7 +95,10 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
     start = time.perf_counter()
 
     def report_of(interrupted):
+        interrupted = interrupted or signalled() is not None  # a signal whose exception was swallowed too
         found = state["found"]
+        if interrupted and found is not None and any(interrupt_error(f) for f in found["failed"]):
+            found = state["found"] = None  # a kernel call the interrupt broke off: not the kernel's FAIL
         if found is not None:
             found["repro"], found["example"] = reproducer(found["recipe"], kernel)
         return HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result,
@@ -215,8 +219,16 @@ def format_hunt(out):
                       f"on {worst['recipe']!r}"]
     if out.interrupted:
         lines.append(f"hunt: INTERRUPTED after {out.examples} recipes; rerun the same search with --seed {out.seed}")
-    lines.append("hunt: FAIL found" if found is not None else "hunt: no FAIL found")
+    lines.append("hunt: FAIL found" if found is not None else "hunt: no FAIL found before the interrupt"
+                 if out.interrupted else "hunt: no FAIL found" if judged(out) else
+                 "hunt: EMPTY: no recipe was judged (not a pass)")
     return "\n".join(lines)
+
+
+def judged(out):
+    """Whether the search judged any recipe (a kernel that takes none of the modes, or a ``--result`` no drawn call
+    has, judges none)."""
+    return out.worst is not None or out.found is not None
 
 
 def rerun_command(out):
@@ -272,4 +284,4 @@ def run(args):
     print(format_hunt(out), flush=True)
     if out.found is not None:
         return EXIT["fail"]
-    return EXIT["interrupted"] if out.interrupted else EXIT["pass"]
+    return EXIT["interrupted"] if out.interrupted else EXIT["pass"] if judged(out) else EXIT["empty"]

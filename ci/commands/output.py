@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -15,8 +16,11 @@ from gdn2_oracle.golden.progress import Progress
 from ..running.watchdog import exit_now
 
 
-# Exit status of each outcome of a command (README "Exit codes", docs/commands.md).
-EXIT = {"pass": 0, "fail": 1, "usage": 2, "input-error": 3, "interrupted": 130,
+PROG = "gdn2-oracle"
+
+# Exit status of each outcome of a command (README "Exit codes", docs/commands.md). empty: no case, cell or recipe
+# was judged for a kernel (nothing selected that it takes), so nothing is known about it: not a pass.
+EXIT = {"pass": 0, "fail": 1, "usage": 2, "input-error": 3, "empty": 4, "interrupted": 130,
         "precision": 0}  # precision: some case graded PRECISION (a warning; validate --strict: 1)
 
 
@@ -25,7 +29,8 @@ class UsageError(ValueError):
 
 
 # Exit status of a run the watchdog stopped (ci/running/watchdog.py): a kernel call past --case-timeout is a
-# FAIL (1); Ctrl-C / SIGTERM while a kernel did not return are 130 / 143, as when the main thread takes them.
+# FAIL (1); a Ctrl-C / SIGTERM that did not stop the kernel call in progress (a kernel that does not return, or one
+# whose interrupt was swallowed) is 130 / 143, as when the main thread takes it.
 STOPPED = {"timeout": EXIT["fail"], "interrupt": EXIT["interrupted"], "terminate": TERMINATED}
 
 
@@ -40,9 +45,19 @@ def stop_run(reason, limit, what, report):
     kernel cannot be unwound, so nothing returns)."""
     report()
     why = (f"a kernel call passed --case-timeout {limit:g} s" if reason == "timeout"
-           else "interrupted while a kernel did not return")
+           else "interrupted; the kernel call in progress did not stop")
     print(f"gdn2-oracle: {why}; the run stops with the {what} finished before it", file=sys.stderr, flush=True)
     exit_now(STOPPED[reason])
+
+
+# The error of a kernel call a Ctrl-C or SIGTERM broke off in its host callback ("KernelError: KeyboardInterrupt"):
+# in a run that saw the signal (``golden.processes.signalled``) it is the interrupt, not the kernel's failure.
+INTERRUPT_ERRORS = re.compile(r"\b(KeyboardInterrupt|Terminated)\b")
+
+
+def interrupt_error(text):
+    """Whether an error text (a case's error, a rejection's reason) names an interrupt."""
+    return bool(INTERRUPT_ERRORS.search(text or ""))
 
 
 def say_interrupted(n, what, json_path):
@@ -117,8 +132,10 @@ def output_path(text, *, option, default_name, suffixes):
 
     An existing directory (or a path ending in ``/``) means ``<dir>/<default_name>``. The file must end
     in one of ``suffixes`` and its directory must be creatable and writable (probed by creating and
-    removing a temporary file there). UsageError naming the option otherwise.
+    removing a temporary file there). UsageError naming the option otherwise (an empty path too).
     """
+    if not str(text).strip():
+        raise UsageError(f"{option}: expected a path, got an empty one")
     path = Path(text)
     if path.is_dir() or str(text).endswith(("/", os.sep)):
         path = path / default_name

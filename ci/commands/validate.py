@@ -31,12 +31,13 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from gdn2_oracle import oracle
+from gdn2_oracle.golden.processes import signalled
 from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe
 
 from ..grading import modes as mode_grading
 from ..grading.case import Case
 from ..grading.diagnose import diagnose_kernel
-from ..grading.grades import FAIL, PASS, PRECISION, Verdict, worst_grade
+from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict, run_grade
 from ..grading import reference_cache
 from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
@@ -48,8 +49,8 @@ from ..grading.serving_cases import MODES as SERVING_MODES
 from ..running.mesh import format_mesh
 from . import args as cli_args
 from . import dump as dumping
-from .output import (EXIT, UsageError, fmt_err, output_dir, progress, say_interrupted, stop_run, table, timed_out,
-                     write_after_work, write_json)
+from .output import (EXIT, UsageError, fmt_err, interrupt_error, output_dir, progress, say_interrupted, stop_run,
+                     table, timed_out, write_after_work, write_json)
 from ..running.fingerprint import source_sha256
 from .provenance import environment, kernel_notes
 
@@ -344,14 +345,18 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
             bar.update(1)
 
     def finish(interrupted):
+        interrupted = interrupted or signalled() is not None  # a signal whose exception was swallowed counts
         for kout in kernels_out:
-            kout["passed"] = not interrupted and all(c["passed"] for c in kout["cases"])
+            if interrupted:  # a kernel call the signal broke off (its error is the interrupt) was not judged
+                kout["cases"] = [c for c in kout["cases"] if not broken_off(c)]
+            kout["passed"] = not interrupted and bool(kout["cases"]) and all(c["passed"] for c in kout["cases"])
             kout["n_cases"] = len(kout["cases"])
             # n_failed: graded FAIL or the kernel raised (PRECISION and input errors are counted apart)
             kout["n_failed"] = sum(case_grade(c) == FAIL for c in kout["cases"])
             kout["n_input_errors"] = sum(c.get("outcome") == "input-error" for c in kout["cases"])
             kout["n_precision"] = sum(case_grade(c) == PRECISION for c in kout["cases"])
-            kout["grade"] = worst_grade(g for g in map(case_grade, kout["cases"]) if g is not None)
+            kout["grade"] = run_grade((g for g in map(case_grade, kout["cases"]) if g is not None),
+                                      interrupted=interrupted)
             kout["summary"] = summarize(kout["cases"])
             kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(kout["cases"])]
             judged = {m for c in kout["cases"] for m in c.get("modes") or ([c["mode"]] if "mode" in c else ())} | (
@@ -366,7 +371,8 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
                                 passed=not interrupted and all(k["passed"] for k in kernels_out),
                                 interrupted=interrupted,
                                 outcome=outcome(kernels_out, interrupted),
-                                grade=worst_grade(k["grade"] for k in kernels_out), kernels=kernels_out,
+                                grade=report_grade([k["grade"] for k in kernels_out], interrupted),
+                                kernels=kernels_out,
                                 modes=list(modes))
 
     current = {}
@@ -415,8 +421,9 @@ def compile_ahead(built, case_list, mesh, workers, program_cache=True):
 
 def outcome(kernels_out, interrupted=False):
     """The run's outcome: ``interrupted``, else ``fail`` if any judged case failed or a kernel raised,
-    else ``input-error`` if some case could not be loaded, else ``precision`` if some case was graded
-    PRECISION, else ``pass`` (``ci.cli.EXIT`` maps it)."""
+    else ``input-error`` if some case could not be loaded, else ``empty`` if a kernel has no case at all (none of
+    the set that it takes), else ``precision`` if some case was graded PRECISION, else ``pass`` (``ci.cli.EXIT``
+    maps it)."""
     cases = [c for k in kernels_out for c in k["cases"]]
     if interrupted:
         return "interrupted"
@@ -424,7 +431,21 @@ def outcome(kernels_out, interrupted=False):
         return "fail"
     if any(c.get("outcome") == "input-error" for c in cases):
         return "input-error"
+    if not all(k["cases"] for k in kernels_out):
+        return "empty"
     return "precision" if any(case_grade(c) == PRECISION for c in cases) else "pass"
+
+
+def report_grade(kernel_grades, interrupted):
+    """The run's grade from its kernels' (:func:`run_grade`'s order): EMPTY as soon as one kernel judged nothing."""
+    judged = [g for g in kernel_grades if g != EMPTY]
+    grade = run_grade(judged, interrupted=interrupted)
+    return EMPTY if grade not in (FAIL, INTERRUPTED) and len(judged) < len(kernel_grades) else grade
+
+
+def broken_off(c):
+    """Whether case dict ``c`` is a kernel call an interrupt broke off (its error is the interrupt's: not judged)."""
+    return c.get("outcome") == "error" and interrupt_error(c.get("error"))
 
 
 def case_lines(k, c):
@@ -444,9 +465,12 @@ def case_lines(k, c):
 def format_validation(report, *, max_failures=60):
     """The verdict table (kernel x dtype x result: worst case), per-case failures and the verdict line."""
     env = report.environment
-    n_gold = sum(1 for c in report.kernels[0]["cases"] if c["source"] == "golden") if report.kernels else 0
+    ran = max(report.kernels, key=lambda k: len(k["cases"]), default=None)  # the kernel that ran the most cases
+    n_gold = sum(1 for c in ran["cases"] if c["source"] == "golden") if ran else 0
+    split = (f"{n_gold} golden, {report.n_cases - n_gold} generated; "
+             if ran and len(ran["cases"]) == report.n_cases else "")  # known only once a kernel ran every case
     modes = getattr(report, "modes", list(VALIDATE_MODES))
-    lines = [f"gdn2-oracle validate: {report.n_cases} cases ({n_gold} golden, {report.n_cases - n_gold} generated; "
+    lines = [f"gdn2-oracle validate: {report.n_cases} cases ({split}"
              f"set {report.cases!r}), dtypes {','.join(report.dtypes)}; device {env['device_kind']} "
              f"({env['platform']}), jax {env['jax_version']}"
              + (f"; mesh {report.mesh}" if report.mesh else "")
@@ -493,27 +517,39 @@ def format_validation(report, *, max_failures=60):
     if notes:
         lines += ["", "Notes:"] + [f"  {name}: {n}" for name, n in notes]
     lines.append("")
-    verdict = {"pass": "PASS", "fail": "FAIL", "input-error": "INPUT ERROR", "interrupted": "INTERRUPTED",
-               "precision": "PRECISION (warning)"}
-    for k in report.kernels:
-        kinds = outcome([k])
-        n_in = k.get("n_input_errors", 0)
-        n_p, n_f = k.get("n_precision", 0), k["n_failed"]
-        n_pass = k["n_cases"] - n_f - n_p - n_in
-        lines.append(f"{k['name']}: {'PASS' if k['passed'] else verdict[kinds]}"
-                     f"{' so far' if report.interrupted else ''} "
-                     f"({n_pass}/{k['n_cases']} cases pass"
-                     f"{f', {n_p} graded PRECISION' if n_p else ''}"
-                     f"{f', {n_f} FAIL' if n_f else ''}"
-                     f"{f', {n_in} not judged: input error' if n_in else ''})")
+    lines += [kernel_line(k, report.interrupted) for k in report.kernels]
     what = report.outcome
     judged = sum(k["n_cases"] - k.get("n_input_errors", 0) for k in report.kernels)
+    empty = [k["name"] for k in report.kernels if not k["n_cases"]]
     why = {"input-error": ("; some cases could not be loaded (see above), every other case passed" if judged else
                            "; no case could be judged (see above)"),
            "interrupted": f"; {max((k['n_cases'] for k in report.kernels), default=0)} of {report.n_cases} "
-                          "cases were run"}.get(what, "")
-    lines.append(f"overall: {verdict[what]}{why} ({report.seconds:.0f} s)")
+                          "cases were run, the rest not judged",
+           "empty": f"; no case was judged for {', '.join(empty)} (see above): not a pass"}.get(what, "")
+    lines.append(f"overall: {VERDICT[what]}{why} ({report.seconds:.0f} s)")
     return "\n".join(lines)
+
+
+# The verdict line's word for each outcome (an interrupted or empty run is never called PASS).
+VERDICT = {"pass": "PASS", "fail": "FAIL", "input-error": "INPUT ERROR", "interrupted": INTERRUPTED,
+           "precision": "PRECISION (warning)", "empty": EMPTY}
+
+
+def kernel_line(k, interrupted):
+    """One kernel's verdict line: its grade (INTERRUPTED or FAIL in an interrupted run) and its case counts."""
+    n_in = k.get("n_input_errors", 0)
+    n_p, n_f = k.get("n_precision", 0), k["n_failed"]
+    n_pass = k["n_cases"] - n_f - n_p - n_in
+    if not k["n_cases"]:
+        skipped = len(k.get("not_accepted_cases") or [])
+        why = (" before the interrupt" if interrupted else f": {skipped} case(s) of the set need modes it does not "
+               "accept" if skipped else ": the selection has no case it takes")
+        return f"{k['name']}: {INTERRUPTED if interrupted else EMPTY} (no case judged{why})"
+    word = k.get("grade", FAIL) if interrupted else ("PASS" if k["passed"] else VERDICT[outcome([k])])
+    return (f"{k['name']}: {word} ({n_pass}/{k['n_cases']} cases pass{' before the interrupt' if interrupted else ''}"
+            f"{f', {n_p} graded PRECISION' if n_p else ''}"
+            f"{f', {n_f} FAIL' if n_f else ''}"
+            f"{f', {n_in} not judged: input error' if n_in else ''})")
 
 
 def format_modes(k, selected):
@@ -571,9 +607,9 @@ def add_parser(sub):
                    help="threads compiling the kernels' programs ahead of the cases (default: one per two cores; 0: "
                         "compile each program when its first case runs)")
     v.add_argument("--no-program-cache", action="store_true",
-                   help="trace every kernel program again (default: read back the exported program of a kernel whose "
-                        "sources, options and environment are unchanged, from $GDN2_PROGRAM_CACHE or "
-                        "~/.cache/gdn2-oracle/programs)")
+                   help="lower every kernel program again (default: every program is traced, and the exported "
+                        "program stored under the traced program's content key is read back instead of lowered, from "
+                        "$GDN2_PROGRAM_CACHE or ~/.cache/gdn2-oracle/programs; docs/DESIGN.md §4)")
     v.add_argument("--strict", action="store_true",
                    help="fail (exit 1) on cases graded PRECISION too: over the working-precision tolerance but within "
                         "the precision-loss bound (default: a warning, exit 0)")

@@ -3,6 +3,9 @@
 ``PASS`` (within the tolerance), ``PRECISION`` (over it, within the precision-loss bound) or ``FAIL``
 (beyond the bound, or not finite); a :class:`Verdict` judges one result, its :attr:`Verdict.ratio` is
 error / tolerance, and a report takes the worst grade of its verdicts.
+
+A run (or one kernel's part of it) has two more grades, never a verdict's: ``EMPTY`` when it judged nothing and
+``INTERRUPTED`` when a signal stopped it before its end (:func:`run_grade`). Neither is a pass.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 PASS, PRECISION, FAIL = "PASS", "PRECISION", "FAIL"
 GRADES = (PASS, PRECISION, FAIL)  # best first
+EMPTY, INTERRUPTED = "EMPTY", "INTERRUPTED"  # a run's grade: nothing judged; stopped by a signal before its end
 
 
 class PrecisionLossWarning(UserWarning):
@@ -21,6 +25,17 @@ class PrecisionLossWarning(UserWarning):
 def worst_grade(grades):
     """The worst of some grades (PASS < PRECISION < FAIL); PASS when there are none."""
     return max(grades, key=GRADES.index, default=PASS)
+
+
+def run_grade(grades, *, interrupted=False):
+    """The grade of a run from its judged grades: FAIL if one is (a FAIL found stands), else INTERRUPTED when it was
+    stopped before its end, else EMPTY when nothing was judged, else the worst."""
+    grades = list(grades)
+    if FAIL in grades:
+        return FAIL
+    if interrupted:
+        return INTERRUPTED
+    return worst_grade(grades) if grades else EMPTY
 
 
 def grade_rank(grade):

@@ -3,9 +3,11 @@
 A kernel can hang where Python cannot interrupt it: in XLA, or in a torch kernel run by a host callback on
 another thread, while the main thread waits in C. Python's own signal handler then never runs. The watchdog is
 a thread that does not need the main thread: it learns of signals from the wakeup file descriptor (written by the
-C-level handler at once) and of the time from its clock. When the case in progress passes its limit, or a signal
-has not reached the main thread within a grace period, it calls ``stop(reason, case)`` -- which reports what was
-finished and ends the process (``os._exit``); nothing can return from a hung kernel.
+C-level handler at once) and of the time from its clock. When the case in progress passes its limit, or a Ctrl-C or
+SIGTERM has not stopped the run within a grace period -- a case is still in progress -- it calls
+``stop(reason, case)``, which reports what was finished and ends the process (``os._exit``); nothing can return
+from a hung kernel. A signal whose exception some code swallowed (a gc or host callback; ``golden.processes.
+signalled``) counts too, even one that arrived before the watchdog started.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import socket
 import threading
 import time
 
-GRACE = 2.0  # seconds a signal may take to reach the main thread before the watchdog acts on it
+from gdn2_oracle.golden.processes import signalled
+
+GRACE = 2.0  # seconds a signal may take to stop the run before the watchdog acts on it
+STOPPING = (signal.SIGINT, signal.SIGTERM)  # the signals that stop a run (others written to the wakeup fd do not)
 
 
 class Watchdog:
@@ -53,6 +58,11 @@ class Watchdog:
                 s.close()
         return False
 
+    def _saw(self, signals):
+        """Note the first Ctrl-C or SIGTERM among ``signals`` and when it was seen."""
+        if signals and self._signal is None:
+            self._signal, self._seen = signals[-1], time.monotonic()
+
     @contextlib.contextmanager
     def case(self, name):
         """Mark the kernel call of case ``name`` as in progress."""
@@ -68,15 +78,13 @@ class Watchdog:
                 ready, _, _ = select.select([self._socks[0]], [], [], 0.2)
                 if ready:
                     with contextlib.suppress(OSError):
-                        data = self._socks[0].recv(64)
-                        if data:
-                            self._signal, self._seen = data[-1], time.monotonic()
+                        self._saw([s for s in self._socks[0].recv(64) if s in STOPPING])
             else:
                 self._done.wait(0.2)
+            self._saw([s for s in [signalled()] if s is not None])
             case, started = self._case, self._started
             if case is None:
-                self._signal = None  # the main thread is between cases: it handles the signal itself
-                continue
+                continue  # between cases the main thread stops the run itself; a case started later is stopped
             now = time.monotonic()
             if self._signal is not None and now - self._seen > GRACE:
                 self.stop("terminate" if self._signal == signal.SIGTERM else "interrupt", case)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import concurrent.futures.process
 import json
+import os
 import re
 import shutil
 import signal
@@ -185,6 +186,7 @@ def test_domain_maps_that_cannot_be_written_keep_the_printed_summary(cli, tmp_pa
 
 
 HANGING = '''
+import sys
 import time
 from gdn2_oracle import kernels
 
@@ -210,10 +212,18 @@ def torch_hangs(q, k, v, g, b, w, scale=None, initial_state=None, output_final_s
     from gdn2_oracle.kernels.testing_torch import recurrent
 
     if bool(torch.any(q != 0)):
+        print("gdn2-test: hanging", file=sys.stderr, flush=True)
         while True:
             sum(range(10000))
     return recurrent(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
                      output_final_state=output_final_state)
+
+
+def slow_to_trace(q, k, v, g, b, w, scale=None, initial_state=None):
+    """The pairwise kernel, a minute in tracing (while its program compiles)."""
+    print("gdn2-test: tracing", file=sys.stderr, flush=True)
+    time.sleep(60)
+    return _base(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
 '''
 
 
@@ -265,7 +275,7 @@ def test_ctrl_c_stops_a_torch_kernel_hung_in_its_callback_with_the_partial_repor
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, out + err
-    assert time.monotonic() - t0 < 30 and "interrupted while a kernel did not return" in err, err
+    assert time.monotonic() - t0 < 30 and "the kernel call in progress did not stop" in err, err
     assert json.loads((tmp_path / "v.json").read_text())["interrupted"] is True
 
 
@@ -383,3 +393,103 @@ def test_a_signal_to_validate_with_oracle_workers_leaves_no_process_of_its_tree_
     assert "interrupted" in err and "Traceback" not in err, err
     assert json.loads(path.read_text())["interrupted"] is True
     assert not _gone(tree[1:]), f"processes of validate's tree alive after it exited: {_gone(tree[1:], 0)}"
+
+# --- an interrupt at any moment gives an interrupted report, never a pass (issue 28, item 5) -------------------
+
+# Kernel modules whose import is the run's start-up: one swallows the interrupt (as JAX's gc callback does with one
+# raised while JAX starts), one is interrupted in it.
+SWALLOWS_AT_START = """
+import sys
+import time
+from gdn2_oracle import kernels
+
+print("gdn2-test: starting", file=sys.stderr, flush=True)
+try:
+    time.sleep(60)
+except KeyboardInterrupt:  # a Terminated (SIGTERM) too
+    pass
+kernel = kernels.get("pairwise", chunk_size=16)
+"""
+SLOW_TO_START = """
+import sys
+import time
+
+print("gdn2-test: starting", file=sys.stderr, flush=True)
+time.sleep(60)
+"""
+
+
+def _signal_at(proc, marker, sig, timeout=240):
+    """Send ``sig`` to ``proc`` once a line of its stderr contains ``marker``; ``(exit status, stdout, stderr)``."""
+    lines, deadline = [], time.monotonic() + timeout
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if marker in line:
+                proc.send_signal(sig)
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        else:
+            pytest.fail(f"{marker!r} never came: {''.join(lines)}")
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, "".join(lines) + err
+
+
+def _validate_one(tmp_path, kernel, *extra):
+    return _hanging(tmp_path, "validate", "--kernel", kernel, "--cases", "golden", "--case", "len_1", "--dtype",
+                    "float32", "--no-progress", "--json", str(tmp_path / "v.json"), *extra)
+
+
+def _interrupted_report(tmp_path, out):
+    """The JSON report, checked to be an interrupted one; the console says PASS for no kernel nor the run."""
+    report = json.loads((tmp_path / "v.json").read_text())
+    assert report["interrupted"] is True and report["outcome"] == "interrupted" and report["passed"] is False
+    assert report["grade"] == "INTERRUPTED" and all(k["grade"] == "INTERRUPTED" for k in report.get("kernels", []))
+    assert not re.search(r": PASS|overall: PASS", out), out
+    return report
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_swallowed_during_start_up_still_interrupts_the_run(tmp_path, sig, code):
+    """Before: Ctrl-C during start-up raised in a JAX gc callback, was printed and dropped; the run went on, printed
+    PASS and exited 0, the JSON not marked interrupted."""
+    (tmp_path / "swallows_at_start.py").write_text(SWALLOWS_AT_START)
+    status, out, err = _signal_at(_validate_one(tmp_path, "swallows_at_start:kernel"), "gdn2-test: starting", sig)
+    assert status == code, out + err
+    _interrupted_report(tmp_path, out)
+    assert "Traceback" not in err, err
+
+
+def test_an_interrupt_during_start_up_replaces_an_earlier_report(tmp_path):
+    """Before: exit 130 with no report; an earlier run's JSON (a PASS) was left at the --json path."""
+    (tmp_path / "slow_to_start.py").write_text(SLOW_TO_START)
+    (tmp_path / "v.json").write_text(json.dumps({"passed": True, "grade": "PASS"}))
+    os.utime(tmp_path / "v.json", (0, 0))  # written by an earlier run
+    status, out, err = _signal_at(_validate_one(tmp_path, "slow_to_start:kernel"), "gdn2-test: starting",
+                                  signal.SIGINT)
+    assert status == 130, out + err
+    _interrupted_report(tmp_path, out)
+    assert "nothing judged" in err, err
+
+
+def test_an_interrupt_while_a_program_compiles_is_an_interrupted_run(tmp_path):
+    """Before: exit 130, but the JSON's grade and the kernel's were PASS and the console read "PASS so far"."""
+    status, out, err = _signal_at(_validate_one(tmp_path, "hanging_kernels:slow_to_trace"), "gdn2-test: tracing",
+                                  signal.SIGINT)
+    assert status == 130, out + err
+    report = _interrupted_report(tmp_path, out)
+    assert "INTERRUPTED (no case judged before the interrupt)" in out and not report["kernels"][0]["cases"], out
+
+
+def test_an_interrupt_of_a_hung_torch_kernel_is_not_the_kernels_failure(tmp_path):
+    """Before: the interrupt, raised in the kernel's host callback, was reported as the kernel's error
+    (``KernelError: KeyboardInterrupt``): FAIL, exit 1, the JSON not marked interrupted."""
+    status, out, err = _signal_at(_validate_one(tmp_path, "torch:hanging_kernels:torch_hangs[output_final_state=True]",
+                                                "--case-timeout", "0"), "gdn2-test: hanging", signal.SIGINT)
+    assert status == 130, out + err
+    report = _interrupted_report(tmp_path, out)
+    assert "FAIL" not in out and not report["kernels"][0]["cases"], out
