@@ -52,7 +52,7 @@ from . import dump as dumping
 from .output import (EXIT, UsageError, fmt_err, interrupt_error, output_dir, progress, say_interrupted, stop_run,
                      table, timed_out, write_after_work, write_json)
 from ..running.fingerprint import source_sha256
-from .provenance import environment, kernel_notes
+from .provenance import environment, kernel_notes, source_lines
 
 CASE_SETS = ("golden", "quick", "full")
 # Every mode validate judges: the dense contract, FLA chunk_gdn2's training-call modes, the serving modes
@@ -474,7 +474,8 @@ def format_validation(report, *, max_failures=60):
              f"set {report.cases!r}), dtypes {','.join(report.dtypes)}; device {env['device_kind']} "
              f"({env['platform']}), jax {env['jax_version']}"
              + (f"; mesh {report.mesh}" if report.mesh else "")
-             + (f"; modes {','.join(modes)}" if list(modes) != list(VALIDATE_MODES) else ""), ""]
+             + (f"; modes {','.join(modes)}" if list(modes) != list(VALIDATE_MODES) else ""),
+             *source_lines(report.kernels), ""]
     rows = []
     for k in report.kernels:
         for dtype, per in k["summary"].items():

@@ -209,7 +209,7 @@ def test_domain_mode_sweeps_show_a_mutants_fail_cells_and_exit_1(cli, tmp_path, 
 
 def test_domain_names_the_modes_a_kernel_does_not_accept_without_failing(cli, tmp_path, monkeypatch):
     code, out, report = _mode_run(cli, monkeypatch, tmp_path, "gdn2_oracle.kernels.testing:correct", "varlen,gate")
-    assert code == 0 and "not swept: varlen, gate" in out, out
+    assert code == 4 and "not swept: varlen, gate" in out, out  # no cell judged: EMPTY, not a pass
     assert report["not_accepted_modes"] == ["varlen", "gate"] and report["panels"] == []
     assert "Not swept: varlen, gate" in report["summary"] and (tmp_path / "domain.png").stat().st_size > 0
 

@@ -147,9 +147,10 @@ def test_validate_modes_judges_accepted_modes_and_names_the_rest(cli, tmp_path):
     path = tmp_path / "v.json"
     code, out, _ = cli("validate", "--kernel", "pairwise", "--kernel", PLAIN, "--modes", "varlen,gate",
                        "--cases", "quick", "--dtype", "float32", "--no-progress", "--json", path)
-    assert code == 0, out
+    assert code == 4, out  # the plain kernel judged on no case: EMPTY, never a pass
     report = json.loads(path.read_text())
     assert report["modes"] == ["varlen", "gate"] and report["n_cases"] == 2
+    assert [k["grade"] for k in report["kernels"]] == ["PASS", "EMPTY"] and report["outcome"] == "empty"
     ours, plain = report["kernels"]
     assert [c["case"] for c in ours["cases"]] == ["gate_quick", "varlen_quick"]
     assert ours["modes"] == {"judged": ["varlen", "gate"], "not_accepted": []}
