@@ -48,7 +48,7 @@ from .output import (EXIT, UsageError, fmt_err, interrupt_error, progress, say_i
 from ..running.fingerprint import source_sha256
 from .provenance import environment, kernel_notes
 
-SCHEMA = "gdn2-oracle/bench/1"
+SCHEMA = "gdn2-oracle/bench/2"  # 2: outcome "empty" (nothing timed)
 DEFAULT_SWEEP = "chunk_size=32,64,128;leaf=4,8,16"
 SMALL_T = 512
 

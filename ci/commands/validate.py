@@ -60,7 +60,8 @@ CASE_SETS = ("golden", "quick", "full")
 VALIDATE_MODES = ALL_MODES + SERVING_MODES
 # The serving recipes of the quick set (the 4,096-step horizons only in full).
 QUICK_SERVING = ("pool_gather_scatter", "chunked_prefill", "speculative_accept")
-SCHEMA = "gdn2-oracle/validate/2"  # 2: + modes; per kernel accepted_modes, modes, not_accepted_cases
+SCHEMA = "gdn2-oracle/validate/3"  # 2: + modes; per kernel accepted_modes, modes, not_accepted_cases;
+# 3: grades EMPTY and INTERRUPTED, outcome "empty" (a kernel judged on no case is not a pass)
 
 # quick: a handful of regimes on two shapes (two compilations per kernel and dtype).
 QUICK = (

@@ -89,7 +89,7 @@ def test_validate_json_schema(cli, tmp_path):
                      "--dtype", "float32,bfloat16", "--no-progress", "--json", str(path))
     assert code == 1
     report = json.loads(path.read_text())  # plain JSON: no NaN/Infinity literals
-    assert report["schema"] == "gdn2-oracle/validate/2"
+    assert report["schema"] == "gdn2-oracle/validate/3"
     for key in ("device_kind", "platform", "jax_version", "git", "created"):
         assert key in report["environment"]
     assert report["cases"] == "golden" and report["dtypes"] == ["float32", "bfloat16"]
@@ -148,7 +148,7 @@ def test_bench_records_metadata_and_speedup(cli, tmp_path):
                        *TINY_BENCH, "--json", str(path), "--plot", str(png))
     assert code == 0, out
     report = json.loads(path.read_text())
-    assert report["schema"] == "gdn2-oracle/bench/1"
+    assert report["schema"] == "gdn2-oracle/bench/2"
     env = report["environment"]
     for key in ("device_kind", "platform", "jax_version", "jaxlib_version", "git", "created"):
         assert key in env

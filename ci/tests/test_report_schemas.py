@@ -9,8 +9,10 @@ from gdn2_oracle.ci.commands import bench, domain, validate
 
 # What each schema version changed against the one before it.
 CHANGES = {
-    "gdn2-oracle/validate/2": {"added": {"modes"}, "added per kernel": {"accepted_modes", "modes",
-                                                                        "not_accepted_cases"}},
+    # /2 added modes (per kernel accepted_modes, modes, not_accepted_cases); /3 only new values: the grades EMPTY
+    # and INTERRUPTED, the outcome "empty"
+    "gdn2-oracle/validate/3": {"added": set(), "added per kernel": set(),
+                               "values": {"grade": {"EMPTY", "INTERRUPTED"}, "outcome": {"empty"}}},
     "gdn2-oracle/domain/3": {"added": {"modes", "not_accepted_modes"}},  # /2 added interrupted
 }
 VALIDATE = {"schema", "command", "cases", "dtypes", "seed", "only", "mesh", "environment", "n_cases", "seconds",
@@ -27,7 +29,8 @@ DOMAIN = {"schema", "kernel", "grid", "seeds", "chunk", "shape", "base", "result
 
 
 def test_the_versions_are_the_documented_ones():
-    assert {validate.SCHEMA, domain.SCHEMA} == set(CHANGES) and bench.SCHEMA == "gdn2-oracle/bench/1"
+    assert {validate.SCHEMA, domain.SCHEMA} == set(CHANGES)
+    assert bench.SCHEMA == "gdn2-oracle/bench/2"  # /2: outcome "empty"
 
 
 def test_validate_json_keys(cli, tmp_path):
