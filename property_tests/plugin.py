@@ -39,6 +39,8 @@ a run that would exit 0 exits 5 (pytest's "no tests collected"). ``--collect-onl
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -196,7 +198,28 @@ def _check_importable(spec):
             "repository's root, PYTHONPATH=. pytest --pyargs ...")
 
 
+# Ctrl-Cs this pytest process received: code may swallow the KeyboardInterrupt (JAX's gc callback prints it and
+# goes on), so a run of the suite that then passes is reported interrupted (exit 2), never passed.
+CTRL_C = []
+
+
+def _record_ctrl_c(config):
+    """Chain a recorder in front of the SIGINT handler in force (pytest's own runs unchanged); undone at exit."""
+    CTRL_C.clear()  # an earlier in-process run's Ctrl-C is not this run's
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        return
+
+    def record(signum, frame):
+        CTRL_C.append(signum)
+        return previous(signum, frame)
+
+    signal.signal(signal.SIGINT, record)
+    config.add_cleanup(lambda: signal.signal(signal.SIGINT, previous))
+
+
 def pytest_configure(config):
+    _record_ctrl_c(config)
     # The conformance suite marks its long tests; registered here because the installed suite has
     # no ini file of its own (with --strict-markers an unregistered marker is an error).
     config.addinivalue_line("markers", SLOW)
@@ -244,15 +267,23 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A run that would pass but judged some selected kernel on nothing exits 5 (EMPTY, not a pass)."""
-    if session.config.stash.get(UNJUDGED, None) and exitstatus == pytest.ExitCode.OK:
+    """A run of the suite that would pass but was reached by a Ctrl-C exits 2 (interrupted); one that judged some
+    selected kernel on nothing exits 5 (EMPTY, not a pass)."""
+    if UNJUDGED not in session.config.stash or exitstatus != pytest.ExitCode.OK:
+        return
+    if CTRL_C:
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
+    elif session.config.stash[UNJUDGED]:
         session.exitstatus = EMPTY_EXIT
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """One line naming the kernels no test judged."""
+    """One line naming the kernels no test judged, or saying that a Ctrl-C reached the run."""
     unjudged = config.stash.get(UNJUDGED, None)
-    if unjudged:
+    if CTRL_C and unjudged is not None:
+        terminalreporter.write_line("gdn2: INTERRUPTED: a Ctrl-C reached this run (its KeyboardInterrupt was "
+                                    "swallowed by the code it hit); not a pass (exit 2)", red=True)
+    elif unjudged:
         terminalreporter.write_line(
             f"gdn2: EMPTY for {', '.join(unjudged)}: no test judged {'it' if len(unjudged) == 1 else 'them'} (every "
             "test taking it was deselected: the modes it accepts, --gdn2-modes, -k or -m); not a pass (exit 5)",

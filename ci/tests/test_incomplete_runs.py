@@ -89,3 +89,29 @@ def test_the_plugin_run_that_judges_a_selected_kernel_on_nothing_is_not_a_pass(t
     code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_serving", "--gdn2-kernel", PLAIN,
                            "-k", "pool_gather_scatter", "-q")
     assert code == 5 and "passed" in out and f"gdn2: EMPTY for {PLAIN}" in out, out
+
+
+SWALLOWS_CTRL_C = '''
+import os
+import signal
+
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C ...
+    except KeyboardInterrupt:
+        pass  # ... swallowed by the code it hit, as JAX's gc callback does
+    yield
+'''
+
+
+@pytest.mark.slow
+def test_a_plugin_run_reached_by_a_swallowed_ctrl_c_is_interrupted_not_passed(tmp_path):
+    """Before: the test went on, passed, and the run exited 0."""
+    (tmp_path / "swallow_ctrl_c.py").write_text(SWALLOWS_CTRL_C)
+    code, out = pytest_run(tmp_path, "-p", "swallow_ctrl_c", "--pyargs", "gdn2_oracle.property_tests.test_serving",
+                           "-k", "pool_gather_scatter", "-q", env={"PYTHONPATH": str(tmp_path)})
+    assert code == 2 and "gdn2: INTERRUPTED" in out and "passed" in out, out
