@@ -53,10 +53,13 @@ test-release: $(STAMP)
 
 test-all: test test-release
 
-# The main job: validate our kernels against the oracle and the goldens, then a validated benchmark.
+# The main job: validate our kernels against the oracle and the goldens; check that the program cache (validate's
+# default path) never changes a verdict: factory-made correct and wrong kernels validated twice in one cache, every
+# wrong one rejected and every correct one passed both times (ci/cache_selfcheck.py); then a validated benchmark.
 check: $(STAMP)
 	mkdir -p $(REPORTS)
 	$(VENV)/bin/gdn2-oracle validate --cases golden --json $(REPORTS)/validate.json
+	$(PY) -m gdn2_oracle.ci.cache_selfcheck
 	$(VENV)/bin/gdn2-oracle bench --kernel pairwise --kernel factorized --batch 1 --seq 1024 --heads 2 --dim 64 \
 		--dtype float32 --repeats 5 --json $(REPORTS)/bench.json --plot $(REPORTS)/bench.png
 
