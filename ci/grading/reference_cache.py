@@ -10,7 +10,7 @@ the user's cache and read back by a later run instead of being computed again. N
   modules and the golden loader -- and every module of the package they import, found by reading their imports),
   the versions of NumPy and mpmath, NumPy's BLAS, the BLAS environment (``OPENBLAS_CORETYPE``, thread counts:
   a float64 product may round differently), the machine and the CPU features NumPy dispatches on;
-* the key carries :data:`FORMAT`: version 2 came with the content-keyed program cache (issue 28), so every entry
+* the key carries :data:`FORMAT`: version 2 came with the content-keyed program cache, so every entry
   written before it is ignored;
 * the entry is an ``.npz`` holding the arrays, that key and a sha256 over all of them; a read checks both, and a
   missing, truncated, altered, unreadable or mismatched entry is recomputed and overwritten;
@@ -52,7 +52,7 @@ from gdn2_oracle import oracle
 ENV = "GDN2_REFERENCE_CACHE"
 # Values of ENV that turn the cache off.
 OFF = ("", "0", "off", "false", "no")
-# Bump when the entry format or the meaning of a key changes (2: the audit of issue 28; older entries ignored).
+# Bump when the entry format or the meaning of a key changes (2: the audit with the content-keyed program cache).
 FORMAT = 2
 # The directory is pruned (least recently used first) to 80% of this once it holds more.
 MAX_BYTES = 2 * 2**30

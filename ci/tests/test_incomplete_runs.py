@@ -1,4 +1,4 @@
-"""An empty run (nothing judged for a kernel) and an interrupted one never report PASS (issue 28, item 5):
+"""An empty run (nothing judged for a kernel) and an interrupted one never report PASS:
 EMPTY (exit 4) and INTERRUPTED grades, and an output option given an empty path is a usage error."""
 
 from __future__ import annotations

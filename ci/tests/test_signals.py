@@ -394,7 +394,7 @@ def test_a_signal_to_validate_with_oracle_workers_leaves_no_process_of_its_tree_
     assert json.loads(path.read_text())["interrupted"] is True
     assert not _gone(tree[1:]), f"processes of validate's tree alive after it exited: {_gone(tree[1:], 0)}"
 
-# --- an interrupt at any moment gives an interrupted report, never a pass (issue 28, item 5) -------------------
+# --- an interrupt at any moment gives an interrupted report, never a pass ----------------------------------
 
 # Kernel modules whose import is the run's start-up: one swallows the interrupt (as JAX's gc callback does with one
 # raised while JAX starts), one is interrupted in it.
