@@ -118,7 +118,9 @@ def test_cumsum_kernel_split_63_with_carried_state_is_precision_not_fail(extreme
     old = extreme.agreement(carried, whole, cum=None, what="carried~one call")  # no baseline: the tight bound only
     assert old.grade == FAIL and [v.name for v in old.failures()] == ["db"], old.format()
     db = old["db"]
-    assert db.bound_ratio is None and 1.6e-6 < db.tol_ratio < db.err_ratio < 1.7e-6  # the issue: 1.66e-6 vs 1.64e-6
+    # just over the tight bound (first seen as 1.66e-6 against 1.64e-6; the float32 baseline's error, and so the
+    # bound, rounds differently on other CPUs: 1.38e-6 on one with AVX-512)
+    assert db.bound_ratio is None and db.tol_ratio < db.err_ratio < 1.5 * db.tol_ratio
 
     report = extreme.agreement(carried, whole, what="carried~one call")
     assert report.grade == PRECISION, report.format()
