@@ -628,3 +628,19 @@ def summary_line(run, spec):
         if line.startswith(f"{spec}: "):
             return line.split(" (")[0]
     return None
+
+
+@pytest.mark.slow
+def test_the_make_check_self_check_passes_and_can_fail(bench, monkeypatch, capsys):
+    """``python -m gdn2_oracle.ci.cache_selfcheck`` (make check): exit 0 with every row right; exit 1 when a wrong
+    kernel is declared correct (its FAIL then disagrees with what the check expects)."""
+    for name, value in bench.environ(cached=True).items():
+        monkeypatch.setenv(name, value)
+    assert cache_selfcheck.main(["--cache", str(bench.root / "selfcheck")]) == 0
+    out = capsys.readouterr().out
+    rows = out.splitlines()[2:2 + len(cache_selfcheck.KERNELS)]
+    assert len(rows) == len(cache_selfcheck.KERNELS) and all(r.endswith("yes") for r in rows), out
+    assert out.rstrip().endswith("program cache self-check: ok"), out
+    monkeypatch.setattr(testing_factory, "GOOD", (*testing_factory.GOOD, "bad_01"))
+    assert cache_selfcheck.main(["--cache", str(bench.root / "selfcheck")]) == 1
+    assert "FAILED" in capsys.readouterr().out
