@@ -441,6 +441,7 @@ CONFIGS = {"none": {}, "matmul": {"JAX_DEFAULT_MATMUL_PRECISION": "bfloat16"},
            "xla": {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}}
 
 
+@pytest.mark.slow  # make test-release: make test keeps the core scenarios
 def test_jax_config_and_xla_flags_changed_between_runs(bench):
     """``JAX_DEFAULT_MATMUL_PRECISION`` (a jax.config value) and ``XLA_FLAGS`` (the device count) set, changed and
     unset between runs: each cached run has the uncached verdict of its settings."""
@@ -478,6 +479,7 @@ def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
 """
 
 
+@pytest.mark.slow  # make test-release: make test keeps the core scenarios
 def test_kernel_file_edited_while_a_run_traces_it(bench):
     """A kernel that rewrites its own file to a wrong version when traced: the run judges the code it loaded,
     the next run the edited file."""
@@ -606,6 +608,7 @@ def full_disk():
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
 
 
+@pytest.mark.slow  # make test-release: make test keeps the core scenarios
 def test_full_cache_disk(bench, plain_mechanics):
     """Writes into the cache fail as on a full disk (after a run stored one kernel's program): the exit status and
     each kernel's grade are those without a cache."""
