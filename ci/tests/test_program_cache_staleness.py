@@ -398,6 +398,7 @@ def set_outside(bench, right):
     bench.paths.append(str(bench.root / ("samename_a" if right else "samename_b")))
 
 
+@pytest.mark.slow  # make test-release: make test keeps the core scenarios
 def test_helper_environment_data_file_and_pythonpath_changed_between_runs(bench):
     """A helper module in another package edited, an environment variable and a data file read while tracing
     changed, a module of the same name found on another PYTHONPATH: each cached run has the uncached verdict of
@@ -585,6 +586,7 @@ def read_only_runs(bench, orders):
     return runs
 
 
+@pytest.mark.slow  # make test-release: make test keeps the core scenarios
 def test_cache_that_cannot_be_written(bench, plain_mechanics):
     """A read-only cache directory after a run filled it (both orders), an empty read-only one, and a cache path
     under a regular file (the directory can never be made): uncached verdicts, or a clear refusal."""
