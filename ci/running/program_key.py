@@ -53,7 +53,8 @@ class _Writer:
     def __init__(self):
         self.h = hashlib.sha256()
         self.Jaxpr, self.ClosedJaxpr, self.Literal, self.Var = _jaxpr_types()
-        self.seen_jaxprs = {}  # id -> index: a jaxpr used twice (a shared branch) is written once
+        self.seen_jaxprs = {}  # id -> (index, jaxpr): a jaxpr used twice (a shared branch) is written once; the
+        # jaxpr is held so that its id cannot be reused by another object during the walk
 
     def put(self, text):
         self.h.update(text.encode("utf-8", "surrogatepass"))
@@ -67,9 +68,9 @@ class _Writer:
     def jaxpr(self, jaxpr, consts=()):
         """Write ``jaxpr`` (its constants ``consts`` by value)."""
         if id(jaxpr) in self.seen_jaxprs:
-            self.put(f"jaxpr#{self.seen_jaxprs[id(jaxpr)]}")
+            self.put(f"jaxpr#{self.seen_jaxprs[id(jaxpr)][0]}")
             return
-        self.seen_jaxprs[id(jaxpr)] = len(self.seen_jaxprs)
+        self.seen_jaxprs[id(jaxpr)] = (len(self.seen_jaxprs), jaxpr)
         names = {}
 
         def var(v):
