@@ -422,7 +422,7 @@ def _compare(name, data, entry, stored_entry, path: Path) -> list[str]:
         diffs.append(f"{name}: file sha256 {actual} != manifest sha256 {stored_entry.get('sha256')}")
     try:
         stored = decode(stored_bytes)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any damage is a reported difference
         return diffs + [f"{name}: cannot read {path}: {type(exc).__name__}: {exc}"]
     fresh = decode(data)
     for n in sorted(set(fresh) | set(stored)):

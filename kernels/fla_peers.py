@@ -105,7 +105,7 @@ def _triton(model, attr, name, interpret=False):
                              f"or run the compiled kernel in a process without {triton_interpret.ENV}")
     try:
         module = importlib.import_module(f"fla.ops.{model}")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any import failure: say what to install
         raise ValueError(f"name: cannot import fla.ops.{model} ({type(exc).__name__}: {exc}); {_EXTRA}") from None
     return getattr(module, attr)
 

@@ -59,7 +59,7 @@ def _import(module, name):
     """Import an optional peer package, or raise ValueError saying how to install it."""
     try:
         return importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any import failure: say what to install
         raise ValueError(f"name: kernel {name!r} needs the module {module!r} ({type(exc).__name__}: {exc}); "
                          f"install the peers extra: pip install 'gdn2-oracle[peers]' (atomic-ops==0.2.0)") from None
 
@@ -201,7 +201,7 @@ def available():
         try:
             importlib.import_module(mod)
             out[name] = None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any import failure: say what to install
             out[name] = (f"{type(exc).__name__}: {exc} (install the peers extra: "
                          f"pip install 'gdn2-oracle[peers]', i.e. atomic-ops==0.2.0)")
     return out

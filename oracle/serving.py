@@ -124,7 +124,7 @@ def _ints(name, x, ndims):
     """An int64 copy of an integer array of rank in ``ndims``."""
     try:
         a = np.asarray(x)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - whatever np.asarray raises is a ValueError for the caller
         raise ValueError(f"{name}: not convertible to an array ({type(exc).__name__}: {exc})") from None
     if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer):
         raise ValueError(f"{name}: expected an integer array, got dtype {a.dtype}")

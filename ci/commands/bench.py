@@ -277,7 +277,7 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases,
             compiled = Compiled(fn, *cases(shape, dtype, seed).data(), dtype)
     except MemoryError as exc:
         raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a kernel that fails to compile is rejected, not timed
         return _reject(entry, f"compile failed: {type(exc).__name__}: {str(exc).strip()[:400]}")
     entry["compile_s"] = compiled.compile_s
     if not sweeping:
@@ -290,7 +290,7 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases,
     try:
         with watch(rec, entry, f"timing {repeats} calls"):
             entry.update(time_calls(compiled, repeats))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a kernel that fails to run is rejected, not timed
         return _reject(entry, f"run failed: {type(exc).__name__}: {str(exc).strip()[:400]}")
     entry["status"] = "timed"
     return entry, fn, compiled

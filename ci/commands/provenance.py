@@ -39,7 +39,7 @@ def environment():
     try:
         import jaxlib
         jaxlib_version = jaxlib.__version__
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - provenance only: a jaxlib that cannot say is recorded as unknown
         jaxlib_version = None
     return {
         "device_kind": dev.device_kind,

@@ -52,7 +52,7 @@ def test_hunt_finds_the_planted_narrow_failure_within_its_default_budget(cli):
         exec(source, {})  # noqa: S102 - the printed one-liner, run in-process
     assert re.search(r"^final_state .* FAIL", printed.getvalue(), re.M), printed.getvalue()
     pin = next(x for x in out.splitlines() if x.startswith("pin it:    @example(spec=Recipe("))
-    recipe = eval(pin.removeprefix("pin it:    @example(spec=")[:-1], {"Recipe": hunt.strategies.Recipe})  # noqa: S307
+    recipe = eval(pin.removeprefix("pin it:    @example(spec=")[:-1], {"Recipe": hunt.strategies.Recipe})  # noqa: S307 - the printed pin
     problem, do, dfs = recipe.build()
     assert _fires(problem)
     assert recipe.seed == 0 and recipe.cot_seed == 0 and recipe.decay == "none"  # shrunk

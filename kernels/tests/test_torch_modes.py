@@ -28,11 +28,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION  # noqa: E402
-from gdn2_oracle.ci.grading.modes import MODES, ModeCase  # noqa: E402
-from gdn2_oracle.ci.running import modes as running  # noqa: E402
-from gdn2_oracle.kernels.torch_bridge import MODE_KEYWORDS, TorchKernel  # noqa: E402
-from gdn2_oracle.kernels.triton_interpret import ENV  # noqa: E402
+from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION  # noqa: E402 - after importorskip
+from gdn2_oracle.ci.grading.modes import MODES, ModeCase  # noqa: E402 - after importorskip
+from gdn2_oracle.ci.running import modes as running  # noqa: E402 - after importorskip
+from gdn2_oracle.kernels.torch_bridge import MODE_KEYWORDS, TorchKernel  # noqa: E402 - after importorskip
+from gdn2_oracle.kernels.triton_interpret import ENV  # noqa: E402 - after importorskip
 
 C = 64  # the chunk the states at chunk starts are taken at (a TorchKernel has no chunk_size: FLA's 64)
 EPS = 1e-6  # FLA's l2norm eps, added in float32 inside the square root
