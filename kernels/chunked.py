@@ -258,7 +258,7 @@ def from_chunks(o, T):
 
 
 @partial(jax.jit, static_argnums=0)
-def _run(cfg, q, k, v, g, b, w, h0):
+def run(cfg, q, k, v, g, b, w, h0):
     """Floor g, pad, chunk, run the custom_vjp core, unchunk; output in v.dtype, final state float32."""
     B, T, H, K = q.shape
     if h0 is None:

@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec
 
 from . import chunked, kernel, varlen
 from .contract import ACC_DTYPE, MATMUL_PRECISION, check_finite_values, check_inputs, floor_log_decay
-from .modes import _check_cu_seqlens, _check_state
+from .modes import check_cu_seqlens, check_state
 
 # Mesh axis names and the dimension each shards (other axes of a mesh replicate the work).
 SEQ_AXIS, BATCH_AXIS, HEAD_AXIS = "seq", "data", "heads"
@@ -274,8 +274,8 @@ class ContextParallelKernel:
                                     check_values=check_values)
             return _run(self._config(scale), self._mesh(), q, k, v, g, b, w, initial_state)
         (B, T, H, K, V), scale = check_inputs(q, k, v, g, b, w, scale=scale)
-        cu = _check_cu_seqlens(cu_seqlens, B, T, check_values)
-        _check_state(initial_state, (cu.shape[0] - 1, H, K, V), True, False)
+        cu = check_cu_seqlens(cu_seqlens, B, T, check_values)
+        check_state(initial_state, (cu.shape[0] - 1, H, K, V), True, False)
         if check_values:
             check_finite_values(dict(q=q, k=k, v=v, g=g, b=b, w=w), initial_state)
         mesh = self._mesh()

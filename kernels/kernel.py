@@ -8,7 +8,7 @@ chunk_gdn2's mode keywords it runs kernels/modes.py instead. The factories valid
 from __future__ import annotations
 
 from . import modes as fla_modes
-from .chunked import Config, _run
+from .chunked import Config, run
 from .contract import check_inputs
 from .decay import Factorized, Pairwise
 
@@ -36,7 +36,7 @@ class ChunkedKernel:
             return fla_modes.call(self, q, k, v, g, b, w, scale=scale, initial_state=initial_state,
                                   check_values=check_values, **modes)
         _, scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state, check_values=check_values)
-        return _run(Config(self.chunk_size, scale, self.decay), q, k, v, g, b, w, initial_state)
+        return run(Config(self.chunk_size, scale, self.decay), q, k, v, g, b, w, initial_state)
 
     def __repr__(self):
         return f"ChunkedKernel({self.name!r}, chunk_size={self.chunk_size}, decay={self.decay})"

@@ -84,7 +84,7 @@ def _swap(x):
 
 
 def _dense(cfg, intermediate, q, k, v, g, b, w, h0):
-    """Unpacked call (as chunked._run), with the chunk starting states when ``intermediate``."""
+    """Unpacked call (as chunked.run), with the chunk starting states when ``intermediate``."""
     B, T, H, K = q.shape
     if h0 is None:
         h0 = jnp.zeros((B, H, K, v.shape[-1]), ACC_DTYPE)
@@ -125,15 +125,15 @@ def call(kernel, q, k, v, g, b, w, *, scale=None, initial_state=None, check_valu
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name}: expected a bool, got {flag!r}")
     (B, T, H, K, V), scale = check_inputs(q, k, v, g, b, w, scale=scale)
-    lower_bound = _check_gate(use_gate_in_kernel, A_log, dt_bias, lower_bound, H, K)
+    lower_bound = check_gate(use_gate_in_kernel, A_log, dt_bias, lower_bound, H, K)
     cu, chunk_starts = None, None
     if cu_seqlens is not None:
-        cu = _check_cu_seqlens(cu_seqlens, B, T, check_values or return_intermediate_states)
+        cu = check_cu_seqlens(cu_seqlens, B, T, check_values or return_intermediate_states)
         if return_intermediate_states:
             chunk_starts = varlen.chunk_start_queries(np.asarray(cu), kernel.chunk_size)
         cu = jnp.asarray(cu, jnp.int32)
     N = B if cu is None else cu.shape[0] - 1
-    _check_state(initial_state, (N, H) + ((V, K) if state_v_first else (K, V)), cu is not None, state_v_first)
+    check_state(initial_state, (N, H) + ((V, K) if state_v_first else (K, V)), cu is not None, state_v_first)
     if check_values:
         named = dict(q=q, k=k, v=v, g=g, b=b, w=w)
         if not use_gate_in_kernel:
@@ -148,7 +148,7 @@ def call(kernel, q, k, v, g, b, w, *, scale=None, initial_state=None, check_valu
     return _run(cfg, spec, q, k, v, g, b, w, initial_state, A_log, dt_bias, cu, chunk_starts)
 
 
-def _check_gate(use_gate, A_log, dt_bias, lower_bound, H, K):
+def check_gate(use_gate, A_log, dt_bias, lower_bound, H, K):
     """Gate parameters: only with ``use_gate_in_kernel``; ``A_log [H]``, ``dt_bias [H*K]``, ``lower_bound < 0``."""
     given = [n for n, x in zip(GATE_PARAMS, (A_log, dt_bias, lower_bound)) if x is not None]
     if not use_gate:
@@ -177,7 +177,7 @@ def _check_gate(use_gate, A_log, dt_bias, lower_bound, H, K):
     return lb
 
 
-def _check_cu_seqlens(cu, B, T, read_values):
+def check_cu_seqlens(cu, B, T, read_values):
     """Static checks always; values (0 = cu[0] <= ... <= cu[N] = T) when host-readable or ``read_values``.
 
     Returns a NumPy array when the values were read, else the (possibly traced) array as given.
@@ -207,7 +207,7 @@ def _check_cu_seqlens(cu, B, T, read_values):
     return a
 
 
-def _check_state(h0, shape, packed, v_first):
+def check_state(h0, shape, packed, v_first):
     """``initial_state``: float32 of ``shape`` (N = sequences when packed, else B; [V, K] with state_v_first)."""
     if h0 is None:
         return

@@ -28,7 +28,7 @@ import numpy as np
 
 from .contract import check_finite_values, check_inputs
 from .adapt import LAYOUTS, TENSORS, parse_order
-from .modes import _check_cu_seqlens, _check_gate, _check_state
+from .modes import check_cu_seqlens, check_gate, check_state
 from .spec import resolve
 
 RESULT_NAMES = ("o", "final_state", "intermediate_states")
@@ -256,7 +256,7 @@ class TorchKernel:
         if gate and self.decay_base == 2:
             raise ValueError("use_gate_in_kernel: the kernel takes base-2 log-decays (decay_base=2), but with the "
                              "in-kernel gate g is a raw pre-activation, which has no base to convert")
-        lb = _check_gate(gate, modes.get("A_log"), modes.get("dt_bias"), modes.get("lower_bound"), H, K)
+        lb = check_gate(gate, modes.get("A_log"), modes.get("dt_bias"), modes.get("lower_bound"), H, K)
         if lb is not None:
             modes["lower_bound"] = lb
         cu = modes.get("cu_seqlens")
@@ -264,11 +264,11 @@ class TorchKernel:
             if isinstance(cu, jax.core.Tracer):
                 raise ValueError("cu_seqlens: traced; a torch kernel needs its values on the host (they fix the "
                                  "number of sequences and the results' shapes): pass it as a NumPy array")
-            cu = _check_cu_seqlens(np.asarray(cu), B, T, True)
+            cu = check_cu_seqlens(np.asarray(cu), B, T, True)
             modes["cu_seqlens"] = tuple(int(x) for x in cu)
         N = B if cu is None else len(modes["cu_seqlens"]) - 1
         v_first = modes.get("state_v_first", False)
-        _check_state(initial_state, (N, H) + ((V, K) if v_first else (K, V)), cu is not None, v_first)
+        check_state(initial_state, (N, H) + ((V, K) if v_first else (K, V)), cu is not None, v_first)
         if check_values:
             named = dict(q=q, k=k, v=v, g=g, b=b, w=w)
             if not gate:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import INPUTS, _as_float_array, check_layout, check_scale
+from .problem import INPUTS, as_float_array, check_layout, check_scale
 
 GATE_PARAMS = ("A_log", "dt_bias")
 
@@ -45,7 +45,7 @@ class Call:
         for name in ("gate_in_kernel", "qk_l2norm", "state_v_first"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
-        self._set(**{name: _as_float_array(name, getattr(self, name), copy=True) for name in INPUTS})
+        self._set(**{name: as_float_array(name, getattr(self, name), copy=True) for name in INPUTS})
         B, T, H, K, V = check_layout({name: getattr(self, name) for name in INPUTS}, empty_ok=True)
         if self.cu_seqlens is not None:
             self._set(cu_seqlens=_check_cu_seqlens(self.cu_seqlens, B, T))
@@ -56,7 +56,7 @@ class Call:
         self._set(scale=check_scale(self.scale, K))
         self._check_gate(H, K)
         if self.initial_state is not None:
-            h0 = _as_float_array("initial_state", self.initial_state, copy=True)
+            h0 = as_float_array("initial_state", self.initial_state, copy=True)
             if h0.shape != self.state_shape:
                 raise ValueError(f"initial_state: shape {h0.shape} does not match {self._layout_name} = "
                                  f"{self.state_shape}")
@@ -80,7 +80,7 @@ class Call:
             raise ValueError("A_log: required with gate_in_kernel=True unless lower_bound is set")
         for name, shape in (("A_log", (H,)), ("dt_bias", (H * K,))):
             if getattr(self, name) is not None:
-                a = _as_float_array(name, getattr(self, name), copy=True)
+                a = as_float_array(name, getattr(self, name), copy=True)
                 if a.shape != shape:
                     raise ValueError(f"{name}: shape {a.shape} does not match {shape}")
                 self._set(**{name: a})
@@ -139,7 +139,7 @@ class Call:
     def check_cotangents(self, do, dfinal_state):
         """Validate ``do: [B,T,H,V]`` and ``dfinal_state`` (this call's state layout); return float64."""
         B, T, H, _, V = self.shape
-        do, dfs = _as_float_array("do", do), _as_float_array("dfinal_state", dfinal_state)
+        do, dfs = as_float_array("do", do), as_float_array("dfinal_state", dfinal_state)
         if do.shape != (B, T, H, V):
             raise ValueError(f"do: shape {do.shape} does not match o's {(B, T, H, V)}")
         if dfs.shape != self.state_shape:

@@ -165,7 +165,7 @@ def run_call(call: Call, ar, do=None, dfinal_state=None, overrides=None, *, core
 def _core(name):
     """The per-sequence runner ``(seq, ar, do=None, dfs=None, outputs=True)`` of core ``name``."""
     if name == "recurrence":
-        return recurrence._run
+        return recurrence.run
     if name == "chunked32":
         return _chunked32_run
     raise ValueError(f"core: {name!r} not one of {CORES}")
@@ -173,7 +173,7 @@ def _core(name):
 
 def _chunked32_run(seq, ar, do=None, dfinal_state=None, outputs=True):
     """One sequence through :func:`oracle.chunked32.forward_and_vjp` (float32, chunk 64), in the form of
-    ``recurrence._run``'s results (a forward alone runs with zero cotangents)."""
+    ``recurrence.run``'s results (a forward alone runs with zero cotangents)."""
     B, T, H, K, V = seq.shape
     problem = Problem(*seq.arrays, scale=float(seq.scale), initial_state=seq.state)
     cot = (do, dfinal_state) if do is not None else (np.zeros((B, T, H, V)), np.zeros(seq.state.shape))
@@ -187,7 +187,7 @@ def _chunked32_run(seq, ar, do=None, dfinal_state=None, outputs=True):
     return o, S, dict(zip(GRADS, grads))
 
 
-def _chunk_start_states(call, arrays, h0, ar, run=recurrence._run):
+def _chunk_start_states(call, arrays, h0, ar, run=recurrence.run):
     """``[B, NT, H, K, V]``: each run's state before tokens 0, C, 2C, ... (C = intermediate_chunk_size),
     runs concatenated along NT in order (packed: sequence n's chunks at ``sum_{m<n} ceil(L_m / C)``)."""
     C = call.intermediate_chunk_size
@@ -217,7 +217,7 @@ def _as_results(results, errors=None):
 def forward_modes(call: Call, dtype=np.float64, *, core="recurrence") -> ModesForward:
     """Forward of the call in working precision ``dtype``: ``(o, final_state, intermediate_states)``
     (``core`` as in :func:`run_call`)."""
-    return _as_results(run_call(call, recurrence._Arith(dtype), core=core))
+    return _as_results(run_call(call, recurrence.Arith(dtype), core=core))
 
 
 def forward_and_vjp_modes(call: Call, do, dfinal_state, dtype=np.float64, *, core="recurrence", inner=None):
@@ -226,21 +226,21 @@ def forward_and_vjp_modes(call: Call, do, dfinal_state, dtype=np.float64, *, cor
     ``core`` and ``inner`` as in :func:`run_call` (``core="chunked32"``: the tolerance model's e_cum source).
     """
     do, dfinal_state = call.check_cotangents(do, dfinal_state)
-    return _as_results(run_call(call, recurrence._Arith(dtype), do, dfinal_state, core=core, inner=inner))
+    return _as_results(run_call(call, recurrence.Arith(dtype), do, dfinal_state, core=core, inner=inner))
 
 
 def run_mpf_modes(call: Call, prec, do=None, dfinal_state=None, *, overrides=None):
     """:func:`run_call` at ``prec`` bits: a dict of mpf object arrays (None where absent)."""
-    mp._check_prec(prec)
+    mp.check_prec(prec)
     with mpmath.workprec(int(prec)):
-        return run_call(call, mp._MPArith(), do, dfinal_state, overrides)
+        return run_call(call, mp.MPArith(), do, dfinal_state, overrides)
 
 
 def _mp_results(call, prec, do=None, dfinal_state=None):
     """Results at ``prec`` bits rounded to float64, with ``|x_prec - x_2prec|`` per element as ``errors``."""
     lo = run_mpf_modes(call, prec, do, dfinal_state)
     hi = run_mpf_modes(call, 2 * prec, do, dfinal_state)
-    errors = {n: mp._estimate(x, hi[n]) for n, x in lo.items() if x is not None}
+    errors = {n: mp.error_estimate(x, hi[n]) for n, x in lo.items() if x is not None}
     return _as_results({n: None if x is None else mp.to_float64(x) for n, x in lo.items()}, errors)
 
 

@@ -25,7 +25,7 @@ _exp = np.frompyfunc(mpmath.exp, 1, 1)
 _float = np.frompyfunc(float, 1, 1)
 
 
-class _MPArith:
+class MPArith:
     """Element type ``mpmath.mpf``: float64 inputs convert exactly; exp is mpmath's."""
 
     def array(self, x):
@@ -56,7 +56,7 @@ def to_float64(x):
     return np.asarray(_float(np.asarray(x, dtype=object)), dtype=np.float64)
 
 
-def _check_prec(prec):
+def check_prec(prec):
     if not isinstance(prec, (int, np.integer)) or prec < 53:
         raise ValueError(f"prec: expected an integer number of bits >= 53, got {prec!r}")
 
@@ -67,11 +67,11 @@ def run_mpf(problem: Problem, prec, do=None, dfinal_state=None, *, overrides=Non
     ``overrides`` maps input names (``q, k, v, g, b, w, initial_state``) to object arrays that
     replace the problem's values (used for finite differences at high precision).
     """
-    _check_prec(prec)
+    check_prec(prec)
     with mpmath.workprec(int(prec)):
         if overrides:
             problem = _Overridden(problem, overrides)
-        return recurrence._run(problem, _MPArith(), do, dfinal_state)
+        return recurrence.run(problem, MPArith(), do, dfinal_state)
 
 
 class _Overridden:
@@ -88,7 +88,7 @@ class _Overridden:
         return self._o.get("initial_state", self._p.h0())
 
 
-def _estimate(lo, hi):
+def error_estimate(lo, hi):
     """Per-element ``|lo - hi|`` in float64 (the error estimate of the low-precision run)."""
     with mpmath.workprec(53 + 64):
         return to_float64(np.abs(lo - hi))
@@ -98,7 +98,7 @@ def forward(problem: Problem, prec=DEFAULT_PREC) -> MPForward:
     """Forward at ``prec`` bits: float64 ``(o, final_state)`` and their error estimates."""
     o, S = run_mpf(problem, prec)
     o2, S2 = run_mpf(problem, 2 * prec)
-    errors = {"o": _estimate(o, o2), "final_state": _estimate(S, S2)}
+    errors = {"o": error_estimate(o, o2), "final_state": error_estimate(S, S2)}
     return MPForward(to_float64(o), to_float64(S), errors)
 
 
@@ -107,7 +107,7 @@ def vjp(problem: Problem, do, dfinal_state, prec=DEFAULT_PREC) -> MPGrads:
     do, dfinal_state = problem.check_cotangents(do, dfinal_state)
     _, _, grads = run_mpf(problem, prec, do, dfinal_state)
     _, _, grads2 = run_mpf(problem, 2 * prec, do, dfinal_state)
-    errors = {n: _estimate(grads[n], grads2[n]) for n in GRADS}
+    errors = {n: error_estimate(grads[n], grads2[n]) for n in GRADS}
     return MPGrads(**{n: to_float64(grads[n]) for n in GRADS}, errors=errors)
 
 
@@ -116,6 +116,6 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, prec=DEFAULT_PREC):
     do, dfinal_state = problem.check_cotangents(do, dfinal_state)
     o, S, grads = run_mpf(problem, prec, do, dfinal_state)
     o2, S2, grads2 = run_mpf(problem, 2 * prec, do, dfinal_state)
-    fwd = MPForward(to_float64(o), to_float64(S), {"o": _estimate(o, o2), "final_state": _estimate(S, S2)})
-    errors = {n: _estimate(grads[n], grads2[n]) for n in GRADS}
+    fwd = MPForward(to_float64(o), to_float64(S), {"o": error_estimate(o, o2), "final_state": error_estimate(S, S2)})
+    errors = {n: error_estimate(grads[n], grads2[n]) for n in GRADS}
     return fwd, MPGrads(**{n: to_float64(grads[n]) for n in GRADS}, errors=errors)

@@ -21,7 +21,7 @@ RESULTS = ("o", "final_state") + GRADS
 EXTENSION_FLOATS = ("bfloat16",)
 
 
-def _as_float_array(name, x, *, copy=False):
+def as_float_array(name, x, *, copy=False):
     """Return ``x`` as a read-only float64 array, or raise ValueError naming ``name``.
 
     Any NumPy floating dtype or bfloat16 is upcast exactly. With ``copy``, the result never shares
@@ -92,7 +92,7 @@ class Problem:
     initial_state: np.ndarray | None = None
 
     def __post_init__(self):
-        arrays = {name: _as_float_array(name, getattr(self, name), copy=True) for name in INPUTS}
+        arrays = {name: as_float_array(name, getattr(self, name), copy=True) for name in INPUTS}
         B, T, H, K, V = check_layout(arrays)
         if np.any(arrays["g"] > 0):
             raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
@@ -100,7 +100,7 @@ class Problem:
             object.__setattr__(self, name, a)
         object.__setattr__(self, "scale", check_scale(self.scale, K))
         if self.initial_state is not None:
-            h0 = _as_float_array("initial_state", self.initial_state, copy=True)
+            h0 = as_float_array("initial_state", self.initial_state, copy=True)
             if h0.shape != (B, H, K, V):
                 raise ValueError(f"initial_state: shape {h0.shape} does not match [B, H, K, V] = {(B, H, K, V)}")
             object.__setattr__(self, "initial_state", h0)
@@ -129,8 +129,8 @@ class Problem:
     def check_cotangents(self, do, dfinal_state):
         """Validate output cotangents ``do: [B,T,H,V]`` and ``dfinal_state: [B,H,K,V]``; return float64."""
         B, T, H, K, V = self.shape
-        do = _as_float_array("do", do)
-        dfs = _as_float_array("dfinal_state", dfinal_state)
+        do = as_float_array("do", do)
+        dfs = as_float_array("dfinal_state", dfinal_state)
         if do.shape != (B, T, H, V):
             raise ValueError(f"do: shape {do.shape} does not match o's {(B, T, H, V)}")
         if dfs.shape != (B, H, K, V):

@@ -5,7 +5,7 @@ The core works on any element type NumPy can do arithmetic on: float32, float64,
 Memory is O(T/N + N) states: the forward pass keeps a checkpoint every N tokens and
 the backward pass recomputes the states inside one segment at a time. The specification,
 :func:`_spec_run`, steps all (batch, head) pairs at once; NumPy element types run the pairs a
-cache-sized group at a time (:func:`_run`), with the same calls on the same operands, so with
+cache-sized group at a time (:func:`run`), with the same calls on the same operands, so with
 the same bits (and then the states held are those of one group).
 """
 
@@ -23,7 +23,7 @@ DTYPES = (np.float32, np.float64, np.longdouble)
 CHECKPOINT_EVERY = 64
 
 
-class _Arith:
+class Arith:
     """Element type of one run: how to convert a float64 array in and how to take exp."""
 
     def __init__(self, dtype):
@@ -59,7 +59,7 @@ def _add_outer(S, x, y, buf):
     _add_low_rank(S, np.stack([x, np.zeros_like(x)], axis=-1), np.stack([y, y], axis=-2), buf)
 
 
-def _token(S, alpha, k_t, b_t, v_t, w_t, buf):
+def token_step(S, alpha, k_t, b_t, v_t, w_t, buf):
     """One step in place: ``Sbar = Diag(alpha) S``, ``u = w*v - Sbar^T (b*k)``, ``S = Sbar + k u^T``; returns u."""
     S *= alpha[..., :, None]
     u = w_t * v_t - np.matmul((b_t * k_t)[..., None, :], S)[..., 0, :]
@@ -67,7 +67,7 @@ def _token(S, alpha, k_t, b_t, v_t, w_t, buf):
     return u
 
 
-def _read_out(S, q_t, scale):
+def read_out(S, q_t, scale):
     """``o_t = scale * S_t^T q_t``."""
     return scale * np.matmul(q_t[..., None, :], S)[..., 0, :]
 
@@ -96,7 +96,7 @@ def _groups(B, H, state_bytes):
     return [(slice(b, b + 1), slice(h0, h1)) for b in range(B) for h0, h1 in zip(edges, edges[1:])]
 
 
-def _run(problem, ar, do=None, dfinal_state=None, checkpoint_every=CHECKPOINT_EVERY, outputs=True):
+def run(problem, ar, do=None, dfinal_state=None, checkpoint_every=CHECKPOINT_EVERY, outputs=True):
     """Forward (and, given cotangents, the adjoint walk) in the element type of ``ar``.
 
     Returns ``(o, final_state)`` or ``(o, final_state, grads)``; ``o`` is None when not ``outputs``. NumPy
@@ -104,7 +104,7 @@ def _run(problem, ar, do=None, dfinal_state=None, checkpoint_every=CHECKPOINT_EV
     (mpmath objects) run :func:`_spec_run` itself.
     """
     _check_every(checkpoint_every)
-    if not isinstance(ar, _Arith):
+    if not isinstance(ar, Arith):
         return _spec_run(problem, ar, do, dfinal_state, checkpoint_every, outputs)
     B, T, H, K, V = problem.shape
     inputs = tuple(ar.array(x) for x in problem.inputs())
@@ -262,9 +262,9 @@ class _Group:
 
 
 def _step(S, out, alpha, e, wv, left, y, right, buf, full=True):
-    """One token (:func:`_token`) from ``S`` into ``out`` (``S`` itself, or the next slot): ``Sbar = Diag(alpha) S``,
-    ``u = w*v - Sbar^T e`` into both rows of ``right``, then ``out = Sbar + k u^T`` (``left = [k, 0]``) if
-    ``full``."""
+    """One token (:func:`token_step`) from ``S`` into ``out`` (``S`` itself, or the next slot):
+    ``Sbar = Diag(alpha) S``, ``u = w*v - Sbar^T e`` into both rows of ``right``, then ``out = Sbar + k u^T``
+    (``left = [k, 0]``) if ``full``."""
     np.multiply(S, alpha[..., :, None], out=out)
     np.matmul(e[..., None, :], out, out=y)
     np.subtract(wv, y[..., 0, :], out=right[..., 0, :])
@@ -275,7 +275,7 @@ def _step(S, out, alpha, e, wv, left, y, right, buf, full=True):
 
 def _spec_run(problem, ar, do=None, dfinal_state=None, checkpoint_every=CHECKPOINT_EVERY, outputs=True):
     """The specification: forward (and, given cotangents, the adjoint walk) over all (batch, head) pairs at once,
-    token by token, in the element type of ``ar``; :func:`_run`'s results, and what it runs on mpmath objects."""
+    token by token, in the element type of ``ar``; :func:`run`'s results, and what it runs on mpmath objects."""
     B, T, H, K, V = problem.shape
     q, k, v, g, b, w = (ar.array(x) for x in problem.inputs())
     scale = ar.array(problem.scale)[()]
@@ -286,9 +286,9 @@ def _spec_run(problem, ar, do=None, dfinal_state=None, checkpoint_every=CHECKPOI
     for t in range(T):
         if do is not None and t % checkpoint_every == 0:
             checkpoints[t] = S.copy()
-        _token(S, ar.exp(g[:, t]), k[:, t], b[:, t], v[:, t], w[:, t], buf)
+        token_step(S, ar.exp(g[:, t]), k[:, t], b[:, t], v[:, t], w[:, t], buf)
         if outputs:
-            o[:, t] = _read_out(S, q[:, t], scale)
+            o[:, t] = read_out(S, q[:, t], scale)
     if do is None:
         return o, S
     grads = _spec_adjoint(checkpoints, T, q, k, v, g, b, w, ar.array(do), ar.array(dfinal_state), scale, ar,
@@ -308,7 +308,7 @@ def _spec_adjoint(checkpoints, T, q, k, v, g, b, w, do, dfinal_state, scale, ar,
         us = []
         for t in range(start, stop):  # recompute the segment's states S_{t-1} and u_t
             prev[t - start] = S
-            us.append(_token(S, ar.exp(g[:, t]), k[:, t], b[:, t], v[:, t], w[:, t], buf))
+            us.append(token_step(S, ar.exp(g[:, t]), k[:, t], b[:, t], v[:, t], w[:, t], buf))
         for t in range(stop - 1, start - 1, -1):
             _spec_adjoint_token(dS, prev[t - start], us.pop(), t, q, k, v, g, b, w, do, scale, ar, grads, buf)
     grads["dh0"] = dS
@@ -348,22 +348,22 @@ def _spec_adjoint_token(dS, S_prev, u, t, q, k, v, g, b, w, do, scale, ar, grads
 
 def forward(problem: Problem, dtype=np.float64, *, checkpoint_every=CHECKPOINT_EVERY):
     """Token-by-token forward in working precision ``dtype``: returns ``(o, final_state)``."""
-    return _run(problem, _Arith(dtype), checkpoint_every=checkpoint_every)
+    return run(problem, Arith(dtype), checkpoint_every=checkpoint_every)
 
 
 def vjp(problem: Problem, do, dfinal_state, dtype=np.float64, *, checkpoint_every=CHECKPOINT_EVERY):
     """Hand-derived adjoint (docs/DESIGN.md §1): all seven gradients for cotangents ``(do, dfinal_state)``."""
-    ar = _Arith(dtype)
+    ar = Arith(dtype)
     do, dfinal_state = problem.check_cotangents(do, dfinal_state)
-    _, _, grads = _run(problem, ar, do, dfinal_state, checkpoint_every, outputs=False)
+    _, _, grads = run(problem, ar, do, dfinal_state, checkpoint_every, outputs=False)
     return Grads(**grads)
 
 
 def forward_and_vjp(problem: Problem, do, dfinal_state, dtype=np.float64, *, checkpoint_every=CHECKPOINT_EVERY):
     """Forward and adjoint sharing one forward pass: ``((o, final_state), grads)``."""
-    ar = _Arith(dtype)
+    ar = Arith(dtype)
     do, dfinal_state = problem.check_cotangents(do, dfinal_state)
-    o, S, grads = _run(problem, ar, do, dfinal_state, checkpoint_every)
+    o, S, grads = run(problem, ar, do, dfinal_state, checkpoint_every)
     return (o, S), Grads(**grads)
 
 

@@ -274,11 +274,11 @@ def _execute(p, arrays, pool, scale, ar, zeros, store=None, carry=None):
         write_at = dict(s.writes) if p.speculative else {s.length - 1: s.read}
         for i in range(s.length):
             r, t = s.row, s.start + i
-            recurrence._token(S, ar.exp(g[r, t][None]), k[r, t][None], b[r, t][None], v[r, t][None],
+            recurrence.token_step(S, ar.exp(g[r, t][None]), k[r, t][None], b[r, t][None], v[r, t][None],
                               w[r, t][None], buf)
             if carry is not None:
                 S[...] = round_state(S, carry)
-            o[r, t] = recurrence._read_out(S, q[r, t][None], scale)[0]
+            o[r, t] = recurrence.read_out(S, q[r, t][None], scale)[0]
             states[r, t] = S[0]
             if i in write_at:  # a later write to the same slot replaces it
                 written[write_at[i]] = S[0].copy() if store is None else round_state(S[0], store)
@@ -301,7 +301,7 @@ def decode(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_
     that keeps it in that format inside its loop; then ``states`` and ``o`` see the rounded state). The values
     stay in ``dtype``. None (default): no rounding.
     """
-    ar = recurrence._Arith(dtype)
+    ar = recurrence.Arith(dtype)
     store, carry = _state_dtype("store_dtype", store_dtype), _state_dtype("carry_dtype", carry_dtype)
     p, arrays, pool, scale = _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens,
                                       num_accepted_tokens, scale)
@@ -316,21 +316,21 @@ def decode(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_
 def decode_mp(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_accepted_tokens=None,
               scale=None, prec=mp.DEFAULT_PREC) -> DecodeMP:
     """:func:`decode` in mpmath at ``prec`` bits (and at 2 prec for the error estimates), rounded to float64."""
-    mp._check_prec(prec)
+    mp.check_prec(prec)
     p, arrays, pool, scale = _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens,
                                       num_accepted_tokens, scale)
     runs = []
     with np.errstate(invalid="ignore"):  # NaN in tokens nobody reads (rejected drafts, padding rows)
         for bits in (int(prec), 2 * int(prec)):
             with mpmath.workprec(bits):
-                runs.append(_execute(p, arrays, pool, scale, mp._MPArith(),
+                runs.append(_execute(p, arrays, pool, scale, mp.MPArith(),
                                      lambda shape: np.zeros(shape, dtype=object)))
         (o, states, written), (o2, states2, written2) = runs
         new_pool, err_pool = pool.copy(), np.zeros_like(pool)
         for slot, S in written.items():
             new_pool[slot] = mp.to_float64(S)
-            err_pool[slot] = mp._estimate(S, written2[slot])
-        errors = {"o": mp._estimate(o, o2), "pool": err_pool, "states": mp._estimate(states, states2)}
+            err_pool[slot] = mp.error_estimate(S, written2[slot])
+        errors = {"o": mp.error_estimate(o, o2), "pool": err_pool, "states": mp.error_estimate(states, states2)}
         return DecodeMP(mp.to_float64(o), new_pool, mp.to_float64(states), p.read_slots, p.written_slots, errors)
 
 
@@ -371,7 +371,7 @@ def replay(checkpoint, k, v, g, b, w, *, dtype=np.float64):
 
     Token-major inputs ``k, g, b: [L, ..., K]``, ``v, w: [L, ..., V]`` (leading axes as the checkpoint's).
     """
-    ar = recurrence._Arith(dtype)
+    ar = recurrence.Arith(dtype)
     S = np.array(ar.array(_state("checkpoint", checkpoint)))
     toks = _tokens(S.shape, k, v, g, b, w, token_axis=True)
     L = toks["k"].shape[0]
@@ -394,7 +394,7 @@ class ReplayBuffer:
     """
 
     def __init__(self, checkpoint, capacity, *, position=0, dtype=np.float64):
-        self._ar = recurrence._Arith(dtype)
+        self._ar = recurrence.Arith(dtype)
         for name, n, lo in (("capacity", capacity, 1), ("position", position, 0)):
             if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < lo:
                 raise ValueError(f"{name}: expected an integer >= {lo}, got {n!r}")
@@ -468,5 +468,5 @@ def _tokens(state_shape, k, v, g, b, w, *, token_axis):
 
 
 def _apply(S, tok, ar, buf):
-    recurrence._token(S, ar.exp(ar.array(tok["g"])), ar.array(tok["k"]), ar.array(tok["b"]), ar.array(tok["v"]),
+    recurrence.token_step(S, ar.exp(ar.array(tok["g"])), ar.array(tok["k"]), ar.array(tok["b"]), ar.array(tok["v"]),
                       ar.array(tok["w"]), buf)

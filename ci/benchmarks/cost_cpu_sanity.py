@@ -59,7 +59,7 @@ def unfused_bytes(jaxpr) -> float:
     """Every non-move intermediate written once and read once (scan bodies times their length)."""
     total = 0.0
     for eqn in jaxpr.eqns:
-        inner = list(cost._inner_jaxprs(eqn))
+        inner = list(cost.inner_jaxprs(eqn))
         if eqn.primitive.name == "scan":
             total += eqn.params["length"] * unfused_bytes(eqn.params["jaxpr"].jaxpr)
         elif inner and eqn.primitive.name != "cond":

@@ -66,7 +66,7 @@ def _size(aval) -> int:
     return int(math.prod(getattr(aval, "shape", ())))
 
 
-def _inner_jaxprs(eqn):
+def inner_jaxprs(eqn):
     for v in eqn.params.values():
         for x in v if isinstance(v, (list, tuple)) else (v,):
             if isinstance(x, jcore.ClosedJaxpr):
@@ -121,8 +121,8 @@ def count_jaxpr(jaxpr, in_depth=None) -> Counts:
             step = max(b.depth for b in branches)
         elif name == "pallas_call":
             raise ValueError("count_jaxpr: nested pallas_call; use kernel_cost for a program with kernels")
-        elif any(True for _ in _inner_jaxprs(eqn)):  # jit, custom_jvp/vjp, closed_call, ...
-            inner = next(_inner_jaxprs(eqn))
+        elif any(True for _ in inner_jaxprs(eqn)):  # jit, custom_jvp/vjp, closed_call, ...
+            inner = next(inner_jaxprs(eqn))
             body = count_jaxpr(inner)
             out.add(body)
             step = body.depth
@@ -205,7 +205,7 @@ def _pallas_eqns(jaxpr):
         if eqn.primitive.name == "pallas_call":
             yield eqn
         else:
-            for inner in _inner_jaxprs(eqn):
+            for inner in inner_jaxprs(eqn):
                 yield from _pallas_eqns(inner)
 
 

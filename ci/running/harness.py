@@ -21,7 +21,7 @@ from . import program_cache
 from .per_kernel import per_kernel
 
 
-def _check_dtype(dtype):
+def check_dtype(dtype):
     """The JAX dtype of a kernel input dtype name (one of ``oracle.KERNEL_DTYPES``)."""
     if dtype not in KERNEL_DTYPES:
         raise ValueError(f"dtype: {dtype!r} not one of {KERNEL_DTYPES}")
@@ -93,7 +93,7 @@ def to_device(x, dtype):
 
 def device_inputs(problem: oracle.Problem, do, dfinal_state, dtype="float32"):
     """The problem's inputs and cotangents as JAX arrays in the kernel's input dtype."""
-    jdt = _check_dtype(dtype)
+    jdt = check_dtype(dtype)
     inputs = tuple(to_device(x, jdt) for x in problem.inputs())
     return inputs, to_device(problem.h0(), jnp.float32), to_device(do, jdt), to_device(dfinal_state, jnp.float32)
 
@@ -109,7 +109,7 @@ def lower(fn, problem: oracle.Problem, dtype, *, cache=False):
     values (``ci/running/ahead.py`` compiles it; the compiled program takes ``(inputs, h0, do, dfs)``).
     ``cache``: through the program cache (``ci/running/program_cache.py``): the program is always traced, and a
     call to the exported program stored under the traced program's content key is lowered instead of it."""
-    jdt, S = _check_dtype(dtype), jax.ShapeDtypeStruct
+    jdt, S = check_dtype(dtype), jax.ShapeDtypeStruct
     B, T, H, K = problem.q.shape
     V = problem.v.shape[-1]
     state = S((B, H, K, V), jnp.float32)
@@ -140,7 +140,7 @@ def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="floa
     if mesh is not None:
         (*inputs, jdo), h0 = mesh_lib.place(mesh, (*inputs, jdo), h0)
     try:
-        with _quiet_callback_failures(), mesh_lib.using(mesh), guarded():
+        with quiet_callback_failures(), mesh_lib.using(mesh), guarded():
             compiled = program() if program is not None and mesh is None else None
             if compiled is not None:
                 out = compiled(tuple(inputs), h0, jdo, jdfs)
@@ -178,7 +178,7 @@ class _DropCallbackTracebacks(logging.Filter):
 
 
 @contextlib.contextmanager
-def _quiet_callback_failures():
+def quiet_callback_failures():
     """While a kernel runs, drop JAX's log of a failed host callback (its error is reported by KernelError)."""
     logger, quiet = logging.getLogger(_CALLBACK_LOGGER), _DropCallbackTracebacks()
     logger.addFilter(quiet)
@@ -200,7 +200,7 @@ def host_callback_error(exc):
 
 def check_representable(problem: oracle.Problem, dtype):
     """Raise ValueError if the problem's inputs are not exactly representable in ``dtype``."""
-    jdt = _check_dtype(dtype)
+    jdt = check_dtype(dtype)
     for name, x in zip(oracle.INPUTS, problem.inputs()):
         if not np.array_equal(host_cast(x, jdt).astype(np.float64), x):
             raise ValueError(f"{name}: values are not exactly representable in {dtype}; "

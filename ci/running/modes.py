@@ -26,7 +26,7 @@ from ..grading.modes import KEYWORDS, MODES, ModeCase, result_names
 from .per_kernel import per_kernel
 from ..grading.tolerance import Report
 from . import mesh as mesh_lib
-from .harness import (ContractError, KernelError, _check_dtype, _quiet_callback_failures, host_callback_error,
+from .harness import (ContractError, KernelError, check_dtype, quiet_callback_failures, host_callback_error,
                       host_cast, to_device)
 
 DEFAULT_CHUNK = 64  # a kernel without a ``chunk_size`` attribute is taken to use FLA's chunk
@@ -155,7 +155,7 @@ def intermediate_shape(call: Call, C):
 def check_representable(call: Call, dtype):
     """ValueError unless the call's per-token inputs are exactly representable in ``dtype`` (and the float32
     ones -- initial state, gate parameters -- in float32)."""
-    jdt = _check_dtype(dtype)
+    jdt = check_dtype(dtype)
     named = [(n, getattr(call, n), jdt) for n in INPUTS]
     named += [(n, getattr(call, n), jnp.float32) for n in ("initial_state", "A_log", "dt_bias")
               if getattr(call, n) is not None]
@@ -172,7 +172,7 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     (``jax.set_mesh``), so a context-parallel kernel shards over it; the inputs are not placed (a packed batch
     has one row, and the kernel places its slices itself).
     """
-    jdt = _check_dtype(dtype)
+    jdt = check_dtype(dtype)
     call.check_cotangents(do, dfinal_state)
     static = Static.of(call)
     inputs = tuple(to_device(x, jdt) for x in call.inputs())
@@ -180,7 +180,7 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     params = tuple(to_device(getattr(call, n), jnp.float32) for n in static.params)
     jdo, jdfs = to_device(do, jdt), to_device(dfinal_state, jnp.float32)
     try:
-        with _quiet_callback_failures(), mesh_lib.using(mesh):
+        with quiet_callback_failures(), mesh_lib.using(mesh):
             out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))
             inter = None
             if call.intermediate_chunk_size is not None:

@@ -66,7 +66,7 @@ FD_STEP = mpmath.mpf(2) ** -110  # truncation ~h^2 ~ 1e-66; cancellation ~2^-400
 
 def _loss(problem, overrides, do, dfs):
     o, S = mp.run_mpf(problem, FD_PREC, overrides=overrides)
-    return np.sum(o * mp._MPArith().array(do)) + np.sum(S * mp._MPArith().array(dfs))
+    return np.sum(o * mp.MPArith().array(do)) + np.sum(S * mp.MPArith().array(dfs))
 
 
 @pytest.mark.parametrize("decay,gates,shape,h0", [
@@ -79,7 +79,7 @@ def _loss(problem, overrides, do, dfs):
 def test_adjoint_matches_finite_differences(decay, gates, shape, h0):
     p = oracle.make_problem(*shape, decay=decay, gates=gates, initial_state=h0, seed=7)
     do, dfs = oracle.random_cotangents(p, seed=3)
-    ar = mp._MPArith()
+    ar = mp.MPArith()
     _, _, adj = mp.run_mpf(p, FD_PREC, do, dfs)
     base = {n: ar.array(getattr(p, n)) for n in oracle.INPUTS}
     base["initial_state"] = ar.array(p.h0())

@@ -22,8 +22,8 @@ def _same_bits(got, want, name):
 
 
 def _both(p, dtype, do=None, dfs=None, every=recurrence.CHECKPOINT_EVERY, outputs=True):
-    ar = recurrence._Arith(dtype)
-    return (recurrence._run(p, ar, do, dfs, every, outputs), recurrence._spec_run(p, ar, do, dfs, every, outputs))
+    ar = recurrence.Arith(dtype)
+    return (recurrence.run(p, ar, do, dfs, every, outputs), recurrence._spec_run(p, ar, do, dfs, every, outputs))
 
 
 def _check(got, want):
