@@ -49,7 +49,7 @@ import numpy as np
 from jax.sharding import PartitionSpec
 
 from . import chunked, kernel, varlen
-from .contract import ACC_DTYPE, MATMUL_PRECISION, check_finite_values, check_inputs, floor_log_decay
+from .contract import ACC_DTYPE, CHUNK_SIZE, MATMUL_PRECISION, check_finite_values, check_inputs, floor_log_decay
 from .modes import check_cu_seqlens, check_state
 
 # Mesh axis names and the dimension each shards (other axes of a mesh replicate the work).
@@ -298,12 +298,12 @@ class ContextParallelKernel:
         return f"ContextParallelKernel({self.name!r}, inner={self.inner!r}, mesh={self.mesh})"
 
 
-def cp_factorized(chunk_size=64, split=None, leaf=16, mesh=None):
+def cp_factorized(chunk_size=CHUNK_SIZE, split=None, leaf=16, mesh=None):
     """The factorized chunked kernel, context-parallel over the ``seq`` axis of ``mesh`` (default: current)."""
     return ContextParallelKernel("cp-factorized", kernel.factorized(chunk_size, split, leaf), mesh)
 
 
-def cp_pairwise(chunk_size=64, mesh=None):
+def cp_pairwise(chunk_size=CHUNK_SIZE, mesh=None):
     """The pairwise chunked kernel, context-parallel over the ``seq`` axis of ``mesh`` (default: current)."""
     return ContextParallelKernel("cp-pairwise", kernel.pairwise(chunk_size), mesh)
 

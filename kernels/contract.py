@@ -23,6 +23,8 @@ MATMUL_PRECISION = jax.lax.Precision.HIGHEST
 # without the floor, sums of huge finite g (-3e38) overflow to -inf and the decay exponents become inf - inf.
 # -2^11 is exact in bfloat16 and below the generator's resets (~-1e3), which stay untouched.
 LOG_DECAY_FLOOR = -2048.0
+# Tokens per chunk: the default of every chunked kernel here (FLA's chunk_gdn2 chunk).
+CHUNK_SIZE = 64
 
 
 class Shape(NamedTuple):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import modes as fla_modes
 from .chunked import Config, run
-from .contract import check_inputs
+from .contract import CHUNK_SIZE, check_inputs
 from .decay import Factorized, Pairwise
 
 CHUNK_RANGE = (16, 256)
@@ -49,13 +49,13 @@ def _check_int(name, value, lo, hi):
     return value
 
 
-def pairwise(chunk_size=64):
+def pairwise(chunk_size=CHUNK_SIZE):
     """Chunked kernel whose score tiles materialise exp(G_r - G_s) per pair and channel (C x C x K)."""
     C = _check_int("chunk_size", chunk_size, *CHUNK_RANGE)
     return ChunkedKernel("pairwise", Pairwise(), C)
 
 
-def factorized(chunk_size=64, split=None, leaf=16):
+def factorized(chunk_size=CHUNK_SIZE, split=None, leaf=16):
     """Chunked kernel with boundary-factorized score tiles: split at ``split`` (default middle), recurse to ``leaf``.
 
     Blocks of at most ``leaf`` tokens are done pairwise (so ``leaf == chunk_size`` is the pairwise kernel).

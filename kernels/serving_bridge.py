@@ -36,14 +36,13 @@ import inspect
 
 import numpy as np
 
+from .decode import PAD_SLOT, STATE_DTYPES
 from .fla_peers import load_naive
 from .torch_bridge import import_torch, numpy_dtype, resolve_device, to_numpy, to_torch
 
 FLA_NAIVE_SPEC = "torch:gdn2_oracle.kernels.serving_bridge:fla_naive_decode"
 FLA_FUSED_SPEC = "torch:gdn2_oracle.kernels.serving_bridge:fla_fused_recurrent[device=cpu]"
-STATE_DTYPES = ("float32", "bfloat16", "float16")
 FLA_REQUIRED = ("initial_state", "ssm_state_indices")
-PAD_SLOT = -1
 
 
 def _parameters(fn):

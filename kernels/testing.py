@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 
 from .kernel import ChunkedKernel
-from .contract import MATMUL_PRECISION
+from .contract import CHUNK_SIZE, MATMUL_PRECISION
 from .decay import Pairwise, gap
 from .spec import get
 
@@ -61,7 +61,7 @@ class AnchoredDecay(Pairwise):
         return dX, dY
 
 
-def anchored_kernel(chunk_size=64):
+def anchored_kernel(chunk_size=CHUNK_SIZE):
     """The chunked kernel with :class:`AnchoredDecay` score tiles."""
     return ChunkedKernel("anchored", AnchoredDecay(), chunk_size)
 
@@ -144,18 +144,18 @@ class DampedDecay(Pairwise):
         return super().scores_vjp(dS * self._factor(X.shape[-3]), X, Y, G)
 
 
-def cumsum_kernel(chunk_size=64):
+def cumsum_kernel(chunk_size=CHUNK_SIZE):
     """The chunked kernel with exponents as differences of float32 cumulative sums: grade PRECISION where
     |G| is large (resets, extreme decay), PASS elsewhere."""
     return ChunkedKernel("cumsum-difference", CumsumDifferenceDecay(), chunk_size)
 
 
-def clipped_kernel(limit=20.0, chunk_size=64):
+def clipped_kernel(limit=20.0, chunk_size=CHUNK_SIZE):
     """The chunked kernel with its pairwise decay exponent clipped to [-limit, limit] (a FAIL under extreme decay)."""
     return ChunkedKernel("clipped", ClippedDecay(limit), chunk_size)
 
 
-def damped_kernel(eps=1e-3, chunk_size=64):
+def damped_kernel(eps=1e-3, chunk_size=CHUNK_SIZE):
     """The chunked kernel solving ``I + (1 - eps) T`` instead of ``I + T`` (a FAIL wherever the erase gate acts)."""
     return ChunkedKernel("damped", DampedDecay(eps), chunk_size)
 

@@ -17,10 +17,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .contract import CHUNK_SIZE
 from .spec import get
 
 # Each option of make(): its value when there is no bug.
-DEFAULTS = dict(chunk_size=64, scale=1.0, decay=1.0, decay_shift=False, erase=True, write=True, write_power=1,
+DEFAULTS = dict(chunk_size=CHUNK_SIZE, scale=1.0, decay=1.0, decay_shift=False, erase=True, write=True, write_power=1,
                 state=True, drop_last=False, swap=None, output=1.0, heads_reversed=False, final=1.0, final_dtype=None,
                 grad=None, frozen=None)
 SWAPS = ("qk",)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 
+from ..contract import CHUNK_SIZE
 from .api import check_interpret, gdn2, resolve_interpret
 from .config import SWEEP, TileConfig, vmem_footprint, vmem_limit_bytes
 
@@ -21,7 +22,7 @@ __all__ = ["gdn2", "check_interpret", "pallas_pairwise", "pallas_factorized", "m
            "TileConfig", "vmem_footprint", "vmem_limit_bytes", "resolve_interpret"]
 
 
-def make_kernel(method, *, chunk_size=64, split=None, leaf=16, interpret=None):
+def make_kernel(method, *, chunk_size=CHUNK_SIZE, split=None, leaf=16, interpret=None):
     """A contract callable for ``method`` with a validated :class:`TileConfig` (ValueError naming the option).
 
     Value checks are a call argument, as for the pure-JAX kernels: ``kernel(..., check_values=True)``.

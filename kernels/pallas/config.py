@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..contract import CHUNK_SIZE
+
 METHODS = ("pairwise", "factorized")
 CHUNKS = (64, 128, 256)
 LEAVES = (8, 16, 32)
@@ -44,7 +46,7 @@ class TileConfig:
     """Static tiling of one Pallas GDN-2 kernel build (validated on construction)."""
 
     method: str = "factorized"
-    chunk_size: int = 64
+    chunk_size: int = CHUNK_SIZE
     split: int | None = None
     leaf: int = 16
 
