@@ -37,7 +37,7 @@ def pytest_configure(config):
     grading.STRICT = strict(config)
     config._gdn2_modes = _selected_modes(config)
     config._gdn2_compile_cache = _enable_compile_cache(config)
-    if mesh_spec(config):  # every kernel call (ci.harness) runs in this mesh, on NamedSharding inputs
+    if mesh_spec(config):  # every kernel call (ci.running.harness) runs in this mesh, on NamedSharding inputs
         from gdn2_oracle.ci.running.mesh import build_mesh  # JAX only with --gdn2-mesh
         import jax
 

@@ -147,7 +147,7 @@ def _kernel_fn(name, options):
 def kernel_fn(name, **options):
     """``kernels.get(name, **options)``, one object per (name, options) for the whole session.
 
-    ``ci.harness.runner`` caches the jitted forward+VJP per callable, so reusing the object means a
+    ``ci.running.harness.runner`` caches the jitted forward+VJP per callable, so reusing the object means a
     shape compiles once per session, across tests and Hypothesis examples.
     """
     return _kernel_fn(name, tuple(sorted(options.items())))

@@ -8,7 +8,7 @@ Tests taking ``kernel`` run once per selected kernel (``--kernel`` / ``GDN2_KERN
 conftest.py). A failure prints the verdict table, a shell one-liner that reproduces it, the
 ``make_problem`` call and the ``@example`` line that pins it.
 
-Tight agreement bound (properties 2-5; ``ci.tolerance.agreement_bound``). Two correct kernels, or one
+Tight agreement bound (properties 2-5; ``ci.grading.tolerance.agreement_bound``). Two correct kernels, or one
 kernel with another chunk size / split point / a split sequence, are each allowed
 ``tol = max(MULTIPLE x e_rec, FLOOR)`` against the exact result (``e_rec``: the plain float32
 recurrence's error on the same inputs; MULTIPLE = 32 in float32). Their *difference* comes only from
@@ -24,7 +24,7 @@ which two different float32 computations of one quantity can be asked to agree. 
 additionally allowed one bf16 ulp at its largest element (``2**-7`` relative), because two kernels
 whose float32 values differ by one float32 ulp can round to neighbouring bf16 values.
 
-Agreement grades (``ci.tolerance.agreement`` with ``cum=``): a difference over the tight bound is PRECISION
+Agreement grades (``ci.grading.tolerance.agreement`` with ``cum=``): a difference over the tight bound is PRECISION
 (a PrecisionLossWarning; ``--gdn2-strict`` fails it) within ``max(MULTIPLE x max(e_rec, e_cum), FLOOR)``,
 ``e_cum`` the error of the float32 chunked algorithm with cumulative-sum-difference exponents
 (``tolerance.cumulative_baseline``, computed only when some difference is over the tight bound), else

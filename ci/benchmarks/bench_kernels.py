@@ -2,7 +2,7 @@
 
     python -m gdn2_oracle.ci.benchmarks.bench_kernels --batch 4 --seq 4096 --heads 6 --dim 128 --chunk 64 --repeats 5
 
-Times the harness's jitted ``jax.vjp`` + pullback (all seven gradients; ``ci.harness.runner``), float32,
+Times the harness's jitted ``jax.vjp`` + pullback (all seven gradients; ``ci.running.harness.runner``), float32,
 median of synchronized calls after compilation; FLOPs of the chunked algorithm are counted analytically
 (``chunked_flops``). ``--chunk`` defaults to the kernels' default chunk size.
 """

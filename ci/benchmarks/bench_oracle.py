@@ -12,7 +12,7 @@ loaded or a different machine compare; and as traffic over the state: the passes
 array each token makes (``recurrence.STATE_PASSES``) times the state's size and T, per second, next to
 the machine's single-thread memory bandwidth (a NumPy copy of ``--bandwidth-mib`` MiB, median of 5).
 
-``--jobs N ...``: the float64 forward + VJP through ``ci.references`` with each worker count, runs
+``--jobs N ...``: the float64 forward + VJP through ``ci.grading.references`` with each worker count, runs
 interleaved (yardstick, 1, 2, yardstick, 1, 2, ...) so that load on the machine hits every count alike;
 medians, the speed-up over the first count, and a bit-for-bit check of every result against the first
 count's.

@@ -1,7 +1,7 @@
 """Calibrate the tolerance model (ci/grading/tolerance.py): false alarms of correct kernels, and the spread of err/tol.
 
 Runs our kernels over every decay regime x gate regime x configuration (shapes and dtypes of
-``strategies.CORE``, optionally more seeds), judges each result with ``ci.tolerance.compare``, and
+``strategies.CORE``, optionally more seeds), judges each result with ``ci.grading.tolerance.compare``, and
 reports
 
 * the false-alarm count and rate per kernel and dtype (a "false alarm" is a failed verdict of a

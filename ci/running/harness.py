@@ -131,7 +131,7 @@ def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="floa
 
     The kernel sees exactly the problem's values (they are representable in ``dtype`` when the
     problem was generated or rounded for it; otherwise the rounding is the caller's choice).
-    With a ``mesh`` (ci/mesh.py; default: the one set by ``jax.set_mesh``, if any) the inputs are placed
+    With a ``mesh`` (ci/running/mesh.py; default: the one set by ``jax.set_mesh``, if any) the inputs are placed
     with NamedSharding and the kernel runs inside it. ``program()``: the program compiled ahead of time
     (``ci/running/ahead.py``; None or a raise as when tracing it), else it is compiled on this call.
     """

@@ -1,7 +1,7 @@
 """Context-parallel kernels on 8 host devices (run by test_context_parallel.py in a subprocess whose
 XLA_FLAGS=--xla_force_host_platform_device_count=8 is set before JAX starts; not collected on its own).
 
-Every case runs forward and all seven gradients through ``ci.harness`` (so gradients cross the hand-off)
+Every case runs forward and all seven gradients through ``ci.running.harness`` (so gradients cross the hand-off)
 and judges them twice: against the float64 oracle by the tolerance model, and against the unsharded chunked
 kernel by the tight agreement bound (docs/DESIGN.md §4).
 """

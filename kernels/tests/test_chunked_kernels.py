@@ -1,14 +1,14 @@
 """Fixed-case tests of the chunked kernels (kernels/chunked.py) against the float64 oracle.
 
 Every case checks the forward output, the final state and all seven gradients with the project's
-tolerance model (``ci.harness.validate``, docs/DESIGN.md §4): each result's ``err_ratio`` and normalised max
+tolerance model (``ci.running.harness.validate``, docs/DESIGN.md §4): each result's ``err_ratio`` and normalised max
 error must be within 32x (float32) / 8x (bfloat16) of what the plain token-by-token recurrence in that
 working precision achieves on the same inputs, with a floor. No regime gets its own threshold: the
 kernels form every decay exponent without cancellation (kernels/decay.py ``log_decay``/``gap``), so
 resets (g ~ -1e3) and extreme decay are held to the same rule as everything else.
 
 Kernel-vs-kernel (pairwise vs factorized, ``initial_state=None`` vs zeros): the suite's tight agreement
-bound (``ci.tolerance.agreement``), a third of the recurrence rule: they differ only by float32 rounding.
+bound (``ci.grading.tolerance.agreement``), a third of the recurrence rule: they differ only by float32 rounding.
 """
 
 from __future__ import annotations

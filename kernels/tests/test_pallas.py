@@ -1,10 +1,10 @@
 """Pallas GDN-2 kernels (kernels/pallas) in interpret mode on CPU against the float64 oracle.
 
-Judged by the suite's tolerance model (``ci.harness.validate``, docs/DESIGN.md §4): per output and gradient,
+Judged by the suite's tolerance model (``ci.running.harness.validate``, docs/DESIGN.md §4): per output and gradient,
 ``err_ratio`` and the normalised max error within 32x (float32) / 8x (bfloat16) of what the plain
 token-by-token recurrence in that working precision achieves on the same inputs, with a floor; NaN/inf
 always fails. Agreement with the pure-JAX kernels uses the suite's tight agreement bound
-(``ci.tolerance.agreement``). Shapes are tiny: interpret mode is slow on two CPU cores.
+(``ci.grading.tolerance.agreement``). Shapes are tiny: interpret mode is slow on two CPU cores.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The torch bridge (kernels/torch_bridge.py): exact hand-over, autograd gradients, argument mapping,
 contract violations in plain words, and FLA's pure-PyTorch references as peers (kernels/fla_peers.py).
 
-Judged through ``ci.harness`` against the float64 oracle or a golden case; the tiny torch kernels,
+Judged through ``ci.running.harness`` against the float64 oracle or a golden case; the tiny torch kernels,
 right and wrong, are in ``gdn2_oracle.kernels.testing_torch``.
 """
 
@@ -169,7 +169,7 @@ def test_error_raised_on_values_is_one_plain_line(caplog):
     assert validate(f"{T}:rejects_strong_decay[output_final_state=True]", recipe()).passed
 
 
-# JAX kernels: the same checks, once, in ci.harness.
+# JAX kernels: the same checks, once, in ci.running.harness.
 def _jax_correct(q, k, v, g, b, w, *, scale=None, initial_state=None):
     return kernels.get("pairwise", chunk_size=16)(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
 
