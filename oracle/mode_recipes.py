@@ -26,18 +26,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import call_modes
 from .call import Call
+from .call_modes import FLA_CHUNK
 from .generate import DECAYS, GATES, KERNEL_DTYPES, QK_MODES, make_problem, round_to
 
 # The training-call modes, in the order reports list them (``dense`` is a call without any of them).
-MODES = ("varlen", "gate", "l2norm", "state_v_first", "intermediate")
+MODES = call_modes.names("training")
 GATE_FORMS = (None, "softplus", "bounded")
-FLA_CHUNK = 64  # FLA's chunk_gdn2 chunk size: its intermediate states are taken every 64 tokens
 
 # Stream tags of the seeded generators (one per array family).
 _TAGS = {"qk": 1, "gate": 2, "params": 3, "h0": 4, "cot": 5, "rows": 6}
@@ -123,6 +125,12 @@ class ModeRecipe:
         on = dict(varlen=self.packed, gate=self.gate is not None, l2norm=self.qk_l2norm,
                   state_v_first=self.state_v_first, intermediate=self.intermediate_chunk_size is not None)
         return tuple(m for m in MODES if on[m])
+
+    def regime(self):
+        """The recipe's regime as a report describes it (lengths, packing, decay, gates, gate form, modes)."""
+        return {"lengths": list(self.lengths), "packed": self.packed, "decay": self.decay, "gates": self.gates,
+                "gate": self.gate, "lower_bound": self.lower_bound, "initial_state": self.initial_state,
+                "seed": self.seed, "modes": list(self.modes)}
 
     @property
     def num_sequences(self):
@@ -295,3 +303,61 @@ def get(name):
     if found is None:
         raise ValueError(f"name: unknown mode recipe {name!r}; known: {names('full')}")
     return found
+
+
+# --- points of the domain sweeps -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModePoint:
+    """One training call of a mode sweep: ``recipe`` (a :class:`ModeRecipe`; its ``seed`` is the cell's) and, where
+    the recipe has no field for the swept quantity, an override of its built call: ``A_log`` (every head's value)
+    or ``qk_norm`` (every raw q and k row rescaled to this norm; 0 = zero rows)."""
+
+    recipe: ModeRecipe
+    A_log: float | None = None
+    qk_norm: float | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.recipe, ModeRecipe):
+            raise ValueError(f"recipe: expected a ModeRecipe, got {self.recipe!r}")
+        if self.A_log is not None and not (self.recipe.gate and self.recipe.A_log and math.isfinite(self.A_log)):
+            raise ValueError(f"A_log: a finite value for a gated recipe with A_log, got {self.A_log!r}")
+        if self.qk_norm is not None and not (self.recipe.qk_l2norm and _nonnegative(self.qk_norm)):
+            raise ValueError(f"qk_norm: a norm >= 0 for a recipe with qk_l2norm, got {self.qk_norm!r}")
+
+    def as_dict(self):
+        """The point as JSON (``ModePoint(ModeRecipe(**d["recipe"]), d["A_log"], d["qk_norm"])`` rebuilds it)."""
+        return {"recipe": self.recipe.fields(), "A_log": self.A_log, "qk_norm": self.qk_norm}
+
+    def build(self, seed=0):
+        """``(call, do, dfinal_state)`` with data seed ``seed`` (the recipe's call, overridden)."""
+        recipe = self.recipe.replace(seed=seed)
+        call, do, dfs = recipe.build()
+        changes = {}
+        if self.A_log is not None:
+            changes["A_log"] = round_to(np.full(recipe.H, self.A_log), "float32")
+        if self.qk_norm is not None:
+            for name in ("q", "k"):
+                x = getattr(call, name)
+                unit = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-300)
+                changes[name] = round_to(unit * self.qk_norm, recipe.precision)
+        return (dataclasses.replace(call, **changes) if changes else call), do, dfs
+
+
+def _nonnegative(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def sweep_points(sweep, values, shape, dtype):
+    """The :class:`ModePoint` of each value of a mode sweep (``"mode.quantity"``, ``oracle.call_modes.SWEEPS``) at
+    (H, K, V) of ``shape`` = (B, H, K, V), around a dense base call of ``call_modes.MODE_T`` tokens in ``dtype``."""
+    _, H, K, V = shape
+    base = ModeRecipe(H, K, V, (call_modes.MODE_T,), packed=False, initial_state=True, precision=dtype)
+    build = call_modes.SWEEPS[sweep].build
+    return [ModePoint(*_point(build(base, v))) for v in values]
+
+
+def _point(built):
+    recipe, overrides = built
+    return recipe, overrides.get("A_log"), overrides.get("qk_norm")

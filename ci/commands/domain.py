@@ -34,7 +34,8 @@ from gdn2_oracle import oracle
 from gdn2_oracle.golden.processes import signalled
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 from gdn2_oracle.oracle.generate import log_decay, round_to
-from gdn2_oracle.oracle.mode_recipes import FLA_CHUNK, MODES, ModeRecipe
+from gdn2_oracle.oracle import call_modes, mode_recipes
+from gdn2_oracle.oracle.mode_recipes import MODES
 
 from ..grading.diagnose import chunk_log_decay
 from ..grading.grades import FAIL, PASS, PRECISION, grade_rank
@@ -136,95 +137,28 @@ class Axis(NamedTuple):
     dtypes: tuple = ("float32",)
 
 
-# --- training-call modes ------------------------------------------------------------------------
+# --- training-call modes: their sweeps are the registry's (oracle/call_modes.py) ------------------------
 
-C = FLA_CHUNK  # lengths of the mode sweeps are placed around FLA's chunk (our kernels' default chunk too)
-MODE_T = C + 36  # the length of a mode call that is not packed (as mode_recipes.DENSE)
-# Each mode's sweeps: ``"mode.quantity"`` -> the swept values (small: every new static call compiles once).
-MODE_VALUES = {
-    "varlen.length": (0, 1, C - 1, C, C + 1),  # packed lengths (3, L, 5, L): sequence starts around chunk edges
-    "varlen.sequences": (1, 2, 8, 32),  # N packed sequences of 1..9 tokens
-    "gate.lower_bound": (-1.0, -5.0, -20.0, None),  # None: the softplus form
-    "gate.A_log": (0.01, 1.0, 16.0, 1000.0),  # exp(A_log) of every head, bounded form (lower_bound -5)
-    "l2norm.qk_norm": (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 0.0),  # every raw q and k row scaled to this norm
-    "state_v_first.initial_state": (False, True),
-    "intermediate.T": (1, C, C + 1, 3 * C + 8),
-}
-MODE_LABELS = {
-    "varlen.length": "varlen: packed lengths (3, L, 5, L), L",
-    "varlen.sequences": "varlen: packed sequences N (1-9 tokens)",
-    "gate.lower_bound": "gate: lower_bound",
-    "gate.A_log": "gate: exp(A_log) (bounded, lower_bound -5)",
-    "l2norm.qk_norm": "l2norm: raw q/k row norm",
-    "state_v_first.initial_state": "state_v_first: initial state",
-    "intermediate.T": "intermediate: length T",
-}
-UNORDERED = ("qk", "initial_state", "gate.lower_bound", "state_v_first.initial_state")  # no order to cross
-
-
-@dataclass(frozen=True)
-class ModePoint:
-    """One training call of a mode sweep: ``recipe`` (a :class:`ModeRecipe`; its ``seed`` is the cell's) and, where
-    the recipe has no field for the swept quantity, an override of its built call: ``A_log`` (every head's value)
-    or ``qk_norm`` (every raw q and k row rescaled to this norm; 0 = zero rows)."""
-
-    recipe: ModeRecipe
-    A_log: float | None = None
-    qk_norm: float | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.recipe, ModeRecipe):
-            raise ValueError(f"recipe: expected a ModeRecipe, got {self.recipe!r}")
-        if self.A_log is not None and not (self.recipe.gate and self.recipe.A_log and math.isfinite(self.A_log)):
-            raise ValueError(f"A_log: a finite value for a gated recipe with A_log, got {self.A_log!r}")
-        if self.qk_norm is not None and not (self.recipe.qk_l2norm and _nonnegative(self.qk_norm)):
-            raise ValueError(f"qk_norm: a norm >= 0 for a recipe with qk_l2norm, got {self.qk_norm!r}")
-
-    def as_dict(self):
-        """The point as JSON (``ModePoint(ModeRecipe(**d["recipe"]), d["A_log"], d["qk_norm"])`` rebuilds it)."""
-        return {"recipe": self.recipe.fields(), "A_log": self.A_log, "qk_norm": self.qk_norm}
+PLAIN = call_modes.BASE.name  # the plain dense call's sweeps (the Point axes)
+MODE_T = call_modes.MODE_T  # the length of a mode call that is not packed
+MODE_VALUES = call_modes.sweep_values()  # ``"mode.quantity"`` -> the swept values
+UNORDERED = ("qk", "initial_state", *call_modes.UNORDERED_SWEEPS)  # no order to cross
+ModePoint = mode_recipes.ModePoint
 
 
 def build_mode(point: ModePoint, seed=0):
     """``(call, do, dfinal_state)`` of a mode point with data seed ``seed`` (the recipe's call, overridden)."""
-    recipe = point.recipe.replace(seed=seed)
-    call, do, dfs = recipe.build()
-    changes = {}
-    if point.A_log is not None:
-        changes["A_log"] = round_to(np.full(recipe.H, point.A_log), "float32")
-    if point.qk_norm is not None:
-        for name in ("q", "k"):
-            x = getattr(call, name)
-            unit = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-300)
-            changes[name] = round_to(unit * point.qk_norm, recipe.precision)
-    return (dataclasses.replace(call, **changes) if changes else call), do, dfs
+    return point.build(seed)
 
 
 def mode_points(sweep, values, shape, dtype):
     """The :class:`ModePoint` of each value of a mode sweep (``"mode.quantity"``) at (H, K, V) of ``shape``."""
-    _, H, K, V = shape
-    base = ModeRecipe(H, K, V, (MODE_T,), packed=False, initial_state=True, precision=dtype)
-    make = {
-        "varlen.length": lambda L: ModePoint(base.replace(lengths=(3, L, 5, L), packed=True)),
-        "varlen.sequences": lambda n: ModePoint(base.replace(lengths=tuple(1 + (5 * i + 2) % 9 for i in range(n)),
-                                                             packed=True)),
-        "gate.lower_bound": lambda lb: ModePoint(base.replace(gate="bounded" if lb is not None else "softplus",
-                                                              lower_bound=lb)),
-        "gate.A_log": lambda a: ModePoint(base.replace(gate="bounded"), A_log=float(np.log(a))),
-        "l2norm.qk_norm": lambda r: ModePoint(base.replace(qk_l2norm=True), qk_norm=r),
-        "state_v_first.initial_state": lambda h: ModePoint(base.replace(state_v_first=True, initial_state=h)),
-        "intermediate.T": lambda T: ModePoint(base.replace(lengths=(T,), intermediate_chunk_size=C)),
-    }[sweep]
-    return [make(v) for v in values]
+    return mode_recipes.sweep_points(sweep, values, shape, dtype)
 
 
 def mode_value_label(sweep, value):
     """How a mode sweep's value is printed."""
-    if sweep == "gate.lower_bound":
-        return "softplus" if value is None else f"{value:g}"
-    if sweep == "state_v_first.initial_state":
-        return "on" if value else "off"
-    return f"{value:g}"
+    return call_modes.SWEEPS[sweep].shown(value)
 
 
 class Grid(NamedTuple):
@@ -362,32 +296,30 @@ class Panel(NamedTuple):
     points: tuple
 
 
-def panels(grid: Grid, modes=("dense",)):
+def panels(grid: Grid, modes=(PLAIN,)):
     """``[Panel]``: every sweep of the grid in each of its dtypes (``dense`` in ``modes``), then the sweeps of the
     other ``modes`` (:data:`MODE_VALUES`, in ``grid.mode_dtypes``)."""
     out = []
     fields = {f.name for f in dataclasses.fields(Point)}
-    if "dense" in modes:
+    if PLAIN in modes:
         for axis in grid.axes:
             if axis.field not in fields or axis.field == "dtype":
                 raise ValueError(f"grid: axis field {axis.field!r} is not a Point field to sweep")
             for dtype in axis.dtypes:
-                out.append(Panel(axis.field, axis.label, dtype, "dense", tuple(axis.values),
+                out.append(Panel(axis.field, axis.label, dtype, PLAIN, tuple(axis.values),
                                  tuple(value_label(axis.field, v) for v in axis.values),
                                  tuple(grid.base.replace(**{axis.field: v, "dtype": dtype}) for v in axis.values)))
     for sweep, values in grid.mode_values.items():
-        mode = sweep.split(".", 1)[0]
-        if mode not in MODES:
-            raise ValueError(f"grid: mode sweep {sweep!r} is not of a mode in {MODES}")
+        mode = call_modes.sweep_mode(sweep)
         if mode in modes:
             for dtype in grid.mode_dtypes:
-                out.append(Panel(sweep, MODE_LABELS.get(sweep, sweep), dtype, mode, tuple(values),
+                out.append(Panel(sweep, call_modes.sweep_label(sweep), dtype, mode, tuple(values),
                                  tuple(mode_value_label(sweep, v) for v in values),
                                  tuple(mode_points(sweep, values, grid.shape, dtype))))
     return out
 
 
-def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True, modes=("dense",), case_timeout=None,
+def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True, modes=(PLAIN,), case_timeout=None,
                on_stop=None):
     """Sweep ``grid`` with kernel ``fn``: the domain report (panels of cells, boundaries, summary).
 
@@ -400,7 +332,7 @@ def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True, m
     modes = tuple(modes)
     chunk = int(getattr(fn, "chunk_size", None) or DEFAULT_CHUNK)
     accepted = mode_running.accepted_modes(fn)
-    not_accepted = [m for m in modes if m != "dense" and m not in accepted]
+    not_accepted = [m for m in modes if not call_modes.is_base(m) and m not in accepted]
     todo = panels(grid, [m for m in modes if m not in not_accepted])
     seeds = [seed + i for i in range(grid.seeds)]
     cache = {}
@@ -443,14 +375,14 @@ def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True, m
                        "cells": cells}
                 out_panels.append(out)
                 for value, label, point in zip(panel.values, panel.labels, panel.points):
-                    dense = isinstance(point, Point)
-                    as_dict = dataclasses.asdict(point) if dense else point.as_dict()
+                    on_point = isinstance(point, Point)
+                    as_dict = dataclasses.asdict(point) if on_point else point.as_dict()
                     current.update(panel=out, value=value, label=label, point=as_dict, point_obj=point)
                     runs = []
                     for s in seeds:
                         if (point, s) not in cache:
                             with dog.case(f"{panel.label} {label} seed {s}"):
-                                cache[point, s] = (evaluate(fn, point, s, grid.shape, chunk) if dense
+                                cache[point, s] = (evaluate(fn, point, s, grid.shape, chunk) if on_point
                                                    else evaluate_mode(fn, point, s, chunk))
                         runs.append(cache[point, s])
                         if bar is not None:
@@ -477,7 +409,7 @@ class DomainReport:
     seconds: float
     environment: dict
     interrupted: bool = False  # Ctrl-C: only the cells finished before it
-    modes: list = dataclasses.field(default_factory=lambda: ["dense"])  # the sweeps selected (--modes)
+    modes: list = dataclasses.field(default_factory=lambda: [PLAIN])  # the sweeps selected (--modes)
     not_accepted_modes: list = dataclasses.field(default_factory=list)  # selected, not in the kernel's signature
     boundaries: list = dataclasses.field(default_factory=list)
     summary: str = ""
@@ -517,7 +449,7 @@ def panel_results(panel):
     """The results a panel's cells were judged on, in report order (the nine dense ones; a mode call's may add
     ``intermediate_states``, ``dA_log``, ``ddt_bias``)."""
     have = {n for c in panel["cells"] if c["results"] is not None for n in c["results"]}
-    return [n for n in MODE_RESULTS if n in have] if panel.get("mode", "dense") != "dense" else list(RESULTS)
+    return [n for n in MODE_RESULTS if n in have] if not call_modes.is_base(panel.get("mode", PLAIN)) else list(RESULTS)
 
 
 def result_boundary(panel, name, chunk):
@@ -600,14 +532,14 @@ def summary(report):
     mapped = " mapped before the interrupt" if report.interrupted else ""
     base = Point(**report.base)
     shape = report.shape
-    modes = getattr(report, "modes", ["dense"])
-    swept = [m for m in modes if m != "dense" and m not in report.not_accepted_modes]
-    dense = (f"B={shape['B']}, H={shape['H']}, K={shape['K']}, V={shape['V']}; base: T={base.T}, log-decay strength "
+    modes = getattr(report, "modes", [PLAIN])
+    swept = [m for m in modes if not call_modes.is_base(m) and m not in report.not_accepted_modes]
+    plain = (f"B={shape['B']}, H={shape['H']}, K={shape['K']}, V={shape['V']}; base: T={base.T}, log-decay strength "
              f"{value_label('strength', base.strength)}, erase ~{base.erase:g}, write ~{base.write:g}, "
              f"q/k {value_label('qk', base.qk)}, initial state {value_label('initial_state', base.initial_state)}")
     calls = (f"mode sweeps {', '.join(swept)}: FLA training calls at H={shape['H']}, K={shape['K']}, V={shape['V']}, "
              f"T={MODE_T} unless swept, initial state on, judged by the modes judge")
-    parts = ([dense] if "dense" in modes else []) + ([calls] if swept else [])
+    parts = ([plain] if PLAIN in modes else []) + ([calls] if swept else [])
     text = (f"{report.kernel} ({report.grid} grid, {len(report.seeds)} seed(s) per cell; {'; '.join(parts)}, "
             "float32 unless stated):")
     said = [("in bfloat16, " if b["dtype"] == "bfloat16" else "") + b["text"] for b in report.boundaries]
@@ -773,10 +705,10 @@ def add_parser(sub):
     d.add_argument("--out", metavar="DIR", help="output directory (default domain-NAME): domain.png, domain.json, "
                                                 "summary.txt")
     d.add_argument("--seed", type=cli_args.nonnegative, default=0, help="first data seed of every cell")
-    d.add_argument("--modes", type=cli_args.call_modes, default=("dense",), metavar="LIST",
-                   help=f"sweeps to run, comma-separated among {','.join(('dense', *MODES))} or all (default dense: "
-                        "the regime sweeps above; a training-call mode adds its own sweeps, judged by the modes judge, "
-                        "where the kernel accepts it; all: dense and every mode the kernel accepts)")
+    d.add_argument("--modes", type=cli_args.call_modes, default=(PLAIN,), metavar="LIST",
+                   help=f"sweeps to run, comma-separated among {call_modes.listed((PLAIN, *MODES))} or all (default "
+                        f"{PLAIN}: the regime sweeps above; a training-call mode adds its own sweeps, judged by the "
+                        f"modes judge, where the kernel accepts it; all: {PLAIN} and every mode the kernel accepts)")
     cli_args.add_case_timeout(d, "cell")
     cli_args.add_run_options(d, mesh_jobs=False)
 

@@ -19,6 +19,7 @@ from gdn2_oracle.ci.commands import domain
 from gdn2_oracle.ci.commands.domain import Axis, Grid, Point
 from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION
 from gdn2_oracle.oracle import RESULTS
+from gdn2_oracle.oracle.mode_recipes import ModeRecipe
 
 CLIPPED = "gdn2_oracle.kernels.testing:clipped_log_decay[limit=0.5]"
 # g = -s U(0.5, 1.5): |g| < 0.45 for s <= 0.3 (exact), up to 1.5 for s = 1 (clipped).
@@ -184,8 +185,8 @@ def test_domain_mode_sweeps_of_a_correct_kernel_pass_with_the_mode_results(cli, 
     assert all(r["grade"] == PASS for p in report["panels"] for c in p["cells"] for r in c["results"].values())
     # each cell names the call that rebuilds it
     cell = l2["cells"][1]
-    point = domain.ModePoint(domain.ModeRecipe(**{**cell["point"]["recipe"],
-                                                  "lengths": tuple(cell["point"]["recipe"]["lengths"])}),
+    point = domain.ModePoint(ModeRecipe(**{**cell["point"]["recipe"],
+                                           "lengths": tuple(cell["point"]["recipe"]["lengths"])}),
                              qk_norm=cell["point"]["qk_norm"])
     call, _, _ = domain.build_mode(point, report["seeds"][0])
     assert call.qk_l2norm and np.allclose(np.linalg.norm(call.q, axis=-1), 1e-3, rtol=1e-2)
