@@ -64,6 +64,13 @@ class CaseResult:
     def name(self):
         return self.case.get("case")
 
+    @property
+    def modes(self):
+        """The case's call modes, as its identity records them: a training call's ``modes``, a serving session's
+        ``mode``; empty for a dense call."""
+        mode = self.case.get("mode")
+        return frozenset(self.case.get("modes") or ()) | ({mode} if isinstance(mode, str) else set())
+
     def verdict_dicts(self):
         return [v.as_dict() if isinstance(v, Verdict) else dict(v) for v in self.verdicts]
 

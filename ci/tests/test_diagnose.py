@@ -213,11 +213,9 @@ def case(name, grade, *, dtype="float32", T=100, decay="moderate", gates="unifor
     regime = {"decay": decay, "gates": gates, "initial_state": h0}
     if reduction:
         regime["reduction"] = reduction
-    if mode:
-        regime["mode"] = mode
     return {"case": name, "dtype": dtype, "shape": [1, T, 1, 16, 16], "grade": grade, "passed": grade == PASS,
-            "regime": regime, "diagnosis": diagnosis or ([{"kind": "logic", "text": "", "token": 3}]
-                                                         if grade != PASS else [])}
+            **({"mode": mode} if mode else {}), "regime": regime,
+            "diagnosis": diagnosis or ([{"kind": "logic", "text": "", "token": 3}] if grade != PASS else [])}
 
 
 def grid(fail):
@@ -266,7 +264,8 @@ def test_mode_pattern_and_too_few_cases():
     found = patterns(diagnose.diagnose_kernel(cases))
     assert any(f.startswith("fails only in mode varlen:") for f in found), found
     # the modes cases of validate: a ``modes`` list per case dict
-    cases = [{**c, "modes": c["regime"].pop("mode", "").split("+") if "mode" in c["regime"] else []} for c in cases]
+    cases = [{**{k: v for k, v in c.items() if k != "mode"}, "modes": c["mode"].split("+") if "mode" in c else []}
+             for c in cases]
     cases[0]["modes"] = ["varlen", "gate"]
     found = patterns(diagnose.diagnose_kernel(cases))
     assert any(f.startswith("fails only in mode varlen:") for f in found), found

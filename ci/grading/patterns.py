@@ -1,0 +1,236 @@
+"""What a kernel's cases share: findings across the :class:`CaseResult` s of one run (docs/DESIGN.md §4, "Diagnosis").
+
+Per primary kind its cases, first bad forward tokens, periods and chunks; "errors begin only at multiples of N
+tokens" when the failing cases' onsets share such a stride; then ``pattern`` lines: a feature of the recipes
+(``regime``: decay, gates -- ``b`` and ``w`` per channel or equal --, initial state, ``T`` against the chunk sizes,
+dtype, modes) that splits the cases cleanly (every failing case has it, every case without it passes, enough cases
+on both sides, not by chance); the same for the forward alone when some failing cases differ only in gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import replace
+
+from gdn2_oracle.oracle.generate import DECAYS, GATES, KERNEL_DTYPES
+
+from .finding import Finding
+from .grades import FAIL, PASS
+from .localisers import FORWARD
+from .profiles import CHUNKS
+from .result import ERROR, INPUT_ERROR, CaseResult
+
+# A pattern across cases needs at least this many failing cases and this many passing cases without the
+# feature, and the failing cases must be unlikely to share it by chance: with as many failures dealt at
+# random among the cases, the chance that all land on cases with the feature at most PATTERN_CHANCE.
+MIN_PATTERN_CASES = 3
+PATTERN_CHANCE = 0.02
+
+
+def primary(r):
+    """A result's primary finding (a dict), else its first, else None."""
+    found = r.diagnosis_dicts()
+    return next((f for f in found if f.get("primary")), found[0] if found else None)
+
+
+def length(r):
+    """The sequence length ``T`` of a result's case (its shape's second axis), or None."""
+    shape = r.case.get("shape")
+    return int(shape[1]) if shape is not None and len(shape) >= 2 else None
+
+
+def gate_varies(r, which):
+    """Whether gate ``b`` (which=0) or ``w`` (which=1) varies across channels in a case's recipe (None: unknown)."""
+    regime = r.case.get("regime") or {}
+    gates = regime.get("gates")
+    if gates not in GATES:
+        return None
+    return GATES[gates][which] in ("uniform", "uniform2") and regime.get("reduction") is None
+
+
+def case_features(r, modes):
+    """``{(family, label, complement, tiebreak): bool}``: the recipe features of one result's case that a pattern
+    may name (a feature the case does not record is left out). Of two features of a family that hold for the same
+    cases the one with the smaller ``tiebreak`` is named: the larger chunk in "T > C" and "T not a multiple of C"
+    (the data has no case between the two), the smaller in "T <= C"."""
+    c = r.case
+    regime = c.get("regime") or {}
+    out = {}
+
+    def both(family, label, complement, value, tiebreak=0):
+        out[(family, label, complement, tiebreak)] = value
+        out[(family, complement, label, -tiebreak)] = not value
+
+    if c.get("dtype") in KERNEL_DTYPES:
+        both("dtype", "in bfloat16", "in float32", c["dtype"] == "bfloat16")
+    if regime.get("initial_state") is not None:
+        both("h0", "with h0", "without h0", bool(regime["initial_state"]))
+    for which, gate in ((0, "b"), (1, "w")):
+        varies = gate_varies(r, which)
+        if varies is not None:
+            both(gate, f"where {gate} varies per channel", f"where {gate} is equal across channels", varies)
+    if regime.get("gates") in GATES:
+        both("erase", "with the erase gate on (b != 0)", "with b = 0", GATES[regime["gates"]][0] != "zero")
+    if regime.get("decay") in DECAYS:
+        for d in DECAYS:
+            out[("decay", f"under {d} decay", "under the other decays", 0)] = regime["decay"] == d
+        both("decay", "with decay (g != 0)", "without decay (g = 0)", regime["decay"] != "none")
+    T = length(r)
+    if T is not None:
+        for C in CHUNKS:
+            both("length", f"for T > {C}", f"with T <= {C}", T > C, -C)
+            out[("tail", f"where T is not a multiple of {C}", f"where T is a multiple of {C}", -C)] = T % C != 0
+    if modes:
+        both("mode", "in a training-call mode", "in the dense call", bool(r.modes))
+    for m in modes:
+        both(f"mode {m}", f"in mode {m}", f"without mode {m}", m in r.modes)
+    return out
+
+
+def features(results):
+    """``[(family, label, complement, tiebreak, {result index: bool})]`` over ``results``."""
+    modes = sorted(set().union(*(r.modes for r in results))) if results else []
+    table = defaultdict(dict)
+    for i, r in enumerate(results):
+        for key, value in case_features(r, modes).items():
+            table[key][i] = value
+    return [(*key, vals) for key, vals in table.items()]
+
+
+def clean_splits(results, bad, ok):
+    """The features of :func:`features` that split ``bad`` (result indices) from the rest cleanly: every bad
+    result has the feature, every one without it is ``ok`` (indices), with enough cases on both sides and not
+    by chance (PATTERN_CHANCE); the most specific per family (fewest cases with the feature), most specific
+    first."""
+    best = {}
+    for family, label, complement, tiebreak, vals in features(results):
+        if any(i not in vals for i in bad) or not all(vals[i] for i in bad):
+            continue
+        without = [i for i, v in vals.items() if not v]
+        if len(bad) < MIN_PATTERN_CASES or len(without) < MIN_PATTERN_CASES or not all(i in ok for i in without):
+            continue
+        n_with = sum(vals.values())
+        if math.comb(n_with, len(bad)) > PATTERN_CHANCE * math.comb(len(vals), len(bad)):
+            continue
+        if family not in best or (n_with, tiebreak) < best[family][:2]:
+            best[family] = (n_with, tiebreak, label, complement, len(without))
+    return [(n, label, complement, n_without) for n, _, label, complement, n_without in sorted(best.values(),
+                                                                                           key=lambda b: (b[0], b[2]))]
+
+
+def forward_bad(r):
+    """Whether a result's forward (``o``, ``final_state``) is off: a kernel error is; None when it has no verdicts."""
+    if r.outcome == ERROR or r.error:
+        return True
+    if not r.verdicts:
+        return None
+    return any(v.name in FORWARD and v.grade != PASS for v in r.verdicts)
+
+
+def pattern_lines(results):
+    """``pattern`` findings: what the failing cases share that every passing case lacks."""
+    judged = [r for r in results if r.grade is not None]
+    bad = {i for i, r in enumerate(judged) if r.grade != PASS}
+    ok = {i for i, r in enumerate(judged) if r.grade == PASS}
+    verb, plural = (("fails", "fail") if all(judged[i].grade == FAIL for i in bad)
+                    else ("is off (FAIL or PRECISION)", "are off"))
+    out = []
+    splits = clean_splits(judged, bad, ok)
+    for n_with, label, complement, n_without in splits:
+        out.append(Finding("pattern", f"{verb} only {label}: {len(bad)} of the {n_with} case(s) {label} {plural}, "
+                                      f"every case {complement} ({n_without}) passes",
+                           evidence={"feature": label, "off": len(bad), "with": n_with, "passing_without": n_without}))
+
+    # The forward alone: cases whose forward is right may still differ in gradients (a bug the gradients see
+    # everywhere while the forward sees it only under some recipes).
+    fb = [forward_bad(judged[i]) for i in sorted(bad)]
+    if None in fb or not any(fb) or all(fb):
+        return out
+    fwd_bad = {i for i, f in zip(sorted(bad), fb) if f}
+    fwd_ok = {i for i, r in enumerate(judged) if i not in fwd_bad and forward_bad(r) is False}
+    said = {s[1] for s in splits}
+    grads = sorted({v.name for i in bad - fwd_bad for v in judged[i].verdicts
+                    if v.grade != PASS and v.name not in FORWARD})
+    for n_with, label, complement, n_without in clean_splits(judged, fwd_bad, fwd_ok):
+        if label in said:
+            continue
+        out.append(Finding("pattern", f"the forward (o, final_state) fails only {label}: wrong in {len(fwd_bad)} of "
+                                      f"the {n_with} case(s) {label}, right in every case {complement} ({n_without}); "
+                                      f"the other {len(bad - fwd_bad)} off case(s) differ only in gradients "
+                                      f"({', '.join(grads)})",
+                           evidence={"feature": label, "forward_off": len(fwd_bad), "with": n_with,
+                                     "forward_right_without": n_without, "gradients_only": len(bad - fwd_bad)}))
+    return out
+
+
+def onset_multiples(bad):
+    """A ``pattern`` finding when every token where the failing cases' errors begin (their primary findings'
+    first bad tokens, jumps and periodic onsets), token 0 aside, is a multiple of one stride of at least 16
+    tokens, seen in at least two cases."""
+    onsets, where = set(), set()
+    for r in bad:
+        f = primary(r)
+        if f is None:
+            continue
+        ev = f.get("evidence") or {}
+        ts = {t for t in [f.get("token"), ev.get("jump"), *(ev.get("onsets") or [])] if t}
+        onsets |= ts
+        if ts:
+            where.add(r.name)
+    stride = math.gcd(*onsets) if onsets else 0
+    if len(where) < 2 or stride < 16:
+        return []
+    shown = ", ".join(map(str, sorted(onsets)[:8])) + (", ..." if len(onsets) > 8 else "")
+    return [Finding("pattern", f"errors begin only at multiples of {stride} tokens (at tokens {shown} in {len(where)} "
+                               f"case(s), besides token 0): a {stride}-token chunk or block boundary",
+                    period=stride, evidence={"stride": stride, "onsets": sorted(onsets), "cases": len(where)})]
+
+
+def kind_summary(kind, hits):
+    """One kernel-level finding for the cases ``hits`` (``[(result, primary finding dict)]``) whose primary is
+    ``kind``: their names, first bad tokens, periods, chunks and results."""
+    case_names = sorted({r.name for r, _ in hits})
+    shown = ", ".join(case_names[:6]) + (f", ... ({len(case_names)} cases)" if len(case_names) > 6 else "")
+    found = [f for _, f in hits]
+    tokens = sorted({f["token"] for f in found if f.get("token") is not None})
+    periods = sorted({f["period"] for f in found if f.get("period")})
+    chunks = [f["chunk"] for f in found if f.get("chunk")]
+    results = list(dict.fromkeys(x for f in found for x in f.get("results") or ()))
+    parts = []
+    if tokens:
+        parts.append(f"first bad token {tokens[0]}" if len(tokens) == 1 else
+                     "first bad tokens " + ", ".join(map(str, tokens[:8])) + (", ..." if len(tokens) > 8 else ""))
+    if periods:
+        parts.append("errors recur every " + " or ".join(map(str, periods)) + " tokens")
+    if chunks:
+        counts = sorted(((chunks.count(c), c) for c in set(chunks)), reverse=True)
+        others = ", ".join(f"{c}: {n}" for n, c in counts[1:])
+        parts.append(f"errors follow {counts[0][1]}-token chunks best in {counts[0][0]} of {len(chunks)} case(s)"
+                     + (f" (other chunks: {others})" if others else ""))
+    if results:
+        parts.append("in " + ", ".join(results))
+    if kind in (ERROR, INPUT_ERROR):
+        parts.append(found[0]["text"])
+    return Finding(kind, f"{len(case_names)} case(s): {shown}" + "".join(f"; {p}" for p in parts),
+                   tokens[0] if tokens else None, results=tuple(results),
+                   period=periods[0] if len(periods) == 1 else None,
+                   chunk=max(set(chunks), key=chunks.count) if chunks else None)
+
+
+def diagnose_kernel(results):
+    """Findings across one kernel's case results (:class:`CaseResult`, or their JSON records): per primary kind
+    its cases, first bad forward tokens and periods (the most common kind first, marked primary), then the
+    ``pattern`` lines."""
+    results = [r if isinstance(r, CaseResult) else CaseResult.from_dict(r) for r in results]
+    bad = [r for r in results if r.grade not in (PASS, None)]
+    if not bad:
+        return []
+    by_kind = defaultdict(list)
+    for r in bad:
+        f = primary(r)
+        if f is not None:
+            by_kind[f["kind"]].append((r, f))
+    out = [kind_summary(kind, hits) for kind, hits in sorted(by_kind.items(), key=lambda kv: -len(kv[1]))]
+    out += onset_multiples(bad) + pattern_lines(results)
+    return [replace(f, primary=i == 0) for i, f in enumerate(out)]
