@@ -13,7 +13,7 @@ For every (kernel, shape, dtype):
    compile time is recorded separately) and, for a single configuration, validated at the exact
    benchmark shape on this device against the CPU float64 oracle before it is timed;
 4. timing: the median (and min) of ``--repeats`` synchronized calls (``block_until_ready``) of the
-   jitted forward + backward (``jax.vjp`` and the pullback of all seven inputs: ``ci.harness.runner``);
+   jitted forward + backward (``jax.vjp`` and the pullback of all seven inputs: ``ci.running.harness.runner``);
 5. of a sweep, the fastest configuration is validated at the full shape; if it fails, the next
    fastest, and so on; a kernel with no validated configuration is reported as rejected, with the
    reasons, and gets no figure.
@@ -34,17 +34,17 @@ from dataclasses import asdict, dataclass, field
 import jax
 import numpy as np
 
-from gdn2_oracle.golden.processes import signalled
 from gdn2_oracle.oracle import RESULTS, Recipe
 
 from ..grading.case import Case
 from ..grading.grades import FAIL, PASS
+from ..grading.result import error_text
 from ..running import harness, multihost
 from ..running import mesh as mesh_lib
-from ..running.watchdog import Watchdog
 from . import args as cli_args
-from .output import (EXIT, UsageError, fmt_err, interrupt_error, progress, say_interrupted, stop_run, table,
-                     timed_out, write_after_work, write_json)
+from .loop import RunLoop, needs_matplotlib
+from .output import (EXIT, UsageError, fmt_err, interrupt_error, say_interrupted, table, timed_out,
+                     write_after_work, write_json)
 from ..running.fingerprint import source_sha256
 from .provenance import environment, kernel_notes
 
@@ -215,14 +215,7 @@ def validate_config(fn, shape, dtype, seed, cases, compiled=None):
     except MemoryError as exc:  # the host cannot hold this shape: a usage error, not a verdict on the kernel
         raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # noqa: BLE001 - the reason is reported, the kernel is not timed
-        return {"passed": False, "shape": list(shape), "verdicts": [],
-                "failures": [f"{type(exc).__name__}: {_first_line(exc, 400)}"]}
-
-
-def _first_line(exc, limit):
-    """The first line of an exception's message, at most ``limit`` characters ('' for an empty one)."""
-    text = str(exc).strip()
-    return text.splitlines()[0][:limit] if text else ""
+        return {"passed": False, "shape": list(shape), "verdicts": [], "failures": [error_text(exc)]}
 
 
 def time_calls(compiled, repeats):
@@ -278,7 +271,7 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases,
     except MemoryError as exc:
         raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
     except Exception as exc:  # noqa: BLE001 - a kernel that fails to compile is rejected, not timed
-        return _reject(entry, f"compile failed: {type(exc).__name__}: {str(exc).strip()[:400]}")
+        return _reject(entry, f"compile failed: {error_text(exc)}")
     entry["compile_s"] = compiled.compile_s
     if not sweeping:
         log(f"{label} {dtype}: validating at {tuple(shape)}")
@@ -291,7 +284,7 @@ def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases,
         with watch(rec, entry, f"timing {repeats} calls"):
             entry.update(time_calls(compiled, repeats))
     except Exception as exc:  # noqa: BLE001 - a kernel that fails to run is rejected, not timed
-        return _reject(entry, f"run failed: {type(exc).__name__}: {str(exc).strip()[:400]}")
+        return _reject(entry, f"run failed: {error_text(exc)}")
     entry["status"] = "timed"
     return entry, fn, compiled
 
@@ -345,82 +338,67 @@ def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cases, log, watch=unw
 def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dtypes=("float32",),
               tiles=None, repeats=20, seed=0, show_progress=True, env=None, mesh=None, case_timeout=None, on_stop=None):
     """Benchmark every kernel spec at every shape and dtype; returns the :class:`BenchReport` (``interrupted``
-    and the results finished so far after Ctrl-C); with a ``mesh`` (ci/mesh.py)
+    and the results finished so far after Ctrl-C); with a ``mesh`` (ci/running/mesh.py)
     every kernel is compiled and timed inside it on sharded inputs.
 
-    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report)``: a watchdog (ci/running/watchdog.py) stops the
-    run when one kernel call (compiling, validating or the timed calls of one configuration) passes the limit (that
-    configuration rejected, timed out) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the results finished so
-    far and the process ends (exit 1, 130, 143)."""
+    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py)
+    stops the run when one kernel call (compiling, validating or the timed calls of one configuration) passes the limit
+    (that configuration rejected, timed out) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the results finished
+    so far and the process ends (exit 1, 130, 143)."""
     for spec in specs:  # unknown kernels / import failures are usage errors, before any work
         cli_args.build(spec)
     check_tiles(specs, tiles)
     shapes = [(B, T, H, D, D) for D in dims for H in heads for T in seqs for B in batches]
     for shape in shapes:
         check_allocatable(shape)
-    bar = progress(total=len(specs) * len(shapes) * len(dtypes), desc="bench", unit="run") if show_progress else None
-
-    def log(msg):
-        if bar is not None:
-            bar.set_postfix_str(msg[:80])
-
     cases = Cases()
     t0 = time.perf_counter()
-    results, interrupted = [], False
-    current = {}
+    results, stopped = [], []  # stopped: the record of a configuration the watchdog stopped
 
-    def report_of(done, was_interrupted):
-        was_interrupted = was_interrupted or signalled() is not None  # a signal whose exception was swallowed too
-        if was_interrupted:  # a kernel call the interrupt broke off was not rejected: it was not judged
+    def report_of(interrupted):
+        done = results + stopped
+        if interrupted:  # a kernel call the interrupt broke off was not rejected: it was not judged
             done = [r for r in done if r["status"] == "ok" or not interrupt_error(r["reason"])]
-        passed = not was_interrupted and bool(done) and all(r["status"] == "ok" for r in done)
+        passed = not interrupted and bool(done) and all(r["status"] == "ok" for r in done)
         return BenchReport(environment=env or environment(), repeats=repeats, seed=seed, tiles=tiles,
                            mesh=mesh_lib.format_mesh(mesh) if mesh is not None else None,
                            oracle_seconds=cases.seconds, seconds=time.perf_counter() - t0, passed=passed,
-                           interrupted=was_interrupted, outcome=bench_outcome(done, was_interrupted), results=done)
+                           interrupted=interrupted, outcome=bench_outcome(done, interrupted), results=done)
 
-    def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
-        done = list(results)
-        if reason == "timeout" and current:
-            rec, entry = current["rec"], current["entry"]
-            entry.update(status="rejected", reason=f"{current['what']}: {timed_out(case_timeout)}")
-            rec.update(status="rejected", reason=f"{entry['label']}: {entry['reason']}")
-            done.append(rec)
-        report = report_of(done, reason != "timeout")
-        stop_run(reason, case_timeout, "benchmark results", lambda: on_stop(report) if on_stop is not None else None)
+    def timed_out_config(unit):  # the watchdog stopped this configuration's kernel call
+        rec, entry = unit["rec"], unit["entry"]
+        entry.update(status="rejected", reason=f"{unit['what']}: {timed_out(case_timeout)}")
+        rec.update(status="rejected", reason=f"{entry['label']}: {entry['reason']}")
+        stopped.append(rec)
 
-    dog = Watchdog(case_timeout, stop)
+    loop = RunLoop(report_of, "benchmark results", total=len(specs) * len(shapes) * len(dtypes), desc="bench",
+                   unit_name="run", show_progress=show_progress, case_timeout=case_timeout,
+                   on_timeout=timed_out_config, on_stop=on_stop)
 
     def watch(rec, entry, what):
-        current.update(rec=rec, entry=entry, what=what)
-        return dog.case(f"{entry['label']} {what}")
+        return loop.unit(f"{entry['label']} {what}", rec=rec, entry=entry, what=what)
 
-    in_mesh = mesh_lib.using(mesh)  # kernels compile and run inside the mesh (a no-op without one)
-    in_mesh.__enter__()
-    dog.__enter__()
-    try:
+    def bench_all(_in_mesh):
         for shape in shapes:
             for dtype in dtypes:
                 group = []
                 for spec in specs:
-                    group.append(bench_one(spec, shape, dtype, tiles=tiles, repeats=repeats, seed=seed,
-                                           cases=cases, log=log, watch=watch))
+                    group.append(bench_one(spec, shape, dtype, tiles=tiles, repeats=repeats, seed=seed, cases=cases,
+                                           log=lambda msg: loop.note(msg[:80]), watch=watch))
                     results.append(group[-1])
-                    if bar is not None:
-                        bar.update(1)
-                first = next((r for r in group if r["status"] == "ok"), None)
-                for r in group:
-                    if first is not None and r["status"] == "ok":
-                        r["baseline_kernel"] = first["kernel"]
-                        r["speedup_vs_baseline"] = first["median_s"] / r["median_s"]
-    except KeyboardInterrupt:  # Ctrl-C: report what was finished, marked interrupted
-        interrupted = True
-    finally:
-        dog.__exit__(None, None, None)
-        in_mesh.__exit__(None, None, None)
-        if bar is not None:
-            bar.close()
-    return report_of(results, interrupted)
+                    loop.advance()
+                mark_speedups(group)
+
+    return loop.run(bench_all, mesh_lib.using(mesh))  # kernels compile and run inside the mesh (none: a no-op)
+
+
+def mark_speedups(group):
+    """Each timed record of one (shape, dtype) gets its speedup over the first kernel timed there."""
+    first = next((r for r in group if r["status"] == "ok"), None)
+    for r in group:
+        if first is not None and r["status"] == "ok":
+            r["baseline_kernel"] = first["kernel"]
+            r["speedup_vs_baseline"] = first["median_s"] / r["median_s"]
 
 
 def bench_outcome(results, interrupted):
@@ -609,12 +587,9 @@ def run(args):
         raise UsageError(f"gdn2-oracle bench: error: --repeats must be positive, got {args.repeats}")
     out = cli_args.outputs(args, json="bench.json", plot="bench.png")
     if out["plot"]:
-        try:
-            import matplotlib  # noqa: F401 - checked before any work
-        except ImportError as exc:
-            raise UsageError(f"gdn2-oracle bench: error: --plot needs matplotlib ({exc})") from None
+        needs_matplotlib("bench", "--plot")
 
-    def show_and_write(report):  # after the run, or when the watchdog stopped it (the results finished so far)
+    def show_and_write(report, reason=None):  # after the run, or when the watchdog stopped it (the results so far)
         print(format_bench(report), flush=True)
         if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
             print(f"report: {out['json']}", flush=True)

@@ -25,17 +25,17 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
-from gdn2_oracle.golden.processes import signalled
 from gdn2_oracle.oracle.mode_recipes import ModeRecipe
 from gdn2_oracle.property_tests import strategies
 
 from ..grading.grades import FAIL, grade_rank
 from ..grading.modes import MODE_RESULTS, ModeCase
+from ..grading.result import error_text
 from ..running import harness
 from ..running import modes as mode_running
-from ..running.watchdog import Watchdog
 from . import args as cli_args
-from .output import EXIT, interrupt_error, progress, stop_run, timed_out
+from .loop import RunLoop
+from .output import EXIT, interrupt_error, timed_out
 
 SHAPES = ("core", "all")
 DEFAULT_BUDGET = 500  # recipes drawn (shrinking a FAIL comes on top); half of them go to targeting
@@ -62,13 +62,37 @@ def recipes(shapes="core", modes=("dense",)):
     return spaces[0] if len(spaces) == 1 else st.one_of(*spaces)
 
 
-def judge(fn, spec):
+def judge(fn, recipe):
     """Run kernel ``fn`` on a drawn recipe and grade it: a dense :class:`oracle.Recipe` by the tolerance model, a
     :class:`ModeRecipe` by the modes judge."""
-    if isinstance(spec, ModeRecipe):
-        return mode_running.validate(fn, ModeCase.from_recipe("hunt", spec))
-    problem, do, dfs = spec.build()
-    return harness.validate(fn, problem, do, dfs, dtype=spec.dtype)
+    if isinstance(recipe, ModeRecipe):
+        return mode_running.validate(fn, ModeCase.from_recipe("hunt", recipe))
+    problem, do, dfs = recipe.build()
+    return harness.validate(fn, problem, do, dfs, dtype=recipe.dtype)
+
+
+@dataclass
+class Search:
+    """A search so far: the recipes run, the worst error / tolerance reached (``worst``: {ratio, result, grade,
+    recipe}), the failing recipe (``found``: {recipe, report, failed}) and the recipe count at the first FAIL."""
+
+    examples: int = 0
+    worst: dict | None = None
+    found: dict | None = None
+    first_fail: int | None = None
+
+    def fail(self, recipe, report, failed):
+        """Record a failing recipe (Hypothesis replays the shrunk one last, so the last recorded is the minimal one)."""
+        self.found = {"recipe": recipe, "report": report, "failed": failed}
+        self.first_fail = self.first_fail or self.examples
+
+    def climb(self, recipe, report, ratios):
+        """Keep the recipe whose worst result (by grade, then error / tolerance) is the worst reached so far."""
+        name = max(ratios, key=ratios.get)
+        grade = report[name].grade
+        if self.worst is None or (grade_rank(grade), ratios[name]) > (grade_rank(self.worst["grade"]),
+                                                                      self.worst["ratio"]):
+            self.worst = {"ratio": ratios[name], "result": name, "grade": grade, "recipe": recipe}
 
 
 def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core", show_progress=True,
@@ -79,8 +103,8 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
     {recipe, report, failed, repro, example}): ``first_fail`` counts the recipes run up to the first FAIL
     (before shrinking), ``found`` holds the shrunk (minimal) failing recipe. ``modes``: ``dense`` and training-call
     modes to draw (a mode the kernel's signature does not accept is reported in ``not_accepted_modes``, not drawn).
-    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report)``: a watchdog stops the search when a kernel
-    call passes the limit (that recipe is the FAIL, timed out, not shrunk) or hangs through Ctrl-C / SIGTERM;
+    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report, reason)``: a watchdog stops the search when a
+    kernel call passes the limit (that recipe is the FAIL, timed out, not shrunk) or hangs through Ctrl-C / SIGTERM;
     ``on_stop`` gets the report so far and the process ends (exit 1, 130, 143).
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -91,78 +115,58 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
     accepted = mode_running.accepted_modes(fn)
     not_accepted = [m for m in modes if m != "dense" and m not in accepted]
     searched = tuple(m for m in modes if m not in not_accepted)
-    state = {"examples": 0, "worst": None, "found": None, "first_fail": None, "interrupted": False, "spec": None}
-    start = time.perf_counter()
+    search, start = Search(), time.perf_counter()
 
     def report_of(interrupted):
-        interrupted = interrupted or signalled() is not None  # a signal whose exception was swallowed too
-        found = state["found"]
+        found = search.found
         if interrupted and found is not None and any(interrupt_error(f) for f in found["failed"]):
-            found = state["found"] = None  # a kernel call the interrupt broke off: not the kernel's FAIL
+            found = search.found = None  # a kernel call the interrupt broke off: not the kernel's FAIL
         if found is not None:
             found["repro"], found["example"] = reproducer(found["recipe"], kernel)
         return HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result,
-                          examples=state["examples"], first_fail=state["first_fail"],
-                          seconds=time.perf_counter() - start, worst=state["worst"], found=found,
+                          examples=search.examples, first_fail=search.first_fail,
+                          seconds=time.perf_counter() - start, worst=search.worst, found=found,
                           interrupted=interrupted, modes=list(modes), not_accepted_modes=not_accepted)
 
+    loop = RunLoop(report_of, "recipes", total=budget, desc=f"hunt {kernel}", unit_name="example",
+                   show_progress=show_progress, case_timeout=case_timeout, on_stop=on_stop,
+                   on_timeout=lambda unit: search.fail(unit["recipe"], None, [timed_out(case_timeout)]))
     if not searched:  # every mode asked for is one the kernel does not take: nothing to draw
-        return report_of(False)
+        return loop.finish()
     space = recipes(shapes, searched)
-    bar = progress(total=budget, desc=f"hunt {kernel}", unit="example") if show_progress else None
 
-    def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
-        if reason == "timeout":
-            state["found"] = {"recipe": state["spec"], "report": None, "failed": [timed_out(case_timeout)]}
-            state["first_fail"] = state["first_fail"] or state["examples"]
-        report = report_of(reason != "timeout")
-        stop_run(reason, case_timeout, "recipes", lambda: on_stop(report) if on_stop is not None else None)
-
-    def check(spec):
-        state["examples"] += 1
-        state["spec"] = spec
-        if bar is not None:
-            bar.update(1)
+    def check(recipe):
+        search.examples += 1
+        loop.advance()
         try:
-            with dog.case(repr(spec)):
-                report = judge(fn, spec)
+            with loop.unit(repr(recipe), recipe=recipe):
+                report = judge(fn, recipe)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises fails the recipe
-            state["found"] = {"recipe": spec, "report": None, "failed": [f"error: {type(exc).__name__}: {exc}"]}
-            state["first_fail"] = state["first_fail"] or state["examples"]
+            search.fail(recipe, None, [f"error: {error_text(exc)}"])
             raise Found(str(exc)) from None
         ratios = strategies.target_ratios(report, result)
         if not ratios:  # --result names a result this call does not have (dA_log of a dense call): nothing judged
             return
-        name = max(ratios, key=ratios.get)
-        grade = report[name].grade
-        if state["worst"] is None or (grade_rank(grade), ratios[name]) > (grade_rank(state["worst"]["grade"]),
-                                                                          state["worst"]["ratio"]):
-            state["worst"] = {"ratio": ratios[name], "result": name, "grade": grade, "recipe": spec}
+        search.climb(recipe, report, ratios)
         failed = [n for n in ratios if report[n].grade == FAIL]
         if failed:
-            state["found"] = {"recipe": spec, "report": report, "failed": failed}
-            state["first_fail"] = state["first_fail"] or state["examples"]
-            if bar is not None:
-                bar.set_postfix_str("shrinking a FAIL")
+            search.fail(recipe, report, failed)
+            loop.note("shrinking a FAIL")
             raise Found(", ".join(failed))
 
-    search = settings(max_examples=budget, deadline=None, database=None, derandomize=False,
-                      phases=(Phase.generate, Phase.target, Phase.shrink), verbosity=Verbosity.quiet,
-                      suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                      print_blob=False)(given(spec=space)(check))
-    try:
-        with Watchdog(case_timeout, stop) as dog:
-            hypothesis_seed(seed)(search)()
-    except Found:
-        pass  # Hypothesis replays the minimal failing recipe last, so state["found"] holds it
-    except Flaky:  # the replay did not fail again: a non-deterministic kernel; keep the last failing recipe
-        state["found"]["failed"].append("flaky: the same recipe passed when replayed")
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: report the seed and the worst recipe so far
-        state["interrupted"] = True
-    finally:
-        if bar is not None:
-            bar.close()
-    return report_of(state["interrupted"])
+    def run_search():
+        try:
+            hypothesis_seed(seed)(settings(
+                max_examples=budget, deadline=None, database=None, derandomize=False,
+                phases=(Phase.generate, Phase.target, Phase.shrink), verbosity=Verbosity.quiet,
+                suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                print_blob=False)(given(recipe=space)(check)))()
+        except Found:
+            pass  # Hypothesis replays the minimal failing recipe last, so search.found holds it
+        except Flaky:  # the replay did not fail again: a non-deterministic kernel; keep the last failing recipe
+            search.found["failed"].append("flaky: the same recipe passed when replayed")
+
+    return loop.run(run_search)  # Ctrl-C or SIGTERM: the seed and the worst recipe so far, marked interrupted
 
 
 def reproducer(recipe, kernel):
@@ -280,7 +284,7 @@ def run(args):
     print(f"gdn2-oracle hunt: seed {seed} (the same search again: --seed {seed})", file=sys.stderr, flush=True)
     out = hunt(fn, spec.spec, budget=args.budget, result=args.result, seed=seed, shapes=args.shapes,
                show_progress=not args.no_progress, modes=args.modes, case_timeout=args.case_timeout,
-               on_stop=lambda report: print(format_hunt(report), flush=True))
+               on_stop=lambda report, reason: print(format_hunt(report), flush=True))
     print(format_hunt(out), flush=True)
     if out.found is not None:
         return EXIT["fail"]
