@@ -34,45 +34,32 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gdn2_oracle.oracle import RESULTS, mode_recipes, modes, preprocess
+from gdn2_oracle.oracle import RESULTS, call_modes as registry, mode_recipes, modes, preprocess
 from gdn2_oracle.oracle.call import Call
 from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
 from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe
 
 from . import diagnose, reference_cache
-from .grades import FAIL, PRECISION, Verdict
-from .tolerance import (ABS_FLOOR, AGREE_FRACTION, BF16_ULP, FLOOR, MULTIPLE, PER_TOKEN, Report, agreement_bound,
-                        dtype_name, metrics, recurrence_verdict, rms, token_profile)
+from .rule import agree_results, judge_results
+from .tolerance import PER_TOKEN, Report, dtype_name, rounded, token_profile
 
 # Every mode name a run may select: ``dense`` (the plain contract) and the training-call modes.
-ALL_MODES = ("dense",) + MODES
+ALL_MODES = (registry.BASE.name,) + MODES
 # Results a call may have besides the nine dense ones, in report order.
 EXTRA_RESULTS = ("intermediate_states", "dA_log", "ddt_bias")
 MODE_RESULTS = RESULTS + EXTRA_RESULTS
 # The keywords a kernel must accept for each mode (FLA chunk_gdn2's names; ``**kwargs`` accepts all).
-KEYWORDS = {
-    "varlen": ("cu_seqlens",),
-    "gate": ("use_gate_in_kernel", "A_log", "dt_bias", "lower_bound"),
-    "l2norm": ("use_qk_l2norm_in_kernel",),
-    "state_v_first": ("state_v_first",),
-    "intermediate": ("return_intermediate_states",),
-}
+KEYWORDS = {m: registry.get(m).keywords for m in MODES}
 
 
 def parse_modes(text):
     """``"varlen,gate"`` -> ``("varlen", "gate")`` in :data:`ALL_MODES` order; ValueError naming an unknown one."""
-    items = [m.strip() for m in str(text).split(",") if m.strip()]
-    unknown = [m for m in items if m not in ALL_MODES]
-    if unknown or not items:
-        raise ValueError(f"modes: {', '.join(unknown) or repr(text)} not among {', '.join(ALL_MODES)}")
-    return tuple(m for m in ALL_MODES if m in items)
+    return registry.parse(text, ALL_MODES)
 
 
 def call_modes(call: Call):
     """The modes a Call uses (a subset of :data:`MODES`)."""
-    on = dict(varlen=call.cu_seqlens is not None, gate=bool(call.gate_in_kernel), l2norm=bool(call.qk_l2norm),
-              state_v_first=bool(call.state_v_first), intermediate=call.intermediate_chunk_size is not None)
-    return tuple(m for m in MODES if on[m])
+    return registry.active(call)
 
 
 def result_names(call: Call):
@@ -88,46 +75,13 @@ def named(forward, grads, names):
     return {n: np.asarray(both[n], np.float64) for n in names}
 
 
-def _rounded(results, result_dtypes):
-    return {n: round_to(np.asarray(x, np.float64), result_dtypes.get(n, "float32")) for n, x in results.items()}
-
-
 # --- scales: the reference's size, or the envelope of the terms a result is summed from -------------------
 
 
 def envelopes(call: Call, inner):
     """``{name: envelope}`` for ``dg`` (and ``dA_log`` / ``ddt_bias``) from the float64 core view ``inner``
-    (``oracle.modes.run_call``'s ``inner``: pre-processed inputs and the gradients w.r.t. them)."""
-    x, g = inner["inputs"], inner["grads"]
-    E = np.abs(x["q"] * g["dq"]) + np.abs(x["k"] * g["dk"]) + np.abs(x["b"] * g["db"])
-    if not call.gate_in_kernel:
-        return {"dg": E}
-    # |dgate/dx| E: the gate's slope has one sign everywhere, so gate_vjp of E gives it up to sign.
-    dx, _, _ = preprocess.gate_vjp(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0, E)
-    dx = np.abs(dx)
-    out = {"dg": dx}
-    if call.dt_bias is not None:
-        out["ddt_bias"] = np.sum(dx, axis=(0, 1)).reshape(call.dt_bias.shape)
-    if call.A_log is not None:
-        if call.lower_bound is None:  # dA_log = sum dG * g
-            terms = E * np.abs(x["g"])
-        else:  # dA_log = sum dx * (g_raw + dt_bias)
-            H, K = call.g.shape[-2:]
-            arg = call.g if call.dt_bias is None else call.g + call.dt_bias.reshape(H, K)
-            terms = dx * np.abs(arg)
-        out["dA_log"] = np.sum(terms, axis=(0, 1, 3))
-    return out
-
-
-def scales(name, ref, env):
-    """``(scale_rms, scale_max, on_envelope)`` a result's errors are divided by (tolerance.scales' rule)."""
-    r = np.asarray(ref[name], np.float64)
-    s_rms, s_max = rms(r), float(np.max(np.abs(r), initial=0.0))
-    own = s_rms
-    e = env.get(name)
-    if e is not None:
-        s_rms, s_max = max(s_rms, rms(e)), max(s_max, float(np.max(e, initial=0.0)))
-    return max(s_rms, ABS_FLOOR), max(s_max, ABS_FLOOR), s_rms > max(own, ABS_FLOOR)
+    (``oracle.preprocess.envelopes``)."""
+    return preprocess.envelopes(call, inner)
 
 
 # Gradients that are sums of another result's terms inherit its baseline error: ``ddt_bias`` and ``dA_log``
@@ -136,26 +90,6 @@ def scales(name, ref, env):
 # kernel's dg errors do correlate: it forms dg as a reverse cumulative sum), while the float32 recurrence's
 # own errors in the sum, uncorrelated, average out far below that.
 INHERITS = {"ddt_bias": "dg", "dA_log": "dg"}
-
-
-def _baseline_metrics(name, base, ref, scales_of):
-    """``(err_ratio, max_err)`` of the baseline for ``name``: its own, or at least that of the result it
-    inherits from (:data:`INHERITS`)."""
-    s_rms, s_max, _ = scales_of(name)
-    own = metrics(base[name], ref[name], s_rms, s_max)
-    parent = INHERITS.get(name)
-    if parent is None or parent not in base:
-        return own
-    p_rms, p_max, _ = scales_of(parent)
-    other = metrics(base[parent], ref[parent], p_rms, p_max)
-    return max(own[0], other[0]), max(own[1], other[1])
-
-
-def bound(e_rec, e_cum, dtype):
-    """The precision-loss bound ``max(MULTIPLE x max(e_rec, e_cum), FLOOR)``; a non-finite ``e_cum`` is ignored
-    (docs/DESIGN.md §4; the same rule as ``tolerance.compare``)."""
-    e = max(e_rec, e_cum) if np.isfinite(e_cum) else e_rec
-    return max(MULTIPLE[dtype] * e, FLOOR[dtype])
 
 
 def compare(names, got, ref, base, *, dtype="float32", env=None, cum=None, diagnosis_problem=None) -> Report:
@@ -169,30 +103,8 @@ def compare(names, got, ref, base, *, dtype="float32", env=None, cum=None, diagn
     missing = [n for n in names if n not in got]
     if missing:
         raise ValueError(f"got: missing results {missing}")
-    env = env or {}
     report = Report(dtype=dtype)
-    judged = []
-
-    def scales_of(n):
-        return scales(n, ref, env)
-
-    for name in names:
-        s_rms, s_max, on_env = scales_of(name)
-        err_ratio, max_err = metrics(got[name], ref[name], s_rms, s_max)
-        base_ratio, base_max = _baseline_metrics(name, base, ref, scales_of)
-        note = "; ".join(x for x in ("judged on envelope" if on_env else "",
-                                     f"{INHERITS[name]}'s baseline" if name in INHERITS else "") if x)
-        judged.append((recurrence_verdict(name, err_ratio, max_err, base_ratio, base_max, dtype, note),
-                       (s_rms, s_max), (base_ratio, base_max)))
-    over = [v.name for v, _, _ in judged if not v.passed and np.isfinite(v.err_ratio)]
-    if over and callable(cum):
-        cum = cum()
-    for v, (s_rms, _), (base_ratio, base_max) in judged:
-        if v.name in over and cum is not None:
-            cum_ratio, cum_max = _baseline_metrics(v.name, cum, ref, scales_of)
-            b_ratio, b_max = bound(base_ratio, cum_ratio, dtype), bound(base_max, cum_max, dtype)
-            grade = PRECISION if v.err_ratio <= b_ratio and v.max_err <= b_max else FAIL
-            v = Verdict(**{**v.as_dict(), "grade": grade, "bound_ratio": b_ratio, "bound_max": b_max})
+    for v, s_rms in judge_results(names, got, ref, base, dtype, envelopes=env, cum=cum, inherits=INHERITS):
         if not v.passed and v.name in PER_TOKEN and np.ndim(got[v.name]) == 4:
             report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
         report.verdicts.append(v)
@@ -205,40 +117,12 @@ def agreement(names, a, b, ref, base, dtype, *, env=None, what="agreement", cum=
     """Results ``a`` against ``b`` over ``names`` within the tight agreement bound (``tolerance.agreement``,
     any result set): errors normalised by the reference's scales (envelopes for dg & co), the bound from the
     working-precision baseline ``base``. Over it is PRECISION within the precision-loss bound of one run
-    (:func:`bound` with the cumulative-sum baseline ``cum``, or a function returning it, called only when needed:
-    two runs whose chunks are aligned differently lose precision independently), else FAIL; without ``cum``
-    over the tight bound is FAIL."""
-    env = env or {}
-    report = Report(dtype=dtype)
-
-    def scales_of(n):
-        return scales(n, ref, env)
-
-    judged = []
-    for name in names:
-        s_rms, s_max, _ = scales_of(name)
-        e_r, e_m = metrics(a[name], b[name], s_rms, s_max)
-        b_r, b_m = _baseline_metrics(name, base, ref, scales_of)
-        bf16 = "bfloat16" in (dtype_name(a[name]), dtype_name(b[name]))
-        t_r, t_m = agreement_bound(b_r, b_m, dtype, bf16)
-        rule = f"{what} ({AGREE_FRACTION:.3g} x recurrence rule{', floor' if t_r <= FLOOR[dtype] else ''})"
-        if bf16:
-            rule += " + 1 bf16 ulp"
-        if not np.isfinite(e_r):
-            rule = "non-finite"
-        judged.append((Verdict(name, e_r, e_m, t_r, t_m, rule, bool(e_r <= t_r and e_m <= t_m)), (b_r, b_m), bf16))
-    over = [v.name for v, _, _ in judged if not v.passed and np.isfinite(v.err_ratio)]
-    if over and callable(cum):
-        cum = cum()
-    for v, (b_r, b_m), bf16 in judged:
-        if v.name in over and cum is not None:
-            c_r, c_m = _baseline_metrics(v.name, cum, ref, scales_of)
-            extra = BF16_ULP if bf16 else 0.0
-            l_r, l_m = max(bound(b_r, c_r, dtype) + extra, v.tol_ratio), max(bound(b_m, c_m, dtype) + extra, v.tol_max)
-            grade = PRECISION if v.err_ratio <= l_r and v.max_err <= l_m else FAIL
-            v = Verdict(**{**v.as_dict(), "grade": grade, "bound_ratio": l_r, "bound_max": l_m})
-        report.verdicts.append(v)
-    return report
+    (``rule.agreement_loss_bound`` with the cumulative-sum baseline ``cum``, or a function returning it, called only
+    when needed: two runs whose chunks are aligned differently lose precision independently), else FAIL; without
+    ``cum`` over the tight bound is FAIL (``rule.agree_results``)."""
+    verdicts = agree_results(names, a, b, ref, base, dtype, what=what, envelopes=env, cum=cum, inherits=INHERITS,
+                             result_dtype=dtype_name)
+    return Report(verdicts=verdicts, dtype=dtype)
 
 
 # --- the case ---------------------------------------------------------------------------------------------
@@ -280,9 +164,7 @@ class ModeCase:
     @classmethod
     def from_recipe(cls, name, recipe: ModeRecipe):
         """The case of a :class:`oracle.mode_recipes.ModeRecipe`, in the recipe's precision."""
-        regime = {"lengths": list(recipe.lengths), "packed": recipe.packed, "decay": recipe.decay,
-                  "gates": recipe.gates, "gate": recipe.gate, "lower_bound": recipe.lower_bound,
-                  "initial_state": recipe.initial_state, "seed": recipe.seed, "modes": list(recipe.modes)}
+        regime = recipe.regime()
         return cls(name, "generated", recipe.precision, recipe.shape, recipe.build, recipe.modes, regime,
                    key={"mode_recipe": recipe.fields()})
 
@@ -407,7 +289,7 @@ class ModeCase:
 
             def compute():
                 fwd, grads = modes.forward_and_vjp_modes(self._without_intermediate(), do, dfs, np.float32, core=core)
-                return _rounded(named(fwd, grads, [n for n in names if n != "intermediate_states"]), result_dtypes)
+                return rounded(named(fwd, grads, [n for n in names if n != "intermediate_states"]), result_dtypes)
 
             cache[key] = self._cached({"value": core, "result_dtypes": list(key)}, compute)
         return self._with_states(cache[key], chunk_size, core, result_dtypes)
@@ -423,10 +305,7 @@ class ModeCase:
     def diagnosis_problem(self):
         """What the diagnosis reads: the log-decay the core saw (after the gate) and the initial state."""
         call = self.call
-        g = call.g
-        if call.gate_in_kernel:
-            g = preprocess.gate(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0)
-        return SimpleNamespace(g=g, initial_state=call.initial_state)
+        return SimpleNamespace(g=preprocess.call_log_decay(call), initial_state=call.initial_state)
 
     def judge(self, got, *, chunk_size=None) -> Report:
         """Grade a kernel's results ``got`` (a mapping over :meth:`names`) against this case's reference;

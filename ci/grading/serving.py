@@ -37,19 +37,13 @@ import numpy as np
 from gdn2_oracle.oracle import serving
 from gdn2_oracle.oracle.generate import round_to
 
-from .diagnose import LOGIC_ERROR, Finding
-from .grades import FAIL, PASS, PRECISION, Verdict
-from .tolerance import ABS_FLOOR, AGREE_FRACTION, FLOOR as _FLOOR, MULTIPLE as _MULTIPLE, Report
+from .grades import PASS, Verdict
+from .rule import ABS_FLOOR, AGREE_FRACTION, FLOOR, MULTIPLE, agreement_tolerance, grade, tolerance
+from .serving_diagnosis import diagnose
+from .tolerance import Report
 
 STATE_DTYPES = serving.STATE_DTYPES
-# docs/DESIGN.md §4, extended to float16 (same reasons as bfloat16: a 16-bit result's error is its rounding,
-# which the baseline shares): MULTIPLE 8, FLOOR half an ulp of 1.
-MULTIPLE = {**_MULTIPLE, "float16": 8.0}
-FLOAT16_MAX = float(np.finfo(np.float16).max)
-FLOOR = {**_FLOOR, "float16": 2.0 ** -11}
 GRADED = ("o", "state")
-# A FAIL below this err_ratio is compared with a running state rounded to 16 bits after every token (diagnosis).
-IN_LOOP_MAX = 1.0
 HARD = ("untouched", "padding")
 INPUT_NAMES = ("q", "k", "v", "g", "b", "w")
 
@@ -274,9 +268,8 @@ class Session:
 def stored_state_bound(e_rec, e_store, result_dtype, state_dtype):
     """``(tol, bound)`` of one metric: ``tol = max(MULTIPLE[result] e_rec, FLOOR[result])``, ``bound = max(tol,
     MULTIPLE[state dtype] e_store)`` (a non-finite ``e_store`` is ignored)."""
-    tol = max(MULTIPLE[result_dtype] * e_rec, FLOOR[result_dtype])
-    bound = max(tol, MULTIPLE[state_dtype] * e_store) if math.isfinite(e_store) else tol
-    return tol, bound
+    tol = tolerance(e_rec, result_dtype)
+    return tol, (max(tol, MULTIPLE[state_dtype] * e_store) if math.isfinite(e_store) else tol)
 
 
 class SessionJudge:
@@ -348,19 +341,15 @@ class SessionJudge:
             errs = m.errors()
             (tr, br), (tm, bm) = (stored_state_bound(rec[name][j], store[name][j], rdt, self.state_dtype)
                                   for j in (0, 1))
-            rule = "recurrence" if MULTIPLE[rdt] * rec[name][0] >= FLOOR[rdt] else "floor"
-            note = ""
-            if not math.isfinite(errs[0]):
-                rule, note = "non-finite", f"NaN or inf in a result (first at call {m.first_bad})"
-            finite = math.isfinite(errs[0]) and math.isfinite(errs[1])  # NaN or inf in a result always fails
-            passed = finite and errs[0] <= tr and errs[1] <= tm
-            grade = PASS if passed else (PRECISION if finite and errs[0] <= br and errs[1] <= bm else FAIL)
-            if grade != PASS and self.state_dtype != "float32":
-                note = "; ".join(x for x in (note, f"stored-state bound: {MULTIPLE[self.state_dtype]:g} x e_store "
-                                                   f"({self.state_dtype} pool)") if x)
-            report.verdicts.append(Verdict(name, errs[0], errs[1], tr, tm, rule, passed, note, grade,
-                                           br if grade != PASS else None, bm if grade != PASS else None))
-            if grade != PASS:
+            over = not (errs[0] <= tr and errs[1] <= tm)
+            note = (f"stored-state bound: {MULTIPLE[self.state_dtype]:g} x e_store ({self.state_dtype} pool)"
+                    if over and self.state_dtype != "float32" else "")
+            v = grade(name, errs, (tr, tm), (br, bm), note=note,
+                      rule="recurrence" if MULTIPLE[rdt] * rec[name][0] >= FLOOR[rdt] else "floor",
+                      non_finite_note="; ".join(x for x in (f"NaN or inf in a result (first at call {m.first_bad})",
+                                                            note) if x))
+            report.verdicts.append(v)
+            if v.grade != PASS:
                 report.profiles[name] = m.profile()
         n_changed = sum(len(d) for _, d in self.changed)
         note = (f"call {self.changed[0][0]}: slots {self.changed[0][1]} changed; {len(self.changed)} call(s)"
@@ -378,96 +367,6 @@ class SessionJudge:
 
 
 # --- diagnosis ------------------------------------------------------------------------------------------------
-
-def _first_over(profile, tol):
-    over = np.flatnonzero(np.asarray(profile) > tol)
-    return int(over[0]) if over.size else None
-
-
-def diagnose(judge, report, rec, store):
-    """What a non-PASS serving report points at (heuristics; the grade is the verdict)."""
-    found = []
-    sd = judge.state_dtype
-    if judge.changed:
-        i, slots = judge.changed[0]
-        found.append(Finding("pool-bookkeeping", f"call {i} changed slot(s) {slots} that no live sequence writes "
-                                                 "(a padding row, an unaddressed slot, or a write to the wrong slot)",
-                             i))
-    if judge.nonzero:
-        i, n = judge.nonzero[0]
-        found.append(Finding("padding", f"call {i} output {n} nonzero value(s) for padding rows or tokens of no "
-                                        "live sequence (they must be exact zeros)", i))
-    bad = [v for v in report.verdicts if v.name in GRADED and v.grade != PASS]
-    nonfinite = [v for v in bad if v.rule == "non-finite"]
-    if nonfinite:
-        first = min(judge.metrics[v.name].first_bad for v in nonfinite)
-        peak = judge.session.peak_output()
-        if judge.o_dtype == "float16" and peak > FLOAT16_MAX and any(v.name == "o" for v in nonfinite):
-            found.append(Finding("output-overflow", f"o is inf from call {first}: the float16 output buffer "
-                                                    f"overflows (|o| reaches {peak:.3g} > {FLOAT16_MAX:g}, float16's "
-                                                    "largest finite value) although the float32 state is right; keep "
-                                                    "o in float32 or bfloat16, or scale it", first))
-        else:
-            found.append(Finding("non-finite", f"NaN or inf in {', '.join(v.name for v in nonfinite)} from call "
-                                               f"{first}: a NaN read from a slot it should not read (a rejected "
-                                               "draft's state, a padding row's tokens) or an overflow", first))
-    finite = [v for v in bad if v.rule != "non-finite"]
-    prof = {v.name: report.profiles[v.name] for v in finite}
-    first = {n: _first_over(p, report[n].tol_ratio) for n, p in prof.items()}
-    in_loop = set()
-    moderate = [v for v in finite if v.grade == FAIL and v.err_ratio < IN_LOOP_MAX]
-    if moderate:
-        o_dtype = judge.o_dtype or judge.session.dtype
-        for dt in ("bfloat16", "float16"):
-            loop = judge.session.baseline(f"loop:{dt}", o_dtype, sd)
-            hits = [v for v in moderate if v.err_ratio <= MULTIPLE[dt] * loop[v.name][0]
-                    and v.err_ratio >= loop[v.name][0] / MULTIPLE[dt]]
-            if len(hits) == len(moderate):
-                found.append(Finding("state-in-loop", f"{', '.join(v.name for v in hits)} beyond the stored-state "
-                                                      f"bound, of the size of a running state rounded to {dt} after "
-                                                      f"every token (err_ratio {hits[0].err_ratio:.2g}, that "
-                                                      f"baseline's {loop[hits[0].name][0]:.2g}; one rounding per "
-                                                      f"store of a {sd} pool: {store[hits[0].name][0]:.2g}): the "
-                                                      f"state is kept in {dt} inside the token loop, not only "
-                                                      "rounded where it is stored"))
-                in_loop = {v.name for v in hits}
-                break
-    big = [v for v in finite if v.grade == FAIL and v.err_ratio >= LOGIC_ERROR and v.name not in in_loop]
-    if big:
-        at = min((x for x in first.values() if x is not None), default=None)
-        where = ""
-        if at is not None and judge.first_token[at] >= LOGIC_ERROR:
-            where = (f"; from call {at}, whose first token of some sequence is already off (error "
-                     f"{judge.first_token[at]:.2g} of its largest output): the state it starts from is wrong "
-                     "(the slot read, or the accepted count: idx[n, a_n - 1])")
-        elif at is not None:
-            where = (f"; from call {at}, whose sequences start right (first tokens within "
-                     f"{judge.first_token[at]:.2g}): the update or the slot written")
-        worst = max(big, key=lambda v: v.err_ratio)
-        found.append(Finding("logic", f"O(1) relative error in {', '.join(v.name for v in big)} (err_ratio up to "
-                                      f"{worst.err_ratio:.2g}){where}", at))
-    precision = [v for v in finite if v.grade == PRECISION]
-    if precision:
-        worst = max(v.err_ratio for v in precision)
-        stall = "" if worst < LOGIC_ERROR else (
-            f"; WARNING: an O(1) error (err_ratio {worst:.2g}) that every correct kernel with this pool has: the "
-            f"{sd} pool cannot hold this state across these calls (a per-call decay closer to 1 than half an ulp "
-            f"of {sd} is rounded away at every store and the decay stalls): store the state in float32")
-        found.append(Finding("stored-state", f"{', '.join(v.name for v in precision)} over the float32-storage "
-                                             f"tolerance, within {MULTIPLE[sd]:g} x the error of storing the state "
-                                             f"in {sd} once per store (e_store: o {store['o'][0]:.2g}, state "
-                                             f"{store['state'][0]:.2g}): precision lost to the pool's {sd} format, "
-                                             "as expected of it (docs/serving.md)" + stall))
-    if not found and finite:
-        worst = max(finite, key=lambda v: v.err_ratio / (v.bound_ratio or v.tol_ratio))
-        at = min((x for x in first.values() if x is not None), default=None)
-        over = worst.err_ratio / (worst.bound_ratio or worst.tol_ratio)
-        where = "" if at is None else f", first over tolerance at call {at}"
-        found.append(Finding("systematic", f"{', '.join(v.name for v in finite)} off by err_ratio up to "
-                                           f"{worst.err_ratio:.2g} ({over:.3g}x the bound){where}: not the rounding "
-                                           "of the stored state", at))
-    return found
-
 
 def diagnosis_text(report):
     """One line per finding (empty for a PASS report)."""
@@ -496,12 +395,9 @@ def agreement(what, a, b, ref, errors, result_dtypes, state_dtype):
             e = (math.sqrt(float(np.mean(np.square(d)))) / s_rms, float(np.max(np.abs(d))) / s_max)
         rdt = result_dtypes[name]
         (rec, store) = errors[name]
-        ulp = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}.get(rdt, 0.0)
-        tol = [max(AGREE_FRACTION * MULTIPLE[rdt] * rec[j], AGREE_FRACTION * MULTIPLE[state_dtype] * store[j],
-                   FLOOR[rdt]) + ulp for j in (0, 1)]
-        rule = f"{what} ({AGREE_FRACTION:.3g} x the serving bound)" if math.isfinite(e[0]) else "non-finite"
-        report.verdicts.append(Verdict(f"{name} ({what})", e[0], e[1], tol[0], tol[1], rule,
-                                       bool(e[0] <= tol[0] and e[1] <= tol[1])))
+        tol = tuple(agreement_tolerance(rec[j], rdt, rdt, store[j], state_dtype) for j in (0, 1))
+        report.verdicts.append(grade(f"{name} ({what})", e, tol, rule=f"{what} ({AGREE_FRACTION:.3g} x the serving "
+                                                                      "bound)", non_finite_note=""))
     return report
 
 
