@@ -1,9 +1,9 @@
 """The standard float32 chunked GDN-2 algorithm, forward and chunkwise backward, in NumPy.
 
 The second working-precision baseline of the tolerance model (docs/DESIGN.md §4, "Grades
-and the precision-loss bound"): the chunkwise form and backward of docs/DESIGN.md §1 at ``CHUNK`` = 64
-tokens, as public chunked kernels commonly write it -- every decay exponent ``G_r - G_s`` (and
-``G_C - G_r``) is a difference of two float32 within-chunk cumulative sums, so each factor carries
+and the precision-loss bound"): the chunkwise form and backward of docs/DESIGN.md §1 at FLA's chunk
+(``call_modes.FLA_CHUNK`` = 64 tokens), as public chunked kernels commonly write it -- every decay exponent
+``G_r - G_s`` (and ``G_C - G_r``) is a difference of two float32 within-chunk cumulative sums, so each factor carries
 a relative error of order ``ulp(|G|)`` (exponent cancellation). Everything else is the ordinary
 algorithm: the WY solve ``A = (I + T)^{-1}`` by forward substitution, the state recurrence over
 chunks, and a backward that carries ``dS`` from the last chunk to the first, forms ``dg`` as a
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .call_modes import FLA_CHUNK
 from .problem import Grads, Problem
 
-CHUNK = 64
 
 
 def _chunks(x, C, dtype):
@@ -121,7 +121,7 @@ class _Chunk:
         return (dq, dk, dX * self.w, dg, da * k, dX * self.v), dS0
 
 
-def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=CHUNK, dtype=np.float32):
+def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK, dtype=np.float32):
     """``((o, final_state), grads)`` of the chunked algorithm in ``dtype``, ``chunk_size`` tokens per chunk."""
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):

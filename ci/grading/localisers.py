@@ -17,7 +17,7 @@ from functools import cached_property
 
 import numpy as np
 
-from gdn2_oracle.oracle.chunked32 import CHUNK
+from gdn2_oracle.oracle.call_modes import FLA_CHUNK
 
 from .finding import LOGIC_ERROR, Finding
 from .grades import FAIL, PASS, PRECISION
@@ -391,7 +391,7 @@ def cancellation_finding(report, bad, g):
     chunk, r, evidence = None, None, {}
     if per:
         score = {c: float(np.mean([rs[c] for rs in per])) for c in per[0]}
-        chunk = max(score, key=lambda c: (score[c], c == CHUNK))
+        chunk = max(score, key=lambda c: (score[c], c == FLA_CHUNK))
         r = score[chunk]
         others = ", ".join(f"{c}: {score[c]:.2f}" for c in score if c != chunk)
         others = f"; {others}" if others else ""

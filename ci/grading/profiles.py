@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gdn2_oracle.oracle.chunked32 import CHUNK
+from gdn2_oracle.oracle.call_modes import FLA_CHUNK
 
 # A bad token preceded by at least this many clean tokens starts a block of errors; of the later tokens at least
 # this fraction must be bad.
@@ -46,7 +46,7 @@ def first_bad(profile, tol):
     return int(np.argmax(bad)) if bad.any() else None
 
 
-def chunk_log_decay(g, chunk=CHUNK):
+def chunk_log_decay(g, chunk=FLA_CHUNK):
     """Per token, the largest ``|G_t|`` over batch, heads and channels, ``G`` the cumulative log-decay
     within ``chunk``-token chunks (``g [B, T, H, K]``)."""
     g = np.asarray(g, np.float64)
