@@ -31,7 +31,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from gdn2_oracle import oracle
-from gdn2_oracle.golden.processes import signalled
 from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe
 
 from ..grading import modes as mode_grading
@@ -42,15 +41,15 @@ from ..grading import reference_cache
 from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
 from ..running.ahead import Ahead
-from ..running.watchdog import Watchdog
 from ..running import modes as mode_running
 from ..running import serving as serving_running
 from ..grading.serving_cases import MODES as SERVING_MODES
 from ..running.mesh import format_mesh
 from . import args as cli_args
 from . import dump as dumping
-from .output import (EXIT, UsageError, fmt_err, interrupt_error, output_dir, progress, say_interrupted, stop_run,
-                     table, timed_out, write_after_work, write_json)
+from .loop import RunLoop, needs_matplotlib
+from .output import (EXIT, UsageError, fmt_err, interrupt_error, output_dir, say_interrupted, table, timed_out,
+                     write_after_work, write_json)
 from ..running.fingerprint import source_sha256
 from .provenance import environment, kernel_notes, source_lines
 
@@ -293,41 +292,82 @@ class ValidationReport:
         return {"schema": SCHEMA, "command": "validate", **asdict(self)}
 
 
-def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=None,
-                   show_progress=True, env=None, mesh=None, modes=None, dump=None, case_timeout=None, on_stop=None,
-                   compile_workers=None, program_cache=True):
-    """Validate every kernel spec (:class:`kernels.KernelSpec`); returns the :class:`ValidationReport`.
+@dataclass(frozen=True)
+class ValidateOptions:
+    """What a validate run judges and how it runs (defaults: every dtype, the quick set, every mode).
 
-    With a ``mesh`` (a ``jax.sharding.Mesh``, ci/mesh.py) every kernel runs inside it on sharded inputs
-    (training-call cases run without it). ``modes``: as in :func:`build_cases`; a kernel is judged on a mode
-    case only when it accepts all of the case's modes (:func:`ci.running.modes.accepted_modes`).
+    ``only``: the names of the set's cases to run; ``modes``: as in :func:`build_cases` (None: every mode); ``mesh``: a
+    ``jax.sharding.Mesh`` (running/mesh.py) every kernel runs inside, on sharded inputs (training-call cases run without
+    it); ``case_timeout``: the seconds one kernel may take on one case (0 or None: no limit); ``compile_workers``,
+    ``program_cache``: as in :func:`compile_ahead`; ``env``: the environment record (None: this machine's)."""
+
+    dtypes: tuple = KERNEL_DTYPES
+    cases: str = "quick"
+    seed: int = 0
+    only: tuple | None = None
+    modes: tuple | None = None
+    mesh: object = None
+    case_timeout: float | None = None
+    compile_workers: int | None = None
+    program_cache: bool = True
+    show_progress: bool = True
+    env: dict | None = None
+
+
+def run_validation(specs, options=ValidateOptions(), *, dump=None, on_stop=None):
+    """Validate every kernel spec (:class:`kernels.KernelSpec`) as ``options`` (:class:`ValidateOptions`) say; returns
+    the :class:`ValidationReport`. A kernel is judged on a mode case only when it accepts all of the case's modes
+    (:func:`ci.running.modes.accepted_modes`).
 
     ``dump`` (a :class:`ci.commands.dump.Dumper`, ``--dump``): each case not graded PASS is written by it right
     after it is judged, its arrays then dropped (an OSError writing it is said on stderr once; the run goes on).
 
-    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py)
-    stops the run when a kernel call passes the limit (that case graded FAIL, "timed out") or hangs through a
-    Ctrl-C / SIGTERM; ``on_stop`` gets the report of what was finished and the process ends (exit 1, 130, 143).
+    ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py) stops the run when a kernel call passes
+    ``options.case_timeout`` (that case graded FAIL, "timed out") or hangs through a Ctrl-C / SIGTERM; ``on_stop`` gets
+    the report of what was finished and the process ends (exit 1, 130, 143).
 
     Kernels are built first, so an unknown name or import failure raises ``UsageError`` before any work.
     """
-    modes = VALIDATE_MODES if modes is None else tuple(modes)
-    built = [(spec, cli_args.build(spec)) for spec in specs]
-    case_list = build_cases(cases, dtypes, seed=seed, only=only, modes=modes)
-    # Group by shape and dtype so each kernel compiles once per group while the arrays are warm.
-    case_list.sort(key=lambda c: (c.dtype, c.shape))
-    kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
-                    "source": source_sha256(fn), "notes": kernel_notes(fn), "cases": [],
-                    "accepted_modes": accepted_modes(fn), "not_accepted_cases": []}
-                   for spec, fn in built]
-    bar = progress(total=len(built) * len(case_list), desc="validate", unit="case") if show_progress else None
-    t0 = time.perf_counter()
-    cache_before = reference_cache.snapshot()  # the report counts what this run read from the reference cache
-    state = {"dump_ok": True}  # after a failed dump write, the dump is not tried again (one message)
+    run = ValidationRun(specs, options, dump)
+    loop = RunLoop(run.report, "cases", total=len(run.built) * len(run.case_list), desc="validate", unit_name="case",
+                   show_progress=options.show_progress, case_timeout=options.case_timeout,
+                   on_timeout=run.timed_out, on_stop=on_stop)
+    ahead = compile_ahead(run.built, run.case_list, options.mesh, options.compile_workers, options.program_cache)
+    return loop.run(functools.partial(run.judge_all, loop), ahead)
 
-    def judge_one(spec, fn, kout, case):
-        if bar is not None:
-            bar.set_postfix_str(f"{spec.label()} {case.name}")
+
+class ValidationRun:
+    """One validate run: the kernels built, the cases in the order they run, each kernel's record so far."""
+
+    def __init__(self, specs, options, dump=None):
+        self.options, self.dump = options, dump
+        self.dump_ok = True  # after a failed dump write, the dump is not tried again (one message)
+        self.modes = VALIDATE_MODES if options.modes is None else tuple(options.modes)
+        self.built = [(spec, cli_args.build(spec)) for spec in specs]
+        self.case_list = build_cases(options.cases, options.dtypes, seed=options.seed, only=options.only,
+                                     modes=self.modes)
+        # Group by shape and dtype so each kernel compiles once per group while the arrays are warm.
+        self.case_list.sort(key=lambda c: (c.dtype, c.shape))
+        self.kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
+                             "source": source_sha256(fn), "notes": kernel_notes(fn), "cases": [],
+                             "accepted_modes": accepted_modes(fn), "not_accepted_cases": []}
+                            for spec, fn in self.built]
+        self.t0 = time.perf_counter()
+        self.cache_before = reference_cache.snapshot()  # the report counts what this run read from the cache
+
+    def judge_all(self, loop, ahead):
+        """Judge every kernel on each case in turn, each kernel call a unit of ``loop``; a case's arrays are
+        released once every kernel was judged on it."""
+        for case in self.case_list:
+            for (spec, fn), kout in zip(self.built, self.kernels_out):
+                with loop.unit(f"{spec.label()} {case.name}", kout=kout, case=case):
+                    self.judge_one(loop, ahead, spec, fn, kout, case)
+            case.release()
+
+    def judge_one(self, loop, ahead, spec, fn, kout, case):
+        """Judge kernel ``fn`` on ``case`` (a case its signature does not take is only listed) into ``kout``."""
+        mesh, dump = self.options.mesh, self.dump
+        loop.note(f"{spec.label()} {case.name}")
         if not takes_part(case, kout["accepted_modes"]):
             kout["not_accepted_cases"].append(case.name)
         else:
@@ -340,14 +380,23 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
                            if res["error"] else [])
             kout["cases"].append({**case.describe(), **res})
             if dump is not None and not res["passed"]:
-                state["dump_ok"] = state["dump_ok"] and write_after_work("--dump", dump.root, functools.partial(
+                self.dump_ok = self.dump_ok and write_after_work("--dump", dump.root, functools.partial(
                     dump.write, spec.label(), spec.spec, case, kout["cases"][-1], arrays))
-        if bar is not None:
-            bar.update(1)
+        loop.advance()
 
-    def finish(interrupted):
-        interrupted = interrupted or signalled() is not None  # a signal whose exception was swallowed counts
-        for kout in kernels_out:
+    def timed_out(self, unit):
+        """Record the case the watchdog stopped (``unit``: its ``kout`` and ``case``): graded FAIL, timed out."""
+        limit = self.options.case_timeout
+        msg = timed_out(limit)
+        unit["kout"]["cases"].append({**unit["case"].describe(), "passed": False, "outcome": "error", "grade": FAIL,
+                                      "verdicts": [], "error": msg, "seconds": limit,
+                                      "diagnosis": [{"kind": "timeout", "text": msg, "token": None}]})
+
+    def report(self, interrupted):
+        """The :class:`ValidationReport` of the cases judged so far (``interrupted``: a kernel call the interrupt
+        broke off was not judged, and nothing passes)."""
+        modes, options = self.modes, self.options
+        for kout in self.kernels_out:
             if interrupted:  # a kernel call the signal broke off (its error is the interrupt) was not judged
                 kout["cases"] = [c for c in kout["cases"] if not broken_off(c)]
             kout["passed"] = not interrupted and bool(kout["cases"]) and all(c["passed"] for c in kout["cases"])
@@ -364,45 +413,19 @@ def run_validation(specs, *, dtypes=KERNEL_DTYPES, cases="quick", seed=0, only=N
                 {"dense"} if any("modes" not in c and "mode" not in c for c in kout["cases"]) else set())
             kout["modes"] = {"judged": [m for m in modes if m in judged],
                              "not_accepted": [m for m in modes if m != "dense" and m not in kout["accepted_modes"]]}
-        return ValidationReport(cases=cases, dtypes=list(dtypes), seed=seed, only=list(only) if only else None,
+        kernels_out, mesh, only = self.kernels_out, options.mesh, options.only
+        return ValidationReport(cases=options.cases, dtypes=list(options.dtypes), seed=options.seed,
+                                only=list(only) if only else None,
                                 mesh=format_mesh(mesh) if mesh is not None else None,
-                                environment={**(env or environment()),
-                                             "reference_cache": reference_cache.provenance(cache_before)},
-                                n_cases=len(case_list), seconds=time.perf_counter() - t0,
+                                environment={**(options.env or environment()),
+                                             "reference_cache": reference_cache.provenance(self.cache_before)},
+                                n_cases=len(self.case_list), seconds=time.perf_counter() - self.t0,
                                 passed=not interrupted and all(k["passed"] for k in kernels_out),
                                 interrupted=interrupted,
                                 outcome=outcome(kernels_out, interrupted),
                                 grade=report_grade([k["grade"] for k in kernels_out], interrupted),
                                 kernels=kernels_out,
                                 modes=list(modes))
-
-    current = {}
-
-    def stop(reason, where):  # from the watchdog's thread: the main thread is stuck in a kernel
-        if reason == "timeout":
-            msg = timed_out(case_timeout)
-            current["kout"]["cases"].append({**current["case"].describe(), "passed": False, "outcome": "error",
-                                             "grade": FAIL, "verdicts": [], "error": msg, "seconds": case_timeout,
-                                             "diagnosis": [{"kind": "timeout", "text": msg, "token": None}]})
-        report = finish(interrupted=reason != "timeout")
-        stop_run(reason, case_timeout, "cases", lambda: on_stop(report, reason) if on_stop is not None else None)
-
-    interrupted = False
-    try:
-        with Watchdog(case_timeout, stop) as dog, compile_ahead(built, case_list, mesh, compile_workers,
-                                                                           program_cache) as ahead:
-            for case in case_list:
-                for (spec, fn), kout in zip(built, kernels_out):
-                    current.update(kout=kout, case=case)
-                    with dog.case(f"{spec.label()} {case.name}"):
-                        judge_one(spec, fn, kout, case)
-                case.release()
-    except KeyboardInterrupt:  # Ctrl-C: report the cases finished so far, marked interrupted
-        interrupted = True
-    finally:
-        if bar is not None:
-            bar.close()
-    return finish(interrupted)
 
 
 def compile_ahead(built, case_list, mesh, workers, program_cache=True):
@@ -629,11 +652,7 @@ def run(args):
         raise UsageError(f"gdn2-oracle validate: error: --max-failures must be >= 0, got {args.max_failures}")
     out = cli_args.outputs(args, json="validate.json", plot="validate.png")
     if out["plot"] or args.dump:
-        try:
-            import matplotlib  # noqa: F401 - checked before any work
-        except ImportError as exc:
-            raise UsageError(f"gdn2-oracle validate: error: --{'plot' if out['plot'] else 'dump'} needs matplotlib "
-                             f"({exc})") from None
+        needs_matplotlib("validate", "--plot" if out["plot"] else "--dump")
     dumper = (dumping.Dumper(output_dir(args.dump, option="--dump"), case_set=args.cases, seed=args.seed)
               if args.dump else None)
     def report_so_far(report, reason):  # the watchdog stopped a hung or slow kernel: what was finished
@@ -642,11 +661,12 @@ def run(args):
             write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json()))
 
     with reference_cache.bypassed(args.no_reference_cache):
-        report = run_validation(cli_args.specs(args.kernel), dtypes=args.dtype, cases=args.cases, seed=args.seed,
-                                only=args.case, show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
-                                modes=args.modes, dump=dumper, case_timeout=args.case_timeout, on_stop=report_so_far,
-                                compile_workers=args.compile_workers,
-                                program_cache=not args.no_program_cache)
+        specs = cli_args.specs(args.kernel)
+        options = ValidateOptions(dtypes=args.dtype, cases=args.cases, seed=args.seed, only=args.case,
+                                  modes=args.modes, mesh=cli_args.built_mesh(args), case_timeout=args.case_timeout,
+                                  compile_workers=args.compile_workers, program_cache=not args.no_program_cache,
+                                  show_progress=not args.no_progress)
+        report = run_validation(specs, options, dump=dumper, on_stop=report_so_far)
     print(format_validation(report, max_failures=args.max_failures), flush=True)
     if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
         print(f"report: {out['json']}", flush=True)

@@ -72,8 +72,9 @@ def test_a_kernel_failing_while_traced_ahead_fails_where_its_case_is_judged(kern
 
 def test_validate_grades_the_same_with_and_without_programs_compiled_ahead():
     specs = [spec.KernelSpec.parse("pairwise[chunk_size=16]")]
-    reports = {w: validate.run_validation(specs, dtypes=("float32",), only=["decay_resets", "len_c64_plus1"],
-                                          modes=("dense",), show_progress=False, compile_workers=w) for w in (0, 2)}
+    reports = {w: validate.run_validation(specs, validate.ValidateOptions(
+        dtypes=("float32",), only=["decay_resets", "len_c64_plus1"], modes=("dense",), show_progress=False,
+        compile_workers=w)) for w in (0, 2)}
     names = [[c["case"] for c in r.kernels[0]["cases"]] for r in reports.values()]
     assert names[0] == names[1] and len(names[0]) == 2, names
     for a, b in zip(reports[0].kernels[0]["cases"], reports[2].kernels[0]["cases"]):

@@ -55,8 +55,8 @@ def test_a_mode_golden_is_judged_against_its_stored_results():
 @pytest.fixture(scope="module")
 def varlen_run():
     """``validate --kernel pairwise --cases golden --modes varlen --case mode_varlen_edges``."""
-    return validate.run_validation([_spec("pairwise")], cases="golden", modes=("varlen",), only=[CASE],
-                                   show_progress=False, env=ENV)
+    return validate.run_validation([_spec("pairwise")], validate.ValidateOptions(
+        cases="golden", modes=("varlen",), only=[CASE], show_progress=False, env=ENV))
 
 
 def test_validate_judges_a_mode_golden_and_a_correct_kernel_passes(varlen_run):
@@ -79,8 +79,8 @@ def test_a_mutant_fails_a_mode_golden():
 
 
 def test_a_kernel_without_the_modes_lists_the_mode_goldens_as_not_accepted():
-    report = validate.run_validation([_spec(PLAIN)], cases="golden", only=[CASE, "mode_all"], show_progress=False,
-                                     env=ENV)
+    report = validate.run_validation([_spec(PLAIN)], validate.ValidateOptions(
+        cases="golden", only=[CASE, "mode_all"], show_progress=False, env=ENV))
     [kernel] = report.kernels
     assert kernel["cases"] == [] and sorted(kernel["not_accepted_cases"]) == sorted([CASE, "mode_all"])
     assert "does not accept varlen, gate, l2norm, state_v_first, intermediate" in validate.format_validation(report)
