@@ -170,14 +170,31 @@ def names(optional=False):
     return out
 
 
-def _takes(fn, option):
-    """Whether ``fn``'s signature has a keyword parameter ``option`` (or ``**kwargs``); True if not introspectable."""
+def keyword_names(fn):
+    """``(names, var_keyword)``: the keyword parameters ``fn``'s signature names and whether it takes ``**kwargs``;
+    None for a callable without a signature (a builtin or C callable). A ``TorchKernel`` has the signature of
+    the keywords its torch function takes."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
-        return True
-    return any(p.kind is p.VAR_KEYWORD or (p.name == option and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-               for p in params)
+        return None
+    return (frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)),
+            any(p.kind is p.VAR_KEYWORD for p in params))
+
+
+def accepts_keywords(fn, names, *, var_keyword=True, unknown=False):
+    """Whether ``fn`` can be called with every keyword of ``names``: its signature names them, or (with
+    ``var_keyword``) it takes ``**kwargs``; ``unknown`` for a callable without a signature."""
+    found = keyword_names(fn)
+    if found is None:
+        return unknown
+    named, var = found
+    return set(names) <= named or (var_keyword and var)
+
+
+def _takes(fn, option):
+    """Whether ``fn``'s signature has a keyword parameter ``option`` (or ``**kwargs``); True if not introspectable."""
+    return accepts_keywords(fn, (option,), unknown=True)
 
 
 def accepts(name, option):
@@ -206,11 +223,8 @@ def get(spec, **options):
 
 def _declared(fn):
     """The keyword parameters ``fn`` names explicitly (not through ``**kwargs``)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return set()
-    return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    found = keyword_names(fn)
+    return set() if found is None else set(found[0])
 
 
 def _build(name, options):

@@ -114,6 +114,14 @@ class Call:
         _, _, H, K, V = self.shape
         return (self.num_sequences, H) + ((V, K) if self.state_v_first else (K, V))
 
+    def chunk_states_shape(self, C):
+        """``[B, NT, H, K, V]`` (``[..., V, K]`` in the ``[V, K]`` layout) of the states at the starts of C-token
+        chunks (chunks restart at every packed sequence's start)."""
+        B, T, H, K, V = self.shape
+        lengths = [T] if self.cu_seqlens is None else np.diff(self.cu_seqlens).tolist()
+        NT = sum(-(-n // C) for n in lengths)
+        return (B, NT) + self.state_shape[1:]
+
     def inputs(self):
         """The six per-token inputs ``(q, k, v, g, b, w)`` as given (raw q, k, g)."""
         return tuple(getattr(self, name) for name in INPUTS)

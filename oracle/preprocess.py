@@ -94,3 +94,36 @@ def l2norm_vjp(x, eps, dy):
     r = _inverse_norm(x, eps)
     y = x * r
     return r * (dy - np.sum(dy * y, axis=-1, keepdims=True) * y)
+
+
+# --- a call's log-decay and the envelopes of the gradients summed through the gate ----------------------
+
+
+def call_log_decay(call):
+    """The log-decay the core sees for an ``oracle.call.Call``: its ``g``, through the gate when it has one."""
+    if not call.gate_in_kernel:
+        return call.g
+    return gate(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0)
+
+
+def envelopes(call, inner):
+    """``{name: envelope}`` for ``dg`` (and ``dA_log`` / ``ddt_bias``) from the float64 core view ``inner``
+    (``oracle.modes.run_call``'s ``inner``: pre-processed inputs and the gradients w.r.t. them): the sums the
+    gradients are formed from, every term taken by magnitude (docs/DESIGN.md §4, "The dg envelope")."""
+    x, g = inner["inputs"], inner["grads"]
+    E = np.abs(x["q"] * g["dq"]) + np.abs(x["k"] * g["dk"]) + np.abs(x["b"] * g["db"])
+    if not call.gate_in_kernel:
+        return {"dg": E}
+    # |dgate/dx| E: the gate's slope has one sign everywhere, so gate_vjp of E gives it up to sign.
+    dx, _, _ = gate_vjp(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0, E)
+    dx = np.abs(dx)
+    out = {"dg": dx}
+    if call.dt_bias is not None:
+        out["ddt_bias"] = np.sum(dx, axis=(0, 1)).reshape(call.dt_bias.shape)
+    if call.A_log is not None:
+        if call.lower_bound is None:  # dA_log = sum dG * g
+            terms = E * np.abs(x["g"])
+        else:  # dA_log = sum dx * (g_raw + dt_bias)
+            terms = dx * np.abs(_gate_argument(call.g, call.dt_bias))
+        out["dA_log"] = np.sum(terms, axis=(0, 1, 3))
+    return out

@@ -6,20 +6,21 @@ differentiated with ``jax.vjp`` w.r.t. ``q, k, v, g, b, w, initial_state`` and, 
 ``A_log`` and ``dt_bias``. The states at chunk starts come from a second, forward-only call with
 ``return_intermediate_states=True`` (FLA returns them only under inference mode, with no backward).
 
-A kernel takes part in a mode when its signature accepts the mode's keywords (``inspect.signature``; a
-``**kwargs`` accepts everything): :func:`accepted_modes`. Judging is ``ci/grading/modes.py``'s.
+A kernel takes part in a mode when its signature accepts the mode's keywords (``kernels.spec.accepts_keywords``;
+a ``**kwargs`` accepts everything): :func:`accepted_modes`. Which keywords a call passes is the registry's
+(``oracle/call_modes.py``). Judging is ``ci/grading/modes.py``'s.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gdn2_oracle.oracle import INPUTS, RESULTS
+from gdn2_oracle.kernels.spec import accepts_keywords
+from gdn2_oracle.oracle import INPUTS, RESULTS, call_modes
 from gdn2_oracle.oracle.call import Call
 
 from ..grading.modes import KEYWORDS, MODES, ModeCase, result_names
@@ -29,61 +30,61 @@ from . import mesh as mesh_lib
 from .harness import (ContractError, KernelError, check_dtype, quiet_callback_failures, host_callback_error,
                       host_cast, to_device)
 
-DEFAULT_CHUNK = 64  # a kernel without a ``chunk_size`` attribute is taken to use FLA's chunk
-
 
 def accepted_modes(fn):
-    """The modes (of ``ci.grading.modes.MODES``) whose keywords ``fn``'s signature accepts, in that order."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable without a signature: no modes
-        return ()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return MODES
-    names = {p.name for p in params if p.kind in (inspect.Parameter.KEYWORD_ONLY,
-                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)}
-    return tuple(m for m in MODES if set(KEYWORDS[m]) <= names)
+    """The modes (of ``ci.grading.modes.MODES``) whose keywords ``fn``'s signature accepts, in that order (a
+    callable without a signature: none)."""
+    return tuple(m for m in MODES if accepts_keywords(fn, KEYWORDS[m]))
 
 
 def kernel_chunk_size(fn):
-    """The chunk size a kernel takes its states at chunk starts at: its ``chunk_size`` attribute, else 64."""
+    """The chunk size a kernel takes its states at chunk starts at: its ``chunk_size`` attribute, else FLA's
+    (``call_modes.FLA_CHUNK``)."""
     c = getattr(fn, "chunk_size", None)
-    return c if isinstance(c, int) and not isinstance(c, bool) and c > 0 else DEFAULT_CHUNK
+    return c if isinstance(c, int) and not isinstance(c, bool) and c > 0 else call_modes.FLA_CHUNK
+
+
+class Frozen(NamedTuple):
+    """An array keyword's value as a hashable record (its dtype and values)."""
+
+    dtype: str
+    values: tuple
+
+    def array(self):
+        return np.asarray(self.values, self.dtype)
+
+
+def _frozen(value):
+    return Frozen(value.dtype.name, tuple(value.tolist())) if isinstance(value, np.ndarray) else value
+
+
+def _thawed(value):
+    return value.array() if isinstance(value, Frozen) else value
 
 
 class Static(NamedTuple):
     """The static part of a call: one compiled program per kernel and Static."""
 
     scale: float
-    cu_seqlens: tuple | None
-    gate: bool
-    lower_bound: float | None
-    l2norm: bool
-    state_v_first: bool
+    call_keywords: tuple  # ((FLA keyword, value), ...): the registry's non-default keywords for the call
     params: tuple  # names of the differentiated gate parameters present ("A_log", "dt_bias")
+    forward_keywords: tuple = ()  # the keywords of a forward-only call (``call_modes.CallMode.forward_only``)
 
     @classmethod
     def of(cls, call: Call):
-        cu = None if call.cu_seqlens is None else tuple(int(x) for x in call.cu_seqlens)
         params = tuple(n for n in ("A_log", "dt_bias") if getattr(call, n) is not None)
-        return cls(float(call.scale), cu, bool(call.gate_in_kernel), call.lower_bound, bool(call.qk_l2norm),
-                   bool(call.state_v_first), params)
+        kw = tuple((k, _frozen(v)) for k, v in call_modes.keywords_for(call).items())
+        fwd = tuple((k, _frozen(v)) for k, v in call_modes.keywords_for(call, forward_only=True).items())
+        return cls(float(call.scale), kw, params, fwd)
 
     def keywords(self):
         """FLA's keywords for this call (the differentiated parameters aside), only those that differ from the
         defaults, so a kernel accepting some modes only is called with those."""
-        kw = {}
-        if self.cu_seqlens is not None:
-            kw["cu_seqlens"] = np.asarray(self.cu_seqlens, np.int32)
-        if self.gate:
-            kw["use_gate_in_kernel"] = True
-            if self.lower_bound is not None:
-                kw["lower_bound"] = self.lower_bound
-        if self.l2norm:
-            kw["use_qk_l2norm_in_kernel"] = True
-        if self.state_v_first:
-            kw["state_v_first"] = True
-        return kw
+        return {k: _thawed(v) for k, v in self.call_keywords}
+
+    def forward_only(self):
+        """The keywords of the forward-only call (the states at chunk starts), besides :meth:`keywords`."""
+        return {k: _thawed(v) for k, v in self.forward_keywords}
 
 
 def _check(out, q, v, state_shape, n_results, intermediate_shape=None, o_dtype=None):
@@ -133,11 +134,10 @@ def state_runner(fn, static: Static, state_shape, intermediate_shape):
     A program of its own, not an aux output of :func:`runner`'s VJP: FLA returns the states at chunk starts only
     from a forward without a backward (under ``torch.inference_mode()``), so asking for them under the VJP is a
     call FLA does not support."""
-    kw = static.keywords()
+    kw = {**static.keywords(), **static.forward_only()}
 
     def run(inputs, h0, params):
-        out = fn(*inputs, scale=static.scale, initial_state=h0, return_intermediate_states=True, **kw,
-                 **dict(zip(static.params, params)))
+        out = fn(*inputs, scale=static.scale, initial_state=h0, **kw, **dict(zip(static.params, params)))
         _check(out, inputs[0], inputs[2], state_shape, 3, intermediate_shape, getattr(fn, "o_dtype", None))
         return out[2]
 
@@ -145,11 +145,9 @@ def state_runner(fn, static: Static, state_shape, intermediate_shape):
 
 
 def intermediate_shape(call: Call, C):
-    """``[B, NT, H, K, V]`` (``[..., V, K]`` with state_v_first) of the states at the starts of C-token chunks."""
-    B, T, H, K, V = call.shape
-    lengths = [T] if call.cu_seqlens is None else np.diff(call.cu_seqlens).tolist()
-    NT = sum(-(-n // C) for n in lengths)
-    return (B, NT, H) + ((V, K) if call.state_v_first else (K, V))
+    """``[B, NT, H, K, V]`` (``[..., V, K]`` in the ``[V, K]`` layout) of the states at the starts of C-token
+    chunks (``oracle.call.Call.chunk_states_shape``)."""
+    return call.chunk_states_shape(C)
 
 
 def check_representable(call: Call, dtype):
@@ -183,7 +181,7 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
         with quiet_callback_failures(), mesh_lib.using(mesh):
             out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))
             inter = None
-            if call.intermediate_chunk_size is not None:
+            if static.forward_keywords:
                 shape = intermediate_shape(call, kernel_chunk_size(fn))
                 inter = jax.block_until_ready(state_runner(fn, static, call.state_shape, shape)(inputs, h0, params))
     except Exception as exc:

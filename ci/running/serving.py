@@ -22,13 +22,13 @@ runs: :func:`serving_cases` gives them for ``ci/grading/serving_cases.py``'s rec
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import jax.numpy as jnp
 import numpy as np
 
 from gdn2_oracle.kernels.serving_bridge import TorchDecode, takes_fla_pool
+from gdn2_oracle.kernels.spec import accepts_keywords
 from gdn2_oracle.kernels.torch_bridge import TorchKernel
 
 from ..grading import serving_cases as recipes
@@ -41,11 +41,8 @@ GRADE_OUTCOME = {PASS: "pass", PRECISION: "precision", FAIL: "fail"}
 
 
 def _named(fn, name):
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params and params[name].kind in (params[name].KEYWORD_ONLY, params[name].POSITIONAL_OR_KEYWORD)
+    """Whether ``fn``'s signature names the keyword ``name`` (not through ``**kwargs``)."""
+    return accepts_keywords(fn, (name,), var_keyword=False)
 
 
 def convention(fn):
