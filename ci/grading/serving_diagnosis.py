@@ -1,0 +1,203 @@
+"""What a non-PASS serving session points at (docs/DESIGN.md §4, "Diagnosis"; docs/serving.md).
+
+:data:`SERVING_LOCALISERS` is the ordered list of a session's diagnoses: each reads the :class:`ServingEvidence`
+of a :class:`serving.SessionJudge`'s report and returns a :class:`Finding` or None; every one that holds is kept,
+in list order; when none holds and a graded result is off, :func:`systematic` says so. A new diagnosis is a
+function added to the list, its priority its position there. Heuristics: the grade is the verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .finding import LOGIC_ERROR, Finding
+from .grades import FAIL, PASS, PRECISION
+from .profiles import first_bad
+from .rule import MULTIPLE
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+# A FAIL below this err_ratio is compared with a running state rounded to 16 bits after every token.
+IN_LOOP_MAX = 1.0
+# The 16-bit formats a state kept inside the token loop may be rounded to, tried in this order.
+LOOP_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass
+class ServingEvidence:
+    """What the serving localisers read: the ``judge`` (its pool checks, per-result metrics, first-token errors,
+    session and dtypes), its ``report``, and the baselines ``rec`` (float32 pool) and ``store`` (the pool's dtype
+    once per store), ``{result: (err_ratio, max_err)}``."""
+
+    judge: object
+    report: object
+    rec: dict
+    store: dict
+
+    @cached_property
+    def bad(self):
+        """The graded results (those the judge keeps metrics of) off their tolerance."""
+        return [v for v in self.report.verdicts if v.name in self.judge.metrics and v.grade != PASS]
+
+    @cached_property
+    def nonfinite(self):
+        return [v for v in self.bad if v.rule == "non-finite"]
+
+    @cached_property
+    def finite(self):
+        return [v for v in self.bad if v.rule != "non-finite"]
+
+    @cached_property
+    def first_nonfinite_call(self):
+        """The first call with a non-finite value in a result, or None."""
+        return min((self.judge.metrics[v.name].first_bad for v in self.nonfinite), default=None)
+
+    @cached_property
+    def first_over(self):
+        """The first call over tolerance of any finite off result, or None."""
+        firsts = (first_bad(self.report.profiles[v.name], v.tol_ratio) for v in self.finite)
+        return min((x for x in firsts if x is not None), default=None)
+
+    @cached_property
+    def output_overflows(self):
+        """``o`` non-finite in a float16 output buffer that the outputs' magnitude overflows."""
+        j = self.judge
+        return (j.o_dtype == "float16" and any(v.name == "o" for v in self.nonfinite)
+                and j.session.peak_output() > FLOAT16_MAX)
+
+    @cached_property
+    def in_loop(self):
+        """``(dtype, hits, loop baseline)`` when every moderate FAIL (err_ratio below IN_LOOP_MAX) is of the size of
+        a running state rounded to ``dtype`` after every token (within MULTIPLE of that baseline either way), else
+        None."""
+        moderate = [v for v in self.finite if v.grade == FAIL and v.err_ratio < IN_LOOP_MAX]
+        if not moderate:
+            return None
+        j = self.judge
+        o_dtype = j.o_dtype or j.session.dtype
+        for dt in LOOP_DTYPES:
+            loop = j.session.baseline(f"loop:{dt}", o_dtype, j.state_dtype)
+            hits = [v for v in moderate if v.err_ratio <= MULTIPLE[dt] * loop[v.name][0]
+                    and v.err_ratio >= loop[v.name][0] / MULTIPLE[dt]]
+            if len(hits) == len(moderate):
+                return dt, hits, loop
+        return None
+
+
+def names(vs):
+    """The verdicts' result names, comma-separated."""
+    return ", ".join(v.name for v in vs)
+
+
+def pool_bookkeeping(ev):
+    """A call changed slots no live sequence writes."""
+    if not ev.judge.changed:
+        return None
+    i, slots = ev.judge.changed[0]
+    return Finding("pool-bookkeeping", f"call {i} changed slot(s) {slots} that no live sequence writes (a padding "
+                                       "row, an unaddressed slot, or a write to the wrong slot)", i)
+
+
+def padding(ev):
+    """A call output nonzero values for padding rows or tokens of no live sequence."""
+    if not ev.judge.nonzero:
+        return None
+    i, n = ev.judge.nonzero[0]
+    return Finding("padding", f"call {i} output {n} nonzero value(s) for padding rows or tokens of no live sequence "
+                              "(they must be exact zeros)", i)
+
+
+def output_overflow(ev):
+    """``o`` inf because the float16 output buffer overflows, the state right."""
+    if not ev.nonfinite or not ev.output_overflows:
+        return None
+    first, peak = ev.first_nonfinite_call, ev.judge.session.peak_output()
+    return Finding("output-overflow", f"o is inf from call {first}: the float16 output buffer overflows (|o| "
+                                      f"reaches {peak:.3g} > {FLOAT16_MAX:g}, float16's largest finite value) "
+                                      "although the float32 state is right; keep o in float32 or bfloat16, or scale "
+                                      "it", first)
+
+
+def non_finite(ev):
+    """NaN or inf in a graded result (not an output overflow)."""
+    if not ev.nonfinite or ev.output_overflows:
+        return None
+    first = ev.first_nonfinite_call
+    return Finding("non-finite", f"NaN or inf in {names(ev.nonfinite)} from call {first}: a NaN read from a slot "
+                                 "it should not read (a rejected draft's state, a padding row's tokens) or an "
+                                 "overflow", first)
+
+
+def state_in_loop(ev):
+    """Moderate FAILs of the size of a state rounded to 16 bits after every token: rounded inside the token loop."""
+    if ev.in_loop is None:
+        return None
+    dt, hits, loop = ev.in_loop
+    sd = ev.judge.state_dtype
+    return Finding("state-in-loop", f"{names(hits)} beyond the stored-state bound, of the size of a running state "
+                                    f"rounded to {dt} after every token (err_ratio {hits[0].err_ratio:.2g}, that "
+                                    f"baseline's {loop[hits[0].name][0]:.2g}; one rounding per store of a {sd} pool: "
+                                    f"{ev.store[hits[0].name][0]:.2g}): the state is kept in {dt} inside the token "
+                                    "loop, not only rounded where it is stored")
+
+
+def logic(ev):
+    """An O(1) FAIL (not a state rounded in the loop), placed by whether the first bad call starts right."""
+    in_loop = {v.name for v in ev.in_loop[1]} if ev.in_loop else set()
+    big = [v for v in ev.finite if v.grade == FAIL and v.err_ratio >= LOGIC_ERROR and v.name not in in_loop]
+    if not big:
+        return None
+    at, first_token = ev.first_over, ev.judge.first_token
+    where = ""
+    if at is not None and first_token[at] >= LOGIC_ERROR:
+        where = (f"; from call {at}, whose first token of some sequence is already off (error "
+                 f"{first_token[at]:.2g} of its largest output): the state it starts from is wrong "
+                 "(the slot read, or the accepted count: idx[n, a_n - 1])")
+    elif at is not None:
+        where = (f"; from call {at}, whose sequences start right (first tokens within "
+                 f"{first_token[at]:.2g}): the update or the slot written")
+    worst = max(big, key=lambda v: v.err_ratio)
+    return Finding("logic", f"O(1) relative error in {names(big)} (err_ratio up to {worst.err_ratio:.2g}){where}", at)
+
+
+def stored_state(ev):
+    """PRECISION results: precision lost to a 16-bit pool, with a warning when it is O(1) (the decay stalls)."""
+    precision = [v for v in ev.finite if v.grade == PRECISION]
+    if not precision:
+        return None
+    sd, store = ev.judge.state_dtype, ev.store
+    worst = max(v.err_ratio for v in precision)
+    stall = "" if worst < LOGIC_ERROR else (
+        f"; WARNING: an O(1) error (err_ratio {worst:.2g}) that every correct kernel with this pool has: the "
+        f"{sd} pool cannot hold this state across these calls (a per-call decay closer to 1 than half an ulp "
+        f"of {sd} is rounded away at every store and the decay stalls): store the state in float32")
+    return Finding("stored-state", f"{names(precision)} over the float32-storage tolerance, within {MULTIPLE[sd]:g} x "
+                                   f"the error of storing the state in {sd} once per store (e_store: o "
+                                   f"{store['o'][0]:.2g}, state {store['state'][0]:.2g}): precision lost to the "
+                                   f"pool's {sd} format, as expected of it (docs/serving.md)" + stall)
+
+
+# A session's diagnoses, in this order: every one that holds is kept.
+SERVING_LOCALISERS = [pool_bookkeeping, padding, output_overflow, non_finite, state_in_loop, logic, stored_state]
+
+
+def systematic(ev):
+    """None of :data:`SERVING_LOCALISERS` holds but a graded result is off: an error with no known cause."""
+    if not ev.finite:
+        return None
+    worst = max(ev.finite, key=lambda v: v.err_ratio / (v.bound_ratio or v.tol_ratio))
+    at = ev.first_over
+    over = worst.err_ratio / (worst.bound_ratio or worst.tol_ratio)
+    where = "" if at is None else f", first over tolerance at call {at}"
+    return Finding("systematic", f"{names(ev.finite)} off by err_ratio up to {worst.err_ratio:.2g} ({over:.3g}x the "
+                                 f"bound){where}: not the rounding of the stored state", at)
+
+
+def diagnose(judge, report, rec, store):
+    """What a non-PASS serving report points at: the findings of :data:`SERVING_LOCALISERS` that hold, else
+    :func:`systematic`."""
+    ev = ServingEvidence(judge, report, rec, store)
+    found = [f for f in (loc(ev) for loc in SERVING_LOCALISERS) if f is not None]
+    return found or [f for f in (systematic(ev),) if f is not None]
