@@ -25,6 +25,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
+from gdn2_oracle.oracle import call_modes
 from gdn2_oracle.oracle.mode_recipes import ModeRecipe
 from gdn2_oracle.property_tests import strategies
 
@@ -45,16 +46,19 @@ class Found(Exception):
     """A recipe with a FAIL (raised inside the search so that Hypothesis shrinks it)."""
 
 
-def recipes(shapes="core", modes=("dense",)):
+PLAIN = call_modes.BASE.name  # the dense call: the conformance suite's recipes
+
+
+def recipes(shapes="core", modes=(PLAIN,)):
     """The recipes searched: with ``dense`` the conformance suite's CORE configs, or (``"all"``) also any config of
     its small sets; with training-call modes, drawn :class:`ModeRecipe` s using some of them."""
     if shapes not in SHAPES:
         raise ValueError(f"shapes: {shapes!r} not one of {SHAPES}")
     spaces = []
-    if "dense" in modes:
+    if PLAIN in modes:
         core = st.sampled_from(strategies.CORE).flatmap(strategies.specs)
         spaces.append(core if shapes == "core" else st.one_of(core, strategies.any_spec()))
-    calls = [m for m in modes if m != "dense"]
+    calls = [m for m in modes if not call_modes.is_base(m)]
     if calls:
         spaces.append(strategies.mode_recipes(calls))
     if not spaces:
@@ -96,7 +100,7 @@ class Search:
 
 
 def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core", show_progress=True,
-         modes=("dense",), case_timeout=None, on_stop=None):
+         modes=(PLAIN,), case_timeout=None, on_stop=None):
     """Search up to ``budget`` recipes for a FAIL of kernel ``fn`` (spec ``kernel``, used in the reproducer).
 
     Returns a :class:`HuntReport` (``worst``: {ratio, result, grade, recipe}; ``found``: None or
@@ -113,7 +117,7 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
         raise ValueError(f"result: {result!r} not one of {MODE_RESULTS}")
     modes = tuple(modes)
     accepted = mode_running.accepted_modes(fn)
-    not_accepted = [m for m in modes if m != "dense" and m not in accepted]
+    not_accepted = [m for m in modes if not call_modes.is_base(m) and m not in accepted]
     searched = tuple(m for m in modes if m not in not_accepted)
     search, start = Search(), time.perf_counter()
 
@@ -193,7 +197,7 @@ class HuntReport:
     worst: dict | None
     found: dict | None
     interrupted: bool = False
-    modes: list = field(default_factory=lambda: ["dense"])  # what was drawn (--modes)
+    modes: list = field(default_factory=lambda: [PLAIN])  # what was drawn (--modes)
     not_accepted_modes: list = field(default_factory=list)  # selected, not in the kernel's signature: not drawn
 
 
@@ -267,9 +271,10 @@ def add_parser(sub):
     h.add_argument("--seed", type=cli_args.nonnegative, help="search seed (default: random, printed)")
     h.add_argument("--shapes", choices=SHAPES, default="core",
                    help="core (default: the conformance suite's CORE configs) or all (its small sets' cross product)")
-    h.add_argument("--modes", type=cli_args.call_modes, default=("dense",), metavar="LIST",
-                   help="what to draw, comma-separated among dense and the training-call modes (varlen, gate, l2norm, "
-                        "state_v_first, intermediate) or all (default dense: the conformance suite's recipes; a mode "
+    h.add_argument("--modes", type=cli_args.call_modes, default=(PLAIN,), metavar="LIST",
+                   help=f"what to draw, comma-separated among {PLAIN} and the training-call modes "
+                        f"({', '.join(call_modes.names('training'))}) or all (default {PLAIN}: the conformance suite's "
+                        "recipes; a mode "
                         "adds drawn FLA training calls using it, judged by the modes judge, where the kernel accepts "
                         "it)")
     cli_args.add_case_timeout(h, "recipe")
