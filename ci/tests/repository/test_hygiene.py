@@ -5,11 +5,14 @@
 * docs/development.md's file map ("The files") names every module of the package (the non-test ``.py`` files
   but ``__init__.py``) under its folder, and every ``.py`` file it names exists;
 * docs/DESIGN.md §3's floors of ``ci/`` (``ci/grading/``, ``ci/running/``, ``ci/commands/``) name each of their
-  modules.
+  modules;
+* no module of the package (tests aside) imports or reads a private name (``_x``) of another of our modules: what
+  another module needs is public.
 """
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -136,3 +139,38 @@ def test_design_names_every_module_of_each_ci_floor(folder):
     modules = sorted(p.stem for p in (ROOT / folder).glob("*.py") if p.name != "__init__.py")
     missing = [m for m in modules if not re.search(rf"\b{m}\b", entry)]
     assert not missing, f"docs/DESIGN.md §3 does not name these modules of {folder}: {missing}\n{entry}"
+
+
+def private_uses(path):
+    """``(line, text)`` of each use in ``path`` of another of our modules' private name: ``from .m import _x`` or
+    ``m._x`` where ``m`` was imported from the package."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("gdn2_oracle")):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append((node.lineno, f"from {'.' * node.level}{node.module or ''} import {alias.name}"))
+                else:
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("gdn2_oracle"))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name) and node.value.id in modules):
+            found.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return sorted(found)
+
+
+def test_the_private_name_rule_can_fail(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from . import recurrence\nfrom .mp import _MPArith, MPForward\nimport numpy as np\n"
+                    "x = recurrence._run(np._NoValue, recurrence.run)\n")
+    assert private_uses(path) == [(2, "from .mp import _MPArith"), (4, "recurrence._run")]
+
+
+def test_no_module_uses_another_modules_private_names():
+    bad = [f"{path.relative_to(ROOT).as_posix()}:{line}: {text}" for path in python_files()
+           if path.parent != ROOT and not {"tests", "benchmarks"} & set(path.relative_to(ROOT).parts)
+           for line, text in private_uses(path)]
+    assert not bad, "make these names public (or put them behind a public function):\n" + "\n".join(bad)
