@@ -37,6 +37,8 @@ from ..grading import modes as mode_grading
 from ..grading.case import Case
 from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict, run_grade
+from gdn2_oracle.oracle import call_modes
+
 from ..grading import reference_cache
 from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
 from ..running import harness, multihost
@@ -57,6 +59,8 @@ CASE_SETS = ("golden", "quick", "full")
 # Every mode validate judges: the dense contract, FLA chunk_gdn2's training-call modes, the serving modes
 # (decode steps on a state pool, speculative slots: docs/serving.md).
 VALIDATE_MODES = ALL_MODES + SERVING_MODES
+PLAIN = call_modes.BASE.name  # the dense contract: every kernel is judged on its cases
+TRAINING = call_modes.names("training")
 # The serving recipes of the quick set (the 4,096-step horizons only in full).
 QUICK_SERVING = ("pool_gather_scatter", "chunked_prefill", "speculative_accept")
 SCHEMA = "gdn2-oracle/validate/3"  # 2: + modes; per kernel accepted_modes, modes, not_accepted_cases;
@@ -113,7 +117,7 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
         raise ValueError(f"cases: {kind!r} not one of {CASE_SETS}")
     modes = VALIDATE_MODES if modes is None else tuple(modes)
     cases = []
-    if "dense" in modes:
+    if PLAIN in modes:
         from gdn2_oracle import golden  # the corpus is read only when validating
 
         cases = [c for c in (Case.golden(n) for n in golden.names()) if c.dtype in dtypes]
@@ -410,9 +414,9 @@ class ValidationRun:
             kout["summary"] = summarize(kout["cases"])
             kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(kout["cases"])]
             judged = {m for c in kout["cases"] for m in c.get("modes") or ([c["mode"]] if "mode" in c else ())} | (
-                {"dense"} if any("modes" not in c and "mode" not in c for c in kout["cases"]) else set())
+                {PLAIN} if any("modes" not in c and "mode" not in c for c in kout["cases"]) else set())
             kout["modes"] = {"judged": [m for m in modes if m in judged],
-                             "not_accepted": [m for m in modes if m != "dense" and m not in kout["accepted_modes"]]}
+                             "not_accepted": [m for m in modes if m != PLAIN and m not in kout["accepted_modes"]]}
         kernels_out, mesh, only = self.kernels_out, options.mesh, options.only
         return ValidationReport(cases=options.cases, dtypes=list(options.dtypes), seed=options.seed,
                                 only=list(only) if only else None,
@@ -535,7 +539,7 @@ def format_validation(report, *, max_failures=60):
         lines += ["", f"WARNING: {n_prec} case(s) graded PRECISION: over the working-precision tolerance but within "
                       "the precision-loss bound (docs/DESIGN.md §4): the algorithm is right, precision is lost of a "
                       "known kind. Not a failure (exit 0) unless --strict."]
-    mode_lines = [format_modes(k, modes) for k in report.kernels if set(modes) - {"dense"}]
+    mode_lines = [format_modes(k, modes) for k in report.kernels if set(modes) - {PLAIN}]
     if mode_lines:
         lines += ["", "Call modes (docs/modes.md, docs/serving.md):"] + mode_lines
     notes = [(k["name"], n) for k in report.kernels for n in k["notes"]]
@@ -581,9 +585,9 @@ def format_modes(k, selected):
     """One line: the modes a kernel was judged on, those of ``selected`` no case in the set uses, and those the
     kernel does not accept (their cases not run)."""
     m = k.get("modes") or {}
-    judged = [x for x in m.get("judged", []) if x != "dense"]
+    judged = [x for x in m.get("judged", []) if x != PLAIN]
     line = f"  {k['name']}: judged on {', '.join(judged) if judged else 'no mode case'}"
-    unused = [x for x in selected if x != "dense" and x not in judged and x not in m.get("not_accepted", [])]
+    unused = [x for x in selected if x != PLAIN and x not in judged and x not in m.get("not_accepted", [])]
     if unused:
         line += f"; no case of this set uses {', '.join(unused)}"
     if m.get("not_accepted"):
@@ -595,11 +599,10 @@ def format_modes(k, selected):
 
 def modes_arg(text):
     """``--modes`` value: comma-separated names of :data:`VALIDATE_MODES`, in that order."""
-    items = [m.strip() for m in str(text).split(",") if m.strip()]
-    unknown = [m for m in items if m not in VALIDATE_MODES]
-    if unknown or not items:
-        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or repr(text)} not among {', '.join(VALIDATE_MODES)}")
-    return tuple(m for m in VALIDATE_MODES if m in items)
+    try:
+        return call_modes.parse(text, VALIDATE_MODES)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("modes: ")) from None
 
 
 def add_parser(sub):
@@ -617,8 +620,9 @@ def add_parser(sub):
     v.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
     v.add_argument("--modes", type=modes_arg, default=None, metavar="LIST",
                    help=f"call modes to judge, comma-separated among {','.join(VALIDATE_MODES)} (default: all; "
-                        "dense is the plain contract, varlen..intermediate FLA chunk_gdn2's training-call modes, "
-                        "decode and speculative a state pool; each judged on the kernels whose signature accepts it)")
+                        f"{PLAIN} is the plain contract, {TRAINING[0]}..{TRAINING[-1]} FLA chunk_gdn2's training-call "
+                        f"modes, {' and '.join(SERVING_MODES)} a state pool; each judged on the kernels whose "
+                        "signature accepts it)")
     v.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/validate.json)")
     v.add_argument("--plot", metavar="PATH", help="write a PNG heat map here, cases x results coloured by "
                                                   "log10(error / tolerance) (a directory: PATH/validate.png)")
