@@ -34,15 +34,15 @@ from gdn2_oracle import oracle
 from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe
 
 from ..grading import modes as mode_grading
-from ..grading.case import Case
 from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict, run_grade
 from gdn2_oracle.oracle import call_modes
 
 from ..grading import reference_cache
-from ..grading.modes import ALL_MODES, MODE_RESULTS, ModeCase
-from ..running import harness, multihost
+from ..grading.modes import ALL_MODES, MODE_RESULTS
+from ..running import multihost
 from ..running.ahead import Ahead
+from ..running.cases import CallCase, DenseCase
 from ..running import modes as mode_running
 from ..running import serving as serving_running
 from ..grading.serving_cases import MODES as SERVING_MODES
@@ -86,7 +86,7 @@ FULL_SHAPE = (1, None, 2, 32, 32)
 def recipe_case(name, recipe: Recipe):
     """A generated case from ``recipe`` (a ``_bf16`` suffix for bfloat16), its reference split over the hosts;
     ``case.recipe`` keeps the recipe (the ``--dump`` reproducer names it)."""
-    case = Case.from_recipe(name if recipe.precision == "float32" else f"{name}_bf16", recipe,
+    case = DenseCase.from_recipe(name if recipe.precision == "float32" else f"{name}_bf16", recipe,
                             reference_fn=multihost.reference_results)
     case.recipe = recipe
     return case
@@ -120,12 +120,12 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     if PLAIN in modes:
         from gdn2_oracle import golden  # the corpus is read only when validating
 
-        cases = [c for c in (Case.golden(n) for n in golden.names()) if c.dtype in dtypes]
+        cases = [c for c in (DenseCase.golden(n) for n in golden.names()) if c.dtype in dtypes]
         for dtype in dtypes:
             for j, (n, s, d, g, h) in enumerate(generated(kind)):
                 recipe = Recipe(*s, decay=d, gates=g, initial_state=h, precision=dtype, seed=seed + 1000 + j)
                 cases.append(recipe_case(n, recipe))
-    cases += mode_grading.cases(kind, dtypes, seed=seed, modes_selected=modes)
+    cases += mode_grading.cases(kind, dtypes, seed=seed, modes_selected=modes, case_type=CallCase)
     serving = [m for m in SERVING_MODES if m in modes]
     if serving and kind != "golden":
         cases += serving_running.serving_cases(dtypes, seed, serving, QUICK_SERVING if kind == "quick" else None)
@@ -138,93 +138,20 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     return cases
 
 
-def run_case(fn, case: Case, mesh=None, *, capture=False, program=None):
-    """Judge kernel ``fn`` on one case: ``{"passed", "outcome", "verdicts", "error", "seconds"}``.
+def run_case(fn, case, mesh=None, *, capture=False, program=None):
+    """Judge kernel ``fn`` on one case (any kind: ``case.run``, ``ci/running/cases.py``): a :class:`CaseResult`.
 
-    ``outcome``: ``pass``, ``fail`` (over tolerance), ``error`` (the kernel raised) or ``input-error``
-    (the case's own data could not be loaded, e.g. a missing or damaged golden file: nothing is
-    known about the kernel; the message names the file and how to restore it).
-
-    ``capture`` (``--dump``): the result also has ``"arrays"`` -- ``{"input", "got", "ref", "profile"}``, each
-    ``{name: array}`` (what the case has: a serving case none; a training-call case its results, reference and
-    profiles, its call's inputs when it has them); the caller drops it once the dump is written.
-    """
-    if isinstance(case, serving_running.ServingCase):
-        res = case.run(fn)
-        return {**res, "arrays": {}} if capture else res
-    if isinstance(case, ModeCase):
-        chunk = mode_running.kernel_chunk_size(fn)
-
-        def run(call, do, dfs):
-            mode_running.check_representable(call, case.dtype)
-            return mode_running.mode_results(fn, call, do, dfs, dtype=case.dtype, mesh=mesh)
-
-        return _judged(case, run, lambda got: case.judge(got, chunk_size=chunk), capture=capture,
-                       inputs=_mode_inputs, reference=lambda: case.reference(chunk_size=chunk))
-
-    def run_dense(problem, do, dfs):
-        harness.check_representable(problem, case.dtype)
-        return harness.kernel_results(fn, problem, do, dfs, dtype=case.dtype, mesh=mesh, program=program)
-
-    return _judged(case, run_dense, case.judge, capture=capture, inputs=_dense_inputs, reference=case.reference)
-
-
-def _dense_inputs(problem, do, dfs):
-    """The arrays of a dense case's data by name: q..w, h0 and the cotangents do, dfinal_state."""
-    return {**dict(zip(oracle.INPUTS, problem.inputs())), "h0": problem.h0(), "do": do, "dfinal_state": dfs}
-
-
-def _mode_inputs(call, do, dfs):
-    """The arrays of a training call's data (those the call has) and its cotangents."""
-    out = {}
-    for name in (*oracle.INPUTS, "h0", "initial_state", "cu_seqlens"):
-        x = getattr(call, name, None)
-        if x is not None and not callable(x):
-            out[name] = x
-    return {**out, "do": do, "dfinal_state": dfs}
-
-
-def run_mode_case(fn, case: ModeCase):
-    """Judge kernel ``fn`` on one training-call case (no mesh): as :func:`run_case`."""
-    return run_case(fn, case)
-
-
-def _judged(case, run, judge, *, capture=False, inputs=None, reference=None):
-    """``judge(run(*case.data()))`` as a case result: an input error when the case's data cannot be built, an
-    error when the kernel raises (``run``), else the graded report (``judge``: the oracle's side, never caught).
-    ``capture``: plus ``"arrays"`` (see :func:`run_case`; ``inputs(*data)`` names the data, ``reference()`` the
-    reference results, taken only for a case not graded PASS)."""
-    t0 = time.perf_counter()
-    try:
-        data = case.data()
-    except Exception as exc:  # noqa: BLE001 - a bad input is reported for this case; the others are judged
-        return {"passed": False, "outcome": "input-error", "verdicts": [], "seconds": time.perf_counter() - t0,
-                "error": f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:1000],
-                **({"arrays": {}} if capture else {})}
-    arrays = {"input": inputs(*data) if inputs else {}} if capture else None
-    try:
-        got = run(*data)
-    except Exception as exc:  # noqa: BLE001 - any kernel failure is a failed case, reported by name
-        msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
-        return {"passed": False, "outcome": "error", "verdicts": [], "error": msg,
-                "seconds": time.perf_counter() - t0, **({"arrays": arrays} if capture else {})}
-    report = judge(got)
-    out = {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
-           "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
-           "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}
-    if capture:
-        if not report.passed:  # only a dumped case keeps its arrays (the reference is cached by the case)
-            ref = reference() if reference else {}
-            arrays.update(got=dict(got), ref={n: ref[n] for n in got if n in ref},
-                          profile=dict(getattr(report, "profiles", {}) or {}))
-        out["arrays"] = arrays
-    return out
+    ``outcome``: ``pass``, ``precision``, ``fail`` (graded), ``error`` (the kernel raised) or ``input-error`` (the
+    case's own data could not be loaded, e.g. a missing or damaged golden file: nothing is known about the kernel; the
+    message names the file and how to restore it). ``capture`` (``--dump``): the result's ``arrays`` hold
+    ``{"input", "got", "ref", "profile"}``, each ``{name: array}`` (what the case has); the caller drops them once the
+    dump is written."""
+    return case.run(fn, mesh, capture=capture, program=program)
 
 
 def takes_part(case, accepted):
-    """Whether a kernel accepting the modes ``accepted`` is judged on ``case`` (a dense case: always)."""
-    modes = (case.mode,) if isinstance(case, serving_running.ServingCase) else getattr(case, "modes", ())
-    return set(modes) <= set(accepted)
+    """Whether a kernel accepting the modes ``accepted`` is judged on ``case`` (a dense case, using none: always)."""
+    return set(case.modes) <= set(accepted)
 
 
 def accepted_modes(fn):
@@ -233,15 +160,9 @@ def accepted_modes(fn):
     return [*mode_running.accepted_modes(fn), *serving]
 
 
-# A judged case's outcome by its grade (PRECISION: over tolerance, within the precision-loss bound).
-GRADE_OUTCOME = {PASS: "pass", PRECISION: "precision", FAIL: "fail"}
-
-
 def case_grade(c):
-    """A case dict's grade: its own; else None for an input error (not judged), FAIL for a kernel error."""
-    if "grade" in c:
-        return c["grade"]
-    return None if c.get("outcome") == "input-error" else (PASS if c["passed"] else FAIL)
+    """A case record's grade (None for an input error: not judged)."""
+    return c["grade"]
 
 
 def severity(v):
@@ -377,12 +298,10 @@ class ValidationRun:
         else:
             key = (fn, id(case))
             program = functools.partial(ahead.compiled, key) if key in ahead else None
-            res = run_case(fn, case, mesh, capture=dump is not None, program=program)
-            arrays = res.pop("arrays", None)
-            res.setdefault("grade", case_grade(res))
-            res.setdefault("diagnosis", [{"kind": res["outcome"], "text": res["error"], "token": None}]
-                           if res["error"] else [])
-            kout["cases"].append({**case.describe(), **res})
+            result = run_case(fn, case, mesh, capture=dump is not None, program=program)
+            arrays, result.arrays = result.arrays, None
+            res = result.to_dict()
+            kout["cases"].append(res)
             if dump is not None and not res["passed"]:
                 self.dump_ok = self.dump_ok and write_after_work("--dump", dump.root, functools.partial(
                     dump.write, spec.label(), spec.spec, case, kout["cases"][-1], arrays))
@@ -436,14 +355,9 @@ def compile_ahead(built, case_list, mesh, workers, program_cache=True):
     """An :class:`Ahead` over the dense cases' programs of every kernel in the run's order (``workers`` 0, or a
     mesh: none -- each program compiles on its first call), through the program cache unless ``program_cache``
     is false."""
-    def prepare(fn, case):
-        problem = case.data()[0]
-        return (harness.program_signature(fn, problem, case.dtype),
-                lambda: harness.lower(fn, problem, case.dtype, cache=program_cache))
-
     jobs = [] if workers == 0 or mesh is not None else [
-        ((fn, id(case)), functools.partial(prepare, fn, case))
-        for case in case_list if type(case) is Case for _, fn in built]
+        ((fn, id(case)), functools.partial(case.ahead, fn, program_cache))
+        for case in case_list if case.compiles_ahead for _, fn in built]
     return Ahead(jobs, workers or None)
 
 

@@ -20,8 +20,34 @@ from . import reference_cache, references
 from .tolerance import Report, baseline, compare, cumulative_baseline, dtype_name
 
 
+class CachedCase:
+    """What every case kind shares (dense :class:`Case`, training-call ``modes.ModeCase``, serving
+    ``serving.Session``): its identity (``name``, ``dtype``, ``shape``, ``modes``: the call modes it uses, none for
+    the dense contract), ``describe()`` and ``release()``, and the seconds spent on its oracle side, every value
+    computed once and, for a case with a ``key``, through the reference cache. A kernel is run on a case by the
+    running floor (``ci/running/cases.py``: ``case.run(kernel, mesh) -> CaseResult``)."""
+
+    modes: tuple = ()
+    seconds: float = 0.0
+    key: dict | None = None
+
+    def _timed(self, fn, *args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _cached(self, what, compute):
+        """``compute()`` (named arrays) for this case's value ``what``, timed; through the reference cache when
+        the case has a key (call after the data are built: a golden's key is its file's)."""
+        if self.key is None:
+            return self._timed(compute)
+        return self._timed(reference_cache.cached, {**self.key, **what}, compute)
+
+
 @dataclass(eq=False)
-class Case:
+class Case(CachedCase):
     """One problem in one dtype. ``build()`` returns ``((problem, do, dfinal_state), reference or None)``;
     ``reference_fn(problem, do, dfinal_state)`` computes the float64 oracle's reference when the build gives none
     (in whatever processes, bit for bit ``references.reference_results``). ``key`` (a JSON-ready dict; None: not
@@ -71,20 +97,6 @@ class Case:
                   "reduction": r.reduction, "purpose": c.purpose}
         case = cls(name, "golden", r.precision, r.shape, build, regime)
         return case
-
-    def _timed(self, fn, *args):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def _cached(self, what, compute):
-        """``compute()`` (named arrays) for this case's value ``what``, timed; through the reference cache when
-        the case has a key (call after :meth:`data`: a golden's key is its file's)."""
-        if self.key is None:
-            return self._timed(compute)
-        return self._timed(reference_cache.cached, {**self.key, **what}, compute)
 
     def data(self):
         """``(problem, do, dfinal_state)``."""

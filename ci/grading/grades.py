@@ -71,6 +71,8 @@ class Verdict:
             object.__setattr__(self, "grade", PASS if self.passed else FAIL)
         if self.grade not in GRADES:
             raise ValueError(f"grade: {self.grade!r} not one of {GRADES}")
+        if bool(self.passed) != (self.grade == PASS):  # one fact: ``passed`` is ``grade == PASS`` (kept for the JSON)
+            raise ValueError(f"passed: {self.passed!r} contradicts grade {self.grade!r}")
 
     @property
     def ratio(self):

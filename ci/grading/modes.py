@@ -27,7 +27,6 @@ NumPy and the oracle only (docs/DESIGN.md §3): the kernel is run by ``ci/runnin
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from collections.abc import Callable
@@ -39,7 +38,8 @@ from gdn2_oracle.oracle.call import Call
 from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
 from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe
 
-from . import diagnose, reference_cache
+from . import diagnose
+from .case import CachedCase
 from .rule import agree_results, judge_results
 from .tolerance import PER_TOKEN, Report, dtype_name, rounded, token_profile
 
@@ -129,7 +129,7 @@ def agreement(names, a, b, ref, base, dtype, *, env=None, what="agreement", cum=
 
 
 @dataclass(eq=False)
-class ModeCase:
+class ModeCase(CachedCase):
     """One training call in one input dtype; ``build()`` returns ``(call, do, dfinal_state)``.
 
     Reference, baselines and envelopes are computed lazily, once per case (baselines per result dtypes;
@@ -191,20 +191,6 @@ class ModeCase:
         """The catalogued recipe ``name`` (``oracle.mode_recipes``), its data seed shifted by ``seed``."""
         recipe = mode_recipes.get(name)
         return cls.from_recipe(name, recipe.replace(seed=recipe.seed + seed) if seed else recipe)
-
-    def _timed(self, fn, *args, **kw):
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kw)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def _cached(self, what, compute):
-        """``compute()`` (named arrays) for this case's value ``what``, timed; through the reference cache when
-        the case has a key."""
-        if self.key is None:
-            return self._timed(compute)
-        return self._timed(reference_cache.cached, {**self.key, **what}, compute)
 
     def data(self):
         """``(call, do, dfinal_state)``."""
@@ -340,10 +326,12 @@ class ModeCase:
 GOLDEN_SETS = ("golden", "full")
 
 
-def cases(kind="quick", dtypes=DTYPES, *, seed=0, modes_selected=MODES):
+def cases(kind="quick", dtypes=DTYPES, *, seed=0, modes_selected=MODES, case_type=None):
     """The mode cases of a case set (``quick``: :data:`oracle.mode_recipes.QUICK`; ``full``: every recipe and the
     mode goldens; ``golden``: the mode goldens, ``golden/mode_catalogue.py``), restricted to ``dtypes`` and to
-    recipes whose modes are all in ``modes_selected``. ``seed`` shifts the generated recipes, not the goldens."""
+    recipes whose modes are all in ``modes_selected``. ``seed`` shifts the generated recipes, not the goldens.
+    ``case_type``: the :class:`ModeCase` subclass built (the running floor's, which runs kernels)."""
+    case_type = case_type or ModeCase
     out = []
 
     def wanted(r):
@@ -351,9 +339,9 @@ def cases(kind="quick", dtypes=DTYPES, *, seed=0, modes_selected=MODES):
 
     for name in mode_recipes.names(kind) if kind != "golden" else ():
         if wanted(mode_recipes.get(name)):
-            out.append(ModeCase.named(name, seed=seed))
+            out.append(case_type.named(name, seed=seed))
     if kind in GOLDEN_SETS:
         from gdn2_oracle import golden  # the corpus is read only when a set has it
 
-        out += [ModeCase.golden(n) for n in golden.mode_names() if wanted(golden.mode_catalogue.get(n).recipe)]
+        out += [case_type.golden(n) for n in golden.mode_names() if wanted(golden.mode_catalogue.get(n).recipe)]
     return out

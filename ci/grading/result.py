@@ -53,7 +53,7 @@ class CaseResult:
         built (``kind`` ``input-error``: not judged, no grade). ``exc``: the exception or its text."""
         text = exc if isinstance(exc, str) else error_text(exc, 1000 if kind == INPUT_ERROR else ERROR_CHARS)
         if kind == INPUT_ERROR:
-            return cls(case, INPUT_ERROR, None, [], [], text, seconds, **kw)
+            return cls(case, INPUT_ERROR, None, [], [{"kind": kind, "text": text, "token": None}], text, seconds, **kw)
         return cls(case, ERROR, FAIL, [], [{"kind": kind, "text": text, "token": None}], text, seconds, **kw)
 
     @property

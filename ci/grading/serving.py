@@ -37,6 +37,7 @@ import numpy as np
 from gdn2_oracle.oracle import serving
 from gdn2_oracle.oracle.generate import round_to
 
+from .case import CachedCase
 from .grades import PASS, Verdict
 from .rule import ABS_FLOOR, AGREE_FRACTION, FLOOR, MULTIPLE, agreement_tolerance, grade, tolerance
 from .serving_diagnosis import diagnose
@@ -160,7 +161,7 @@ class _Metric:
             return np.where(n > 0, np.sqrt(d2 / np.maximum(n, 1)) / self.scales[0], 0.0)
 
 
-class Session:
+class Session(CachedCase):
     """A scripted serving session: ``calls`` (:class:`DecodeCall`) chained from the initial ``pool`` ``[P, H, K,
     V]`` (float64 values exact in float32; a kernel can be judged on it when they are exact in its pool dtype too:
     the recipes' pools are exact in bfloat16 and float16, so one reference serves every pool dtype), inputs exact
@@ -172,6 +173,7 @@ class Session:
 
     def __init__(self, name, calls, pool, *, dtype="float32", mode="decode", regime=None, purpose=""):
         self.name, self.calls, self.dtype, self.mode = name, list(calls), dtype, mode
+        self.modes = (mode,)
         self.regime, self.purpose = dict(regime or {}), purpose
         self.pool = np.asarray(pool, np.float64)
         if not self.calls:
@@ -226,7 +228,7 @@ class Session:
     def reference(self):
         """The per-call float64 references (list of :class:`_Call`), computed once."""
         if self._ref is None:
-            self._ref = [_Call(c, r, p) for c, r, p in self.chain()]
+            self._ref = self._timed(lambda: [_Call(c, r, p) for c, r, p in self.chain()])
         return self._ref
 
     def baseline(self, kind, o_dtype, state_dtype):
@@ -242,12 +244,16 @@ class Session:
                 options["carry_dtype"] = kind[5:]
                 options["store_dtype"] = state_dtype
             ref = self.reference()
-            m = {n: _Metric(len(ref)) for n in GRADED}
-            for i, ((_, r, _), rc) in enumerate(zip(self.chain(**options), ref)):
-                with np.errstate(invalid="ignore"):
-                    m["o"].add(i, serving.round_state(r.o[rc.judged], o_dtype), rc.o)
-                    m["state"].add(i, serving.round_state(r.pool[rc.state_slots], state_dtype), rc.state)
-            self._base[key] = {n: x.errors() for n, x in m.items()}
+
+            def errors():
+                m = {n: _Metric(len(ref)) for n in GRADED}
+                for i, ((_, r, _), rc) in enumerate(zip(self.chain(**options), ref)):
+                    with np.errstate(invalid="ignore"):
+                        m["o"].add(i, serving.round_state(r.o[rc.judged], o_dtype), rc.o)
+                        m["state"].add(i, serving.round_state(r.pool[rc.state_slots], state_dtype), rc.state)
+                return {n: x.errors() for n, x in m.items()}
+
+            self._base[key] = self._timed(errors)
         return self._base[key]
 
     def peak_output(self):

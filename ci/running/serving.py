@@ -32,12 +32,11 @@ from gdn2_oracle.kernels.spec import accepts_keywords
 from gdn2_oracle.kernels.torch_bridge import TorchKernel
 
 from ..grading import serving_cases as recipes
-from ..grading.grades import FAIL, PASS, PRECISION
+from ..grading.result import CaseResult
 from ..grading.serving import STATE_DTYPES, Session
 from .harness import host_cast, to_device
 
 CONVENTIONS = ("pool", "fla")  # state_pool / FLA's initial_state + ssm_state_indices
-GRADE_OUTCOME = {PASS: "pass", PRECISION: "precision", FAIL: "fail"}
 
 
 def _named(fn, name):
@@ -129,30 +128,30 @@ def run_session(fn, session: Session, *, keep=False):
 
 
 class ServingCase:
-    """A serving session as a ``validate`` case: ``describe()``, ``run(fn)``, ``release()``."""
+    """A serving session as a case (``ci/running/cases.py``'s protocol): ``name``, ``dtype``, ``shape``, ``modes``,
+    ``describe()``, ``run(kernel, mesh)``, ``release()``."""
+
+    compiles_ahead = False  # a kernel's decode calls compile as they run
 
     def __init__(self, session: Session):
         self.session = session
-        self.name, self.dtype, self.mode = session.name, session.dtype, session.mode
+        self.name, self.dtype, self.mode, self.modes = session.name, session.dtype, session.mode, session.modes
         self.shape = session.shape
 
     def describe(self):
         return self.session.describe()
 
-    def run(self, fn):
-        """Judge kernel ``fn``: ``{"passed", "outcome", "grade", "verdicts", "diagnosis", "error", "seconds"}``
-        (``outcome``: pass | precision | fail | error, as ``validate``'s ``run_case``)."""
+    def run(self, fn, mesh=None, *, capture=False, program=None) -> CaseResult:
+        """Judge kernel ``fn`` on the session's calls chained on its own pool (no mesh: a decode call is not
+        sharded); a kernel that raises, or is no serving kernel, fails the case. Nothing is captured for
+        ``--dump``: the result's ``arrays`` are empty."""
         t0 = time.perf_counter()
+        arrays = {} if capture else None
         try:
             report = run_session(fn, self.session)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises (or is no serving kernel) fails this case
-            msg = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:500]
-            return {"passed": False, "outcome": "error", "grade": FAIL, "verdicts": [], "error": msg,
-                    "diagnosis": [{"kind": "error", "text": msg, "token": None}],
-                    "seconds": time.perf_counter() - t0}
-        return {"passed": report.passed, "outcome": GRADE_OUTCOME[report.grade], "grade": report.grade,
-                "verdicts": [v.as_dict() for v in report.verdicts], "error": None,
-                "diagnosis": [f.as_dict() for f in report.diagnosis], "seconds": time.perf_counter() - t0}
+            return CaseResult.failed(self.describe(), exc, time.perf_counter() - t0, arrays=arrays)
+        return CaseResult.judged(self.describe(), report, time.perf_counter() - t0, arrays=arrays)
 
     def release(self):
         self.session.release()

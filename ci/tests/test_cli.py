@@ -122,7 +122,7 @@ def test_generated_quick_cases_are_oracle_checked():
     [case] = build_cases("quick", ("float32",), only=["gen_strong_negative_T100"])
     assert case.source == "generated" and case.regime["decay"] == "strong"
     res = run_case(kernels.get("factorized"), case)
-    assert res["passed"], res
+    assert res.passed and res.outcome == "pass", res
 
 
 # --- bench ----------------------------------------------------------------------------------

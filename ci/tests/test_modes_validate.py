@@ -18,6 +18,7 @@ from gdn2_oracle.ci.grading import modes as grading
 from gdn2_oracle.ci.grading.grades import FAIL, PASS
 from gdn2_oracle.ci.grading.modes import ModeCase
 from gdn2_oracle.ci.running import modes as running
+from gdn2_oracle.ci.running.cases import CallCase
 from gdn2_oracle.ci.testing import pytest_run
 from gdn2_oracle.kernels import testing_modes
 from gdn2_oracle.oracle import mode_recipes
@@ -128,8 +129,8 @@ CAUGHT = [
 def test_each_mutant_is_caught_by_the_judge_and_its_property(mutant, recipe, checks):
     fn = testing_modes.MUTANTS[mutant]
     recipe = props.RECIPES[recipe]
-    res = validate.run_mode_case(fn, ModeCase.from_recipe(recipe_name(recipe), recipe))
-    assert res["grade"] == FAIL, res
+    res = CallCase.from_recipe(recipe_name(recipe), recipe).run(fn)
+    assert res.grade == FAIL, res
     for check in checks:
         args = (fn, recipe, 1) if check is props.check_perturbation else (fn, recipe)
         report = check(*args)
@@ -227,7 +228,7 @@ def test_a_mode_case_runs_on_the_mesh_validate_was_given():
         return testing_modes.correct(*xs, **kw)
 
     recipe = props.RECIPES["varlen"]
-    case = ModeCase.from_recipe(recipe_name(recipe), recipe)
+    case = CallCase.from_recipe(recipe_name(recipe), recipe)
     res = validate.run_case(testing_modes.ModeMutant("mesh_spy", spy), case, build_mesh("seq=1"))
-    assert res["outcome"] == "pass", res
+    assert res.outcome == "pass", res
     assert seen and all(shape == {"seq": 1} for shape in seen), seen

@@ -186,16 +186,17 @@ def test_decode_kernel_on_the_short_recipes(state_dtype):
     fn = kernels.get("decode", state_dtype=state_dtype)
     for case in runner.serving_cases(("float32",), only=("pool_gather_scatter", "speculative_accept")):
         res = case.run(fn)
-        assert set(res) == {"passed", "outcome", "grade", "verdicts", "diagnosis", "error", "seconds"}
+        assert set(res.to_dict()) == {*case.describe(), "passed", "outcome", "grade", "verdicts", "diagnosis",
+                                      "error", "seconds"}
         want = {PASS} if state_dtype == "float32" else {PASS, PRECISION}
-        assert res["grade"] in want, (case.name, res)
+        assert res.grade in want, (case.name, res)
         case.release()
 
 
 def test_a_kernel_without_a_pool_is_an_error_case():
     case = runner.serving_cases(("float32",), only=("pool_gather_scatter",))[0]
     res = case.run(kernels.get("pairwise"))
-    assert res["outcome"] == "error" and res["grade"] == FAIL and "takes no state pool" in res["error"]
+    assert res.outcome == "error" and res.grade == FAIL and "takes no state pool" in res.error
 
 
 def test_long_horizon_figure(record_property):
@@ -230,7 +231,7 @@ def test_fla_naive_peer(state_dtype):
     for case in runner.serving_cases(("float32", "bfloat16"), only=("pool_gather_scatter", "speculative_accept",
                                                                     "chunked_prefill")):
         res = case.run(fn)
-        assert res["grade"] in ({PASS} if state_dtype == "float32" else {PASS, PRECISION}), (case.name, res)
+        assert res.grade in ({PASS} if state_dtype == "float32" else {PASS, PRECISION}), (case.name, res)
 
 
 @needs_fla
@@ -281,10 +282,10 @@ def test_an_fp16_output_beside_an_fp32_state_overflows_and_is_told_apart():
     [small] = serving_cases(("float32",), 0, ("decode",), ["pool_gather_scatter"])
     fp16_out = kernels.get('decode[o_dtype="float16"]')
     res = large.run(fp16_out)
-    assert res["grade"] == "FAIL" and [d["kind"] for d in res["diagnosis"]] == ["output-overflow"], res
-    assert "65504" in res["diagnosis"][0]["text"]
-    assert large.run(kernels.get("decode"))["grade"] == "PASS"
-    assert small.run(fp16_out)["grade"] == "PASS"
+    assert res.grade == "FAIL" and [d.kind for d in res.diagnosis] == ["output-overflow"], res
+    assert "65504" in res.diagnosis[0].text
+    assert large.run(kernels.get("decode")).grade == "PASS"
+    assert small.run(fp16_out).grade == "PASS"
 
 
 def test_flas_fused_recurrent_kernel_under_the_interpreter_is_judged_in_its_domain_and_refused_outside():

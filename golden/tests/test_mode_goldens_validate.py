@@ -12,6 +12,7 @@ from gdn2_oracle.ci.commands import validate
 from gdn2_oracle.ci.grading import modes as grading
 from gdn2_oracle.ci.grading.grades import FAIL, PASS
 from gdn2_oracle.ci.grading.modes import ModeCase
+from gdn2_oracle.ci.running.cases import CallCase
 from gdn2_oracle.golden import mode_catalogue
 
 CASE = "mode_varlen_edges"  # packed 0, 1, 63, 64, 65 with initial states: one compile of a chunk-64 kernel
@@ -72,9 +73,9 @@ def test_validate_judges_a_mode_golden_and_a_correct_kernel_passes(varlen_run):
 def test_a_mutant_fails_a_mode_golden():
     from gdn2_oracle.kernels import testing_modes
 
-    res = validate.run_mode_case(testing_modes.leaky_state, ModeCase.golden(CASE))
-    assert res["grade"] == FAIL, res
-    failed = {v["name"] for v in res["verdicts"] if v["grade"] == FAIL}
+    res = CallCase.golden(CASE).run(testing_modes.leaky_state)
+    assert res.grade == FAIL, res
+    failed = {v.name for v in res.verdicts if v.grade == FAIL}
     assert {"o", "final_state"} <= failed, failed
 
 

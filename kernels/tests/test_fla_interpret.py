@@ -43,7 +43,7 @@ KDA_GOLDEN = "kda_strong_h0"
 SCRIPT = r"""
 import json, os, sys
 from gdn2_oracle import kernels
-from gdn2_oracle.ci.commands.validate import run_case
+from gdn2_oracle.ci.running.cases import DenseCase
 from gdn2_oracle.ci.grading.case import Case
 from gdn2_oracle.ci.running import harness
 from gdn2_oracle.oracle import Recipe
@@ -68,8 +68,8 @@ for name in spec["golden"]:
 for name, r in spec["generated"].items():
     shape = r.pop("shape")
     out["cases"][name] = judge(gdn2, Case.from_recipe(name, Recipe(*shape, **r)))
-bf16 = run_case(gdn2, Case.golden("bf16_moderate"))  # as gdn2-oracle validate runs a case
-out["bf16"] = {"outcome": bf16["outcome"], "error": bf16["error"]}
+bf16 = DenseCase.golden("bf16_moderate").run(gdn2)  # as gdn2-oracle validate runs a case
+out["bf16"] = {"outcome": bf16.outcome, "error": bf16.error}
 out["kda"] = judge(kernels.get(spec["kda"]), Case.golden(spec["kda_golden"]))
 try:
     kernels.get("fla-gdn2-chunk")
