@@ -163,13 +163,10 @@ class CaseEvidence:
     @cached_property
     def onset(self):
         """``(t0, phrase)``: a FAIL ``o``'s first bad token and a phrase saying so, or ``(None, "")``."""
-        o = self.failing.get("o")
-        prof = self.report.profiles.get("o") if o is not None else None
-        t0 = first_bad(prof, o.tol_ratio) if prof is not None and len(prof) else None
-        if t0 is None:
+        o = self.o_profile
+        if o is None or not o.bad.any():
             return None, ""
-        frac = np.mean(bad_tokens(prof, o.tol_ratio)[t0:])
-        return t0, f"; o over tolerance from token {t0} ({frac:.0%} of the tokens from there)"
+        return o.t0, f"; o over tolerance from token {o.t0} ({o.frac:.0%} of the tokens from there)"
 
     @cached_property
     def o_profile(self):
