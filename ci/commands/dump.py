@@ -49,7 +49,7 @@ def reproducer(case, spec, *, case_set=None, seed=0):
             "from gdn2_oracle.ci.grading.case import Case; from gdn2_oracle.ci.running.harness import kernel_results; ")
     tail = (f"fn = KernelSpec.parse({spec!r}).build(); "
             f"print(c.judge(kernel_results(fn, *c.data(), dtype={case.dtype!r})).format())\"")
-    if getattr(case, "source", None) == "golden" and not hasattr(case, "modes"):  # a mode golden: validate's run
+    if getattr(case, "source", None) == "golden" and not case.modes:  # a mode golden: validate's run
         return head + f"c = Case.golden({case.name!r}); " + tail
     recipe = getattr(case, "recipe", None)
     if recipe is not None and hasattr(recipe, "call"):
@@ -57,10 +57,8 @@ def reproducer(case, spec, *, case_set=None, seed=0):
                 f"c = Case.of(p, do, dfs, dtype={case.dtype!r}, name={case.name!r}); " + tail)
     argv = ["validate", "--kernel", spec, "--cases", case_set or "full", "--case", case.name, "--dtype", case.dtype,
             "--seed", str(seed), "--no-progress"]
-    mode = getattr(case, "mode", None)
-    modes = (mode,) if mode else tuple(getattr(case, "modes", ()) or ())
-    if modes:
-        argv += ["--modes", ",".join(dict.fromkeys(("dense", *modes)))]
+    if case.modes:
+        argv += ["--modes", ",".join(dict.fromkeys(("dense", *case.modes)))]
     return f"python -c \"import sys; from gdn2_oracle.ci.cli import main; sys.exit(main({argv!r}))\""
 
 

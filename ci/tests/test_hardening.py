@@ -65,8 +65,10 @@ def test_missing_golden_file_is_an_input_error_and_the_other_cases_are_judged(cl
 
 
 def test_outcome_precedence_kernel_failure_over_input_error():
+    grade = {"pass": "PASS", "fail": "FAIL", "error": "FAIL", "input-error": None}
+
     def k(*outcomes):
-        return {"cases": [{"passed": o == "pass", "outcome": o} for o in outcomes]}
+        return {"cases": [{"passed": o == "pass", "outcome": o, "grade": grade[o]} for o in outcomes]}
 
     assert validate.outcome([k("pass", "pass")]) == "pass"
     assert validate.outcome([k("pass", "input-error")]) == "input-error"
