@@ -36,6 +36,7 @@ from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe
 from ..grading import modes as mode_grading
 from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict, run_grade
+from ..grading.result import INPUT_ERROR, CaseResult
 from gdn2_oracle.oracle import call_modes
 
 from ..grading import reference_cache
@@ -310,10 +311,8 @@ class ValidationRun:
     def timed_out(self, unit):
         """Record the case the watchdog stopped (``unit``: its ``kout`` and ``case``): graded FAIL, timed out."""
         limit = self.options.case_timeout
-        msg = timed_out(limit)
-        unit["kout"]["cases"].append({**unit["case"].describe(), "passed": False, "outcome": "error", "grade": FAIL,
-                                      "verdicts": [], "error": msg, "seconds": limit,
-                                      "diagnosis": [{"kind": "timeout", "text": msg, "token": None}]})
+        result = CaseResult.failed(unit["case"].describe(), timed_out(limit), limit, kind="timeout")
+        unit["kout"]["cases"].append(result.to_dict())
 
     def report(self, interrupted):
         """The :class:`ValidationReport` of the cases judged so far (``interrupted``: a kernel call the interrupt
@@ -322,18 +321,17 @@ class ValidationRun:
         for kout in self.kernels_out:
             if interrupted:  # a kernel call the signal broke off (its error is the interrupt) was not judged
                 kout["cases"] = [c for c in kout["cases"] if not broken_off(c)]
-            kout["passed"] = not interrupted and bool(kout["cases"]) and all(c["passed"] for c in kout["cases"])
-            kout["n_cases"] = len(kout["cases"])
+            results = [CaseResult.from_dict(c) for c in kout["cases"]]
+            kout["passed"] = not interrupted and bool(results) and all(r.passed for r in results)
+            kout["n_cases"] = len(results)
             # n_failed: graded FAIL or the kernel raised (PRECISION and input errors are counted apart)
-            kout["n_failed"] = sum(case_grade(c) == FAIL for c in kout["cases"])
-            kout["n_input_errors"] = sum(c.get("outcome") == "input-error" for c in kout["cases"])
-            kout["n_precision"] = sum(case_grade(c) == PRECISION for c in kout["cases"])
-            kout["grade"] = run_grade((g for g in map(case_grade, kout["cases"]) if g is not None),
-                                      interrupted=interrupted)
+            kout["n_failed"] = sum(r.grade == FAIL for r in results)
+            kout["n_input_errors"] = sum(r.outcome == INPUT_ERROR for r in results)
+            kout["n_precision"] = sum(r.grade == PRECISION for r in results)
+            kout["grade"] = run_grade((r.grade for r in results if r.grade is not None), interrupted=interrupted)
             kout["summary"] = summarize(kout["cases"])
-            kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(kout["cases"])]
-            judged = {m for c in kout["cases"] for m in c.get("modes") or ([c["mode"]] if "mode" in c else ())} | (
-                {PLAIN} if any("modes" not in c and "mode" not in c for c in kout["cases"]) else set())
+            kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(results)]
+            judged = {m for r in results for m in r.modes} | ({PLAIN} if any(not r.modes for r in results) else set())
             kout["modes"] = {"judged": [m for m in modes if m in judged],
                              "not_accepted": [m for m in modes if m != PLAIN and m not in kout["accepted_modes"]]}
         kernels_out, mesh, only = self.kernels_out, options.mesh, options.only
