@@ -208,3 +208,8 @@ def add_case_timeout(p, item="case"):
     p.add_argument("--case-timeout", type=seconds, default=CASE_TIMEOUT, metavar="S",
                    help=f"seconds one kernel call may take (default {CASE_TIMEOUT:g}; 0: no limit); past it the "
                         f"{item} is FAIL (timed out) and the run stops with what was finished, exit 1")
+
+
+def add_seed(p, help, default=0):
+    """``--seed N`` (validate, bench, domain, hunt): an integer >= 0 (NumPy's generators refuse a negative one)."""
+    p.add_argument("--seed", type=nonnegative, default=default, metavar="N", help=help)

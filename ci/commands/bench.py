@@ -574,7 +574,7 @@ def add_parser(sub):
                    help="tile sweep: 'key=v1,v2;key2=...' (e.g. 'chunk_size=32,64,128;leaf=8,16') or 'sweep' "
                         "(the Pallas SWEEP for pallas-* kernels, a default grid for the others)")
     b.add_argument("--repeats", type=int, default=20, help="timed calls per figure (median; default 20)")
-    b.add_argument("--seed", type=int, default=0)
+    cli_args.add_seed(b, "seed of the timed problems (default 0)")
     b.add_argument("--json", metavar="PATH", help="write the JSON report here (a directory: PATH/bench.json)")
     b.add_argument("--plot", metavar="PATH", help="write a PNG bar chart here (a directory: PATH/bench.png)")
     cli_args.add_case_timeout(b, "configuration")

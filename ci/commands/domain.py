@@ -144,7 +144,7 @@ def add_parser(sub):
                         "cell, every sweep in both dtypes: a few minutes)")
     d.add_argument("--out", metavar="DIR", help="output directory (default domain-NAME): domain.png, domain.json, "
                                                 "summary.txt")
-    d.add_argument("--seed", type=cli_args.nonnegative, default=0, help="first data seed of every cell")
+    cli_args.add_seed(d, "first data seed of every cell")
     d.add_argument("--modes", type=cli_args.call_modes, default=(PLAIN,), metavar="LIST",
                    help=f"sweeps to run, comma-separated among {call_modes.listed((PLAIN, *MODES))} or all (default "
                         f"{PLAIN}: the regime sweeps above; a training-call mode adds its own sweeps, judged by the "

@@ -268,7 +268,7 @@ def add_parser(sub):
                    help=f"recipes drawn (default {DEFAULT_BUDGET}; shrinking a FAIL comes on top)")
     h.add_argument("--result", choices=MODE_RESULTS,
                    help="target and judge only this result (default: all; a call without it is not judged)")
-    h.add_argument("--seed", type=cli_args.nonnegative, help="search seed (default: random, printed)")
+    cli_args.add_seed(h, "search seed (default: random, printed)", default=None)
     h.add_argument("--shapes", choices=SHAPES, default="core",
                    help="core (default: the conformance suite's CORE configs) or all (its small sets' cross product)")
     h.add_argument("--modes", type=cli_args.call_modes, default=(PLAIN,), metavar="LIST",

@@ -529,7 +529,7 @@ def add_parser(sub):
                    help="golden corpus only; plus a few generated regimes (quick, default); plus every "
                         "decay x gate regime at several lengths (full)")
     v.add_argument("--case", action="append", metavar="NAME", help="only this case of the set (repeatable)")
-    v.add_argument("--seed", type=int, default=0, help="seed of the generated problems")
+    cli_args.add_seed(v, "seed of the generated problems")
     v.add_argument("--modes", type=modes_arg, default=None, metavar="LIST",
                    help=f"call modes to judge, comma-separated among {','.join(VALIDATE_MODES)} (default: all; "
                         f"{PLAIN} is the plain contract, {TRAINING[0]}..{TRAINING[-1]} FLA chunk_gdn2's training-call "

@@ -248,3 +248,9 @@ def test_max_failures_counts_cases_and_json_counts_match_the_table(cli, tmp_path
     assert k["n_failed"] == 2 and k["n_precision"] == 0 and "(0/2 cases pass, 2 FAIL)" in out
     code, _, err = cli("validate", "--max-failures", "-1")
     assert code == 2 and "--max-failures must be >= 0" in err
+
+
+@pytest.mark.parametrize("command", ["validate", "bench", "domain", "hunt"])
+def test_every_command_refuses_a_negative_seed_before_any_work(cli, command):
+    code, _, err = cli(command, "--kernel", "pairwise", "--seed", "-1")
+    assert code == 2 and "--seed" in err and "expected an integer >= 0" in err, err
