@@ -28,9 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from gdn2_oracle.ci.grading import reference_cache
-from gdn2_oracle.ci.grading.case import Case
-from gdn2_oracle.ci.grading.modes import ModeCase
-from gdn2_oracle.oracle import RESULTS
+from gdn2_oracle.oracle import RESULTS, call_modes
 
 STATES = ("final_state", "dh0", "intermediate_states")  # results a kernel returns in float32 whatever its inputs
 
@@ -89,16 +87,14 @@ def compare_timing(kernel, cases, repeats):
 
 def _values(case):
     """Every cached value of a dense or training-call case, for the result dtypes a kernel in its dtype returns."""
-    if isinstance(case, ModeCase):
-        names = case.names()
-        dt = {n: "float32" if n in STATES or case.dtype == "float32" else "bfloat16" for n in names}
-        out = {"reference": case.reference(), "envelopes": case.envelopes(), "baseline": case.baseline(dt),
-               "cumulative": case.cum_baseline(dt)}
-        if case.call.intermediate_chunk_size:
-            out["states_16"] = case.chunk_states(16)
-        return out
-    dt = {n: "float32" if n in STATES or case.dtype == "float32" else "bfloat16" for n in RESULTS}
-    return {"reference": case.reference(), "baseline": case.baseline(dt), "cumulative": case.cum_baseline(dt)}
+    names = case.names() if case.modes else RESULTS  # a case in a call mode judges the results its call has
+    dt = {n: "float32" if n in STATES or case.dtype == "float32" else "bfloat16" for n in names}
+    out = {"reference": case.reference(), "baseline": case.baseline(dt), "cumulative": case.cum_baseline(dt)}
+    if case.modes:
+        out["envelopes"] = case.envelopes()
+    if "intermediate_states" in names:  # the states at chunk starts at a second chunk size too
+        out["states_16"] = case.chunk_states(16)
+    return out
 
 
 def _same(a, b):
@@ -117,7 +113,8 @@ def check_bits(sets):
         os.environ[reference_cache.ENV] = str(Path(tmp) / "references")
         for kind in sets:
             def fresh(kind=kind):
-                return [c for c in build_cases(kind, modes=ALL_MODES) if isinstance(c, (Case, ModeCase))]
+                """The case set's cases in the dense call and the training-call modes (no serving session)."""
+                return build_cases(kind, modes=ALL_MODES)
             t0 = time.perf_counter()
             with reference_cache.bypassed():
                 want = [_values(c) for c in fresh()]
@@ -129,8 +126,9 @@ def check_bits(sets):
             t3 = time.perf_counter()
             d = reference_cache.STATS.since(before)
             bad = [i for i, (w, c, h) in enumerate(zip(want, cold, warm)) if not (_same(w, c) and _same(w, h))]
-            print(f"--cases {kind}: {len(want)} dense and training-call cases; bypassed {t1 - t0:.1f} s, cold cache "
-                  f"{t2 - t1:.1f} s, warm cache {t3 - t2:.1f} s ({d.from_cache} values read, {d.computed} computed); "
+            print(f"--cases {kind}: {len(want)} {call_modes.BASE.name} and training-call cases; bypassed "
+                  f"{t1 - t0:.1f} s, cold cache {t2 - t1:.1f} s, warm cache {t3 - t2:.1f} s ({d.from_cache} values "
+                  f"read, {d.computed} computed); "
                   f"{'identical bit for bit' if not bad else f'{len(bad)} cases DIFFER'}")
 
 

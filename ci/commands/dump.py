@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gdn2_oracle.oracle import call_modes
+
 from ..grading.grades import FAIL, PASS, PRECISION, Verdict
 from .output import write_json
 
@@ -58,7 +60,7 @@ def reproducer(case, spec, *, case_set=None, seed=0):
     argv = ["validate", "--kernel", spec, "--cases", case_set or "full", "--case", case.name, "--dtype", case.dtype,
             "--seed", str(seed), "--no-progress"]
     if case.modes:
-        argv += ["--modes", ",".join(dict.fromkeys(("dense", *case.modes)))]
+        argv += ["--modes", ",".join(dict.fromkeys((call_modes.BASE.name, *case.modes)))]
     return f"python -c \"import sys; from gdn2_oracle.ci.cli import main; sys.exit(main({argv!r}))\""
 
 

@@ -364,8 +364,8 @@ def backward(ev):
             break
     return Finding("backward", f"only gradients differ ({names(grads)}; {_forward_right(ev)}){where}: the backward, "
                                "or a forward step the forward output cannot resolve -- one acting on h0 or on a "
-                               "decayed state (e.g. the first token's erase), or one whose gate is zero in this "
-                               "problem", None, results=results, period=period,
+                               "decayed state (e.g. the first token's erase), or one whose erase or write gate is "
+                               "zero in this problem", None, results=results, period=period,
                    evidence={"onsets": onsets} if period else {})
 
 

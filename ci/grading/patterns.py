@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
+from gdn2_oracle.oracle import call_modes
 from gdn2_oracle.oracle.generate import DECAYS, GATES, KERNEL_DTYPES
 
 from .finding import Finding
@@ -66,10 +67,10 @@ def case_features(r, modes):
         both("dtype", "in bfloat16", "in float32", c["dtype"] == "bfloat16")
     if regime.get("initial_state") is not None:
         both("h0", "with h0", "without h0", bool(regime["initial_state"]))
-    for which, gate in ((0, "b"), (1, "w")):
+    for which, vector in ((0, "b"), (1, "w")):
         varies = gate_varies(r, which)
         if varies is not None:
-            both(gate, f"where {gate} varies per channel", f"where {gate} is equal across channels", varies)
+            both(vector, f"where {vector} varies per channel", f"where {vector} is equal across channels", varies)
     if regime.get("gates") in GATES:
         both("erase", "with the erase gate on (b != 0)", "with b = 0", GATES[regime["gates"]][0] != "zero")
     if regime.get("decay") in DECAYS:
@@ -82,7 +83,7 @@ def case_features(r, modes):
             both("length", f"for T > {C}", f"with T <= {C}", T > C, -C)
             out[("tail", f"where T is not a multiple of {C}", f"where T is a multiple of {C}", -C)] = T % C != 0
     if modes:
-        both("mode", "in a training-call mode", "in the dense call", bool(r.modes))
+        both("mode", "in a training-call mode", f"in the {call_modes.BASE.name} call", bool(r.modes))
     for m in modes:
         both(f"mode {m}", f"in mode {m}", f"without mode {m}", m in r.modes)
     return out

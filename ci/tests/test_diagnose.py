@@ -71,7 +71,7 @@ def test_erase_skipped_every_64_tokens_is_named_periodic():
     f = primary(report)
     assert (f.kind, f.results, f.period) == ("backward", ("db",), 64), report.format()
     assert "errors in db begin at tokens 64, 128, 192 (every 64 tokens)" in f.text
-    assert "or one whose gate is zero in this problem" in f.text
+    assert "or one whose erase or write gate is zero in this problem" in f.text
 
 
 def test_gate_on_the_wrong_side_fails_the_forward_only_where_b_varies_per_channel():
