@@ -40,7 +40,7 @@ from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe
 
 from . import diagnose
 from .case import CachedCase
-from .rule import agree_results, judge_results
+from .rule import Yardstick, agree_results, judge_results
 from .tolerance import PER_TOKEN, Report, dtype_name, rounded, token_profile
 
 # Every mode name a run may select: ``dense`` (the plain contract) and the training-call modes.
@@ -92,37 +92,32 @@ def envelopes(call: Call, inner):
 INHERITS = {"ddt_bias": "dg", "dA_log": "dg"}
 
 
-def compare(names, got, ref, base, *, dtype="float32", env=None, cum=None, diagnosis_problem=None) -> Report:
-    """Judge and grade results ``got`` against float64 ``ref`` over ``names`` (``tolerance.compare``, any
-    result set). ``base``: the working-precision baseline (e_rec's source); ``cum``: the cumulative-sum
-    baseline or a function returning it (called only when some finite result exceeds its tolerance);
-    ``env``: envelopes by name. A non-PASS report gets per-token profiles and, given ``diagnosis_problem``
-    (anything with ``g`` and ``initial_state``), a diagnosis."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: {dtype!r} not one of {DTYPES}")
+def compare(names, got, yard: Yardstick, diagnosis_problem=None) -> Report:
+    """Judge and grade results ``got`` over ``names`` against the yardstick ``yard`` (``rule.Yardstick``: the float64
+    reference, the baselines, envelopes; ``tolerance.compare`` for any result set). A non-PASS report gets per-token
+    profiles and, given ``diagnosis_problem`` (anything with ``g`` and ``initial_state``), a diagnosis."""
+    if yard.dtype not in DTYPES:
+        raise ValueError(f"dtype: {yard.dtype!r} not one of {DTYPES}")
     missing = [n for n in names if n not in got]
     if missing:
         raise ValueError(f"got: missing results {missing}")
-    report = Report(dtype=dtype)
-    for v, s_rms in judge_results(names, got, ref, base, dtype, envelopes=env, cum=cum, inherits=INHERITS):
+    report = Report(dtype=yard.dtype)
+    for v, s_rms in judge_results(names, got, yard):
         if not v.passed and v.name in PER_TOKEN and np.ndim(got[v.name]) == 4:
-            report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
+            report.profiles[v.name] = token_profile(got[v.name], yard.ref[v.name], s_rms)
         report.verdicts.append(v)
     if not report.passed and diagnosis_problem is not None:
         report.diagnosis = diagnose.diagnose_case(report, diagnosis_problem)
     return report
 
 
-def agreement(names, a, b, ref, base, dtype, *, env=None, what="agreement", cum=None) -> Report:
-    """Results ``a`` against ``b`` over ``names`` within the tight agreement bound (``tolerance.agreement``,
-    any result set): errors normalised by the reference's scales (envelopes for dg & co), the bound from the
-    working-precision baseline ``base``. Over it is PRECISION within the precision-loss bound of one run
-    (``rule.agreement_loss_bound`` with the cumulative-sum baseline ``cum``, or a function returning it, called only
-    when needed: two runs whose chunks are aligned differently lose precision independently), else FAIL; without
-    ``cum`` over the tight bound is FAIL (``rule.agree_results``)."""
-    verdicts = agree_results(names, a, b, ref, base, dtype, what=what, envelopes=env, cum=cum, inherits=INHERITS,
-                             result_dtype=dtype_name)
-    return Report(verdicts=verdicts, dtype=dtype)
+def agreement(names, a, b, yard: Yardstick, what="agreement") -> Report:
+    """Results ``a`` against ``b`` over ``names`` within the tight agreement bound (``tolerance.agreement``, any
+    result set): errors normalised by the reference's scales (envelopes for dg & co), the bound from the
+    working-precision baseline; over it, PRECISION within the precision-loss bound of one run (from the
+    cumulative-sum baseline, formed only when needed: two runs whose chunks are aligned differently lose precision
+    independently), else FAIL; without one, over the tight bound is FAIL (``rule.agree_results``)."""
+    return Report(verdicts=agree_results(names, a, b, yard, what=what, result_dtype=dtype_name), dtype=yard.dtype)
 
 
 # --- the case ---------------------------------------------------------------------------------------------
@@ -298,18 +293,19 @@ class ModeCase(CachedCase):
         ``chunk_size``: the kernel's, where its states at chunk starts are taken (default the call's)."""
         names = self.names()
         result_dtypes = {n: dtype_name(got[n]) for n in names if n in got}
-        return compare(names, got, self.reference(chunk_size), self.baseline(result_dtypes, chunk_size),
-                       dtype=self.dtype, env=self.envelopes(),
-                       cum=lambda: self.cum_baseline(result_dtypes, chunk_size),
-                       diagnosis_problem=self.diagnosis_problem())
+        return compare(names, got, self.yardstick(result_dtypes, chunk_size), self.diagnosis_problem())
 
     def agreement(self, a, b, *, what="agreement", names=None, chunk_size=None) -> Report:
         """Two results of this call that should agree (:func:`agreement`), over ``names`` (default all)."""
         names = tuple(names or self.names())
         result_dtypes = {n: dtype_name(a[n]) for n in names}
-        return agreement(names, a, b, self.reference(chunk_size), self.baseline(result_dtypes, chunk_size),
-                         self.dtype, env=self.envelopes(), what=what,
-                         cum=lambda: self.cum_baseline(result_dtypes, chunk_size))
+        return agreement(names, a, b, self.yardstick(result_dtypes, chunk_size), what)
+
+    def yardstick(self, result_dtypes, chunk_size=None):
+        """What a kernel's results in ``result_dtypes`` are judged against (``rule.Yardstick``): the reference, the
+        float32 baseline, the cumulative-sum baseline (formed only when needed), the envelopes."""
+        return Yardstick(self.reference(chunk_size), self.baseline(result_dtypes, chunk_size), self.dtype,
+                         lambda: self.cum_baseline(result_dtypes, chunk_size), self.envelopes(), INHERITS)
 
     def release(self):
         """Drop the cached arrays."""

@@ -18,6 +18,7 @@ metrics over chained calls and calls :func:`grade`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -165,56 +166,75 @@ class _Scaled:
         return max(own[0], other[0]), max(own[1], other[1])
 
 
-def judge_results(names, got, ref, base, dtype, *, envelopes=None, cum=None, inherits=None):
-    """``[(Verdict, scale_rms)]`` of results ``got`` against the float64 ``ref`` over ``names``: tolerance from the
-    working-precision baseline ``base`` (``e_rec``), the precision-loss bound from the cumulative-sum baseline ``cum``
-    (or a function returning it, called only when some finite result is over its tolerance; None: no bound).
-    ``envelopes``: by name, the scale of a result summed from larger terms; ``inherits``: name -> the result whose
-    baseline error a result at least has (a sum of that result's terms)."""
-    s = _Scaled(ref, envelopes, inherits)
+@dataclass(frozen=True)
+class Yardstick:
+    """What a set of results is judged against: the float64 ``ref``, the working-precision baseline ``base``
+    (``e_rec``'s source), the kernel's input ``dtype``, the cumulative-sum baseline ``cum`` or a function returning
+    it (``e_cum``'s source, formed only when some finite result is over its tolerance; None: no bound), the
+    ``envelopes`` by name (the scale of a result summed from larger terms) and ``inherits`` (name -> the result whose
+    baseline error a result at least has: a sum of that result's terms)."""
+
+    ref: dict
+    base: dict
+    dtype: str
+    cum: object = None
+    envelopes: dict | None = None
+    inherits: dict | None = None
+
+    def scaled(self):
+        return _Scaled(self.ref, self.envelopes, self.inherits)
+
+    def cumulative(self):
+        """The cumulative-sum baseline (called at most once per judgement: only when needed)."""
+        return self.cum() if callable(self.cum) else self.cum
+
+
+def _over(err, tol):
+    """Whether finite metrics ``err`` exceed the tolerance ``tol`` (a non-finite result needs no bound)."""
+    return math.isfinite(err[0]) and not (err[0] <= tol[0] and err[1] <= tol[1])
+
+
+def judge_results(names, got, yard: Yardstick):
+    """``[(Verdict, scale_rms)]`` of results ``got`` against ``yard.ref`` over ``names``: the tolerance from the
+    working-precision baseline, the precision-loss bound from the cumulative-sum baseline (:class:`Yardstick`)."""
+    s, dtype = yard.scaled(), yard.dtype
     first = []
     for name in names:
         _, _, on_env = s.scales(name)
-        e_rec = s.baseline_error(name, base)
+        e_rec = s.baseline_error(name, yard.base)
         note = "; ".join(x for x in ("judged on envelope" if on_env else "",
                                      f"{s.inherits[name]}'s baseline" if name in s.inherits else "") if x)
-        tol = _pairs(tolerance, e_rec, dtype=dtype)
-        first.append((name, s.error(name, got[name]), e_rec, tol, note))
-    over = any(math.isfinite(err[0]) and not (err[0] <= tol[0] and err[1] <= tol[1]) for _, err, _, tol, _ in first)
-    if over and callable(cum):
-        cum = cum()
+        first.append((name, s.error(name, got[name]), e_rec, _pairs(tolerance, e_rec, dtype=dtype), note))
+    cum = yard.cumulative() if any(_over(err, tol) for _, err, _, tol, _ in first) else None
     out = []
     for name, err, e_rec, tol, note in first:
         bound = None
-        if cum is not None and math.isfinite(err[0]) and not (err[0] <= tol[0] and err[1] <= tol[1]):
+        if cum is not None and _over(err, tol):
             bound = _pairs(loss_bound, e_rec, s.baseline_error(name, cum), dtype=dtype)
         out.append((grade(name, err, tol, bound, rule=_recurrence_rule(e_rec[0], dtype), note=note),
                     s.scales(name)[0]))
     return out
 
 
-def agree_results(names, a, b, ref, base, dtype, *, what="agreement", envelopes=None, cum=None, inherits=None,
-                  result_dtype=None):
+def agree_results(names, a, b, yard: Yardstick, *, what="agreement", result_dtype=None):
     """``[Verdict]`` of results ``a`` against ``b`` that should agree, over ``names``: errors normalised by the
-    reference's scales, PASS within :func:`agreement_tolerance`, PRECISION within :func:`agreement_loss_bound`
-    (``cum``: the cumulative-sum baseline or a function returning it, called only when needed; None: over the tight
-    bound is FAIL), else FAIL. ``result_dtype(x)``: the dtype name of a result (16-bit results add one ulp)."""
-    s = _Scaled(ref, envelopes, inherits)
+    reference's scales, PASS within :func:`agreement_tolerance`, PRECISION within :func:`agreement_loss_bound` (from
+    ``yard``'s cumulative-sum baseline; none: over the tight bound is FAIL), else FAIL. ``result_dtype(x)``: the
+    dtype name of a result (a 16-bit result adds one ulp)."""
+    s, dtype = yard.scaled(), yard.dtype
     first = []
     for name in names:
         err = s.error(name, a[name], b[name])
-        e_rec = s.baseline_error(name, base)
+        e_rec = s.baseline_error(name, yard.base)
         ulp = next((d for d in map(result_dtype, (a[name], b[name])) if d in ULP), None) if result_dtype else None
         tol = _pairs(agreement_tolerance, e_rec, dtype=dtype, ulp_dtype=ulp)
         rule = f"{what} ({AGREE_FRACTION:.3g} x recurrence rule{', floor' if tol[0] <= FLOOR[dtype] else ''})"
         first.append((name, err, e_rec, tol, rule + (f" + 1 {ULP_LABEL[ulp]} ulp" if ulp else ""), ulp))
-    over = any(math.isfinite(err[0]) and not (err[0] <= tol[0] and err[1] <= tol[1]) for _, err, _, tol, _, _ in first)
-    if over and callable(cum):
-        cum = cum()
+    cum = yard.cumulative() if any(_over(err, tol) for _, err, _, tol, _, _ in first) else None
     out = []
     for name, err, e_rec, tol, rule, ulp in first:
         bound = None
-        if cum is not None and math.isfinite(err[0]) and not (err[0] <= tol[0] and err[1] <= tol[1]):
+        if cum is not None and _over(err, tol):
             bound = _pairs(agreement_loss_bound, e_rec, s.baseline_error(name, cum), dtype=dtype, ulp_dtype=ulp)
         out.append(grade(name, err, tol, bound, rule=rule, non_finite_note="NaN or inf in a result"))
     return out

@@ -19,7 +19,8 @@ from gdn2_oracle.oracle.recurrence import forward_and_vjp
 
 from . import diagnose
 from .grades import worst_grade
-from .rule import ABS_FLOOR, FLOOR, MULTIPLE, agree_results, judge_results, metrics, rms, scales as result_scales
+from .rule import (ABS_FLOOR, FLOOR, MULTIPLE, Yardstick, agree_results, judge_results, metrics, rms,
+                   scales as result_scales)
 
 # The rule's constants and metrics are the tolerance model's public names too (``tolerance.FLOOR``, ...).
 __all__ = ["ABS_FLOOR", "FLOOR", "MULTIPLE", "PER_TOKEN", "Report", "agreement", "baseline", "compare",
@@ -148,8 +149,8 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
         def cum():  # formed only when some finite result is over its tolerance
             return cumulative_baseline(problem, do, dfinal_state, result_dtypes)
     report = Report(dtype=dtype)
-    for v, s_rms in judge_results(RESULTS, got, ref, base, dtype, envelopes={"dg": envelope("dg", problem, ref)},
-                                  cum=cum):
+    yard = Yardstick(ref, base, dtype, cum, {"dg": envelope("dg", problem, ref)})
+    for v, s_rms in judge_results(RESULTS, got, yard):
         if not v.passed and v.name in PER_TOKEN:
             report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
         report.verdicts.append(v)
@@ -168,6 +169,6 @@ def agreement(problem: oracle.Problem, a, b, ref, base, dtype, what="agreement",
     the :func:`cumulative_baseline` (same result dtypes) or a function returning it, called only when some
     finite difference exceeds the tight bound. Without ``cum`` no bound is formed: over the tight bound is FAIL.
     """
-    verdicts = agree_results(RESULTS, a, b, ref, base, dtype, what=what, cum=cum, result_dtype=dtype_name,
-                             envelopes={"dg": envelope("dg", problem, ref)})
+    yard = Yardstick(ref, base, dtype, cum, {"dg": envelope("dg", problem, ref)})
+    verdicts = agree_results(RESULTS, a, b, yard, what=what, result_dtype=dtype_name)
     return Report(verdicts=verdicts, dtype=dtype)
