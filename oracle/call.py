@@ -4,6 +4,7 @@ validated on construction."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,6 +137,13 @@ class Call:
     def to_kv(self, state):
         """A state-shaped array of this call's layout as ``[..., K, V]``."""
         return np.swapaxes(state, -1, -2) if self.state_v_first else state
+
+    def kv_layout(self):
+        """The same call with ``[K, V]`` states (its ``initial_state`` transposed where the call's are ``[V, K]``)."""
+        if not self.state_v_first:
+            return self
+        h0 = None if self.initial_state is None else self.to_kv(self.initial_state)
+        return dataclasses.replace(self, state_v_first=False, initial_state=h0)
 
     def h0(self):
         """The initial state as ``[N, H, K, V]`` (zeros when none was given)."""

@@ -126,6 +126,11 @@ class ModeRecipe:
                   state_v_first=self.state_v_first, intermediate=self.intermediate_chunk_size is not None)
         return tuple(m for m in MODES if on[m])
 
+    @property
+    def log_decay_given(self):
+        """Whether the call's log-decay is given (by its decay regime), not computed from a raw gate in the kernel."""
+        return self.gate is None
+
     def regime(self):
         """The recipe's regime as a report describes it (lengths, packing, decay, gates, gate form, modes)."""
         return {"lengths": list(self.lengths), "packed": self.packed, "decay": self.decay, "gates": self.gates,
@@ -361,3 +366,109 @@ def sweep_points(sweep, values, shape, dtype):
 def _point(built):
     recipe, overrides = built
     return recipe, overrides.get("A_log"), overrides.get("qk_norm")
+
+
+# --- the conformance suite's recipes (property_tests/test_modes.py, property_tests/strategies.py) -------------
+
+# Sequence lengths: 2 (a boundary inside the first chunk), C-1, an empty sequence, C+1 (crosses a chunk edge) and a
+# short tail; K != V.
+SUITE_LENGTHS = (2, C - 1, 0, C + 1, 2)
+SUITE_SHAPE = (2, 16, 8)  # (H, K, V)
+SUITE_ROWS = (C + 1, C + 1)  # a call that is not packed: two rows of C+1 tokens
+_H, _K, _V = SUITE_SHAPE
+# Every mode alone (both gate forms, a bfloat16 packed call) and all at once, judged against the float64 oracle; the
+# names are the suite's test ids.
+SUITE = {
+    "varlen": ModeRecipe(_H, _K, _V, SUITE_LENGTHS, initial_state=True),
+    "varlen_bf16": ModeRecipe(_H, _K, _V, SUITE_LENGTHS, initial_state=True, precision="bfloat16"),
+    "gate_bounded": ModeRecipe(_H, _K, _V, SUITE_ROWS, packed=False, gate="bounded", initial_state=True),
+    "gate_softplus": ModeRecipe(_H, _K, _V, SUITE_ROWS, packed=False, gate="softplus", initial_state=True),
+    "l2norm": ModeRecipe(_H, _K, _V, SUITE_ROWS, packed=False, qk_l2norm=True, near_zero=True, initial_state=True),
+    "state_v_first": ModeRecipe(_H, _K, _V, SUITE_LENGTHS, state_v_first=True, initial_state=True),
+    "intermediate": ModeRecipe(_H, _K, _V, SUITE_LENGTHS, intermediate_chunk_size=C, initial_state=True),
+    "all_modes": ModeRecipe(_H, _K, _V, SUITE_LENGTHS, gate="bounded", qk_l2norm=True, near_zero=True,
+                            state_v_first=True, intermediate_chunk_size=C, initial_state=True),
+}
+
+
+@dataclass(frozen=True)
+class SuiteProperty:
+    """A property of the conformance suite written for one mode: the recipes it is drawn around (``{id: recipe}``)
+    and the call modes a kernel must accept for it, the one the property is about last."""
+
+    recipes: dict
+    modes: tuple
+
+    @property
+    def recipe(self):
+        """The first (for most, the only) recipe."""
+        return next(iter(self.recipes.values()))
+
+    @property
+    def mode(self):
+        """The mode the property is about."""
+        return self.modes[-1]
+
+
+# The suite's per-mode properties, by the equivalence each checks.
+PROPERTIES = {
+    # packed == each sequence alone; perturbing one packed sequence leaves the others
+    "packed_alone": SuiteProperty({"varlen": SUITE["varlen"]}, ("varlen",)),
+    # rows of equal length packed == the batch that is not packed (drawn around the batch)
+    "packed_rows": SuiteProperty({"rows": ModeRecipe(_H, _K, _V, SUITE_ROWS, packed=False, initial_state=True)},
+                                 ("varlen",)),
+    # the in-kernel gate == the call on the log-decay computed beforehand (each form)
+    "gate_precomputed": SuiteProperty({n: SUITE[n] for n in ("gate_bounded", "gate_softplus")}, ("gate",)),
+    # in-kernel q/k L2 norm == the call on q, k normalised beforehand
+    "l2norm_precomputed": SuiteProperty({"l2norm": SUITE["l2norm"]}, ("l2norm",)),
+    # [V, K] states == the transposes of the [K, V] ones
+    "transposed_states": SuiteProperty({"state_v_first": SUITE["state_v_first"]}, ("varlen", "state_v_first")),
+    # the states at chunk starts, by value
+    "chunk_starts": SuiteProperty({"intermediate": SUITE["intermediate"]}, ("varlen", "intermediate")),
+}
+
+
+# --- drawn recipes: the fields each mode sets (property_tests/strategies.py draws the open choices) ----------------
+
+# The gate's forms as drawn (the bounded one first: what a failing draw shrinks to).
+DRAWN_GATE_FORMS = ("bounded", "softplus")
+
+
+def _packing_fields(on, choose):
+    """Packed lengths, or equal rows of a call that is not packed."""
+    if on:
+        return {"lengths": choose("packed_lengths")}
+    return {"lengths": (choose("row_length"),) * choose("rows"), "packed": False}
+
+
+def _gate_fields(on, choose):
+    """The gate's form, ``lower_bound`` and which parameters it has."""
+    if not on:
+        return {}
+    fields = {"gate": choose("gate_form", DRAWN_GATE_FORMS)}
+    if fields["gate"] == "bounded":
+        fields.update(lower_bound=choose("lower_bound"), A_log=choose("flag"))
+    fields["dt_bias"] = choose("flag")
+    return fields
+
+
+def _norm_fields(on, choose):
+    """Raw q/k rows (near-zero ones drawn), or the q/k regime of a call that normalises none."""
+    return {"qk_l2norm": True, "near_zero": choose("flag")} if on else {"qk": choose("qk")}
+
+
+DRAWN_FIELDS = {
+    "varlen": _packing_fields,
+    "gate": _gate_fields,
+    "l2norm": _norm_fields,
+    "state_v_first": lambda on, choose: {"state_v_first": bool(on)},
+    "intermediate": lambda on, choose: {"intermediate_chunk_size": FLA_CHUNK} if on else {},
+}
+
+
+def drawn_fields(mode, on, choose):
+    """The :class:`ModeRecipe` fields of training mode ``mode`` switched ``on`` or off, every open choice made by
+    ``choose(what, options=None)``: among ``options`` where given, else among the drawer's own set called ``what``
+    (``packed_lengths``: a tuple with at least one token; ``row_length``, ``rows``, ``lower_bound``, ``qk``;
+    ``flag``: a bool)."""
+    return DRAWN_FIELDS[mode](on, choose)

@@ -106,6 +106,12 @@ def _preprocessed(call, x):
     return tuple(arrays[n] for n in INPUTS)
 
 
+def core_inputs(call: Call, dtype=np.float64):
+    """The core's ``(q, k, v, g, b, w)`` of the call computed in working precision ``dtype``: q, k L2-normalised and g
+    through the gate where the call says so (the inputs of the plain contract call it amounts to)."""
+    return _preprocessed(call, _inputs(call, recurrence.Arith(dtype), {}))
+
+
 def _chain_back(call, x, grads):
     """Gradients w.r.t. the core's inputs -> w.r.t. the call's raw inputs and parameters, in place."""
     if call.qk_l2norm:

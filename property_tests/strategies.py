@@ -31,7 +31,7 @@ from hypothesis import target
 from gdn2_oracle import kernels, oracle
 from gdn2_oracle.kernels import DEFAULTS as DEFAULT_KERNELS
 from gdn2_oracle.oracle import Recipe
-from gdn2_oracle.oracle.mode_recipes import FLA_CHUNK as MODE_CHUNK, MODES, ModeRecipe
+from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe, drawn_fields
 
 CHUNK = kernels.get("pairwise").chunk_size  # the default chunk of our kernels; lengths are chosen around it
 LENGTHS = (1, 2, CHUNK - 1, CHUNK + 1, 300)
@@ -190,6 +190,23 @@ MODE_SHAPE = (2, 16, 8)  # (H, K, V) of a drawn mode call: K != V; one compile p
 LOWER_BOUNDS = (-5.0, -1.0, -20.0)  # the bounded gate's lower_bound (FLA ships -5)
 
 
+def _chooser(draw):
+    """``choose(what, options=None)`` of :func:`oracle.mode_recipes.drawn_fields`: a draw among ``options``, else
+    among this module's set for ``what`` (read when drawing)."""
+    sets = {"packed_lengths": lambda: tuple(draw(st.lists(st.sampled_from(MODE_LENGTHS), min_size=1, max_size=5)
+                                                 .filter(lambda lengths: sum(lengths) > 0))),
+            "row_length": lambda: draw(st.sampled_from(MODE_DENSE_LENGTHS)),
+            "rows": lambda: draw(st.sampled_from(BATCHES)),
+            "lower_bound": lambda: draw(st.sampled_from(LOWER_BOUNDS)),
+            "qk": lambda: draw(st.sampled_from(oracle.QK_MODES)),
+            "flag": lambda: draw(st.booleans())}
+
+    def choose(what, options=None):
+        return draw(st.sampled_from(options)) if options is not None else sets[what]()
+
+    return choose
+
+
 @st.composite
 def mode_recipes(draw, modes=MODES, dtypes=None, shape=MODE_SHAPE):
     """A :class:`oracle.mode_recipes.ModeRecipe` using some of ``modes`` (each drawn on or off, at least one on;
@@ -204,26 +221,10 @@ def mode_recipes(draw, modes=MODES, dtypes=None, shape=MODE_SHAPE):
     if not any(on.values()):
         on[draw(st.sampled_from(modes))] = True
     H, K, V = shape
+    choose = _chooser(draw)
     kw = {}
-    if on.get("varlen"):
-        kw["lengths"] = tuple(draw(st.lists(st.sampled_from(MODE_LENGTHS), min_size=1, max_size=5)
-                                   .filter(lambda lengths: sum(lengths) > 0)))
-    else:
-        kw["lengths"] = (draw(st.sampled_from(MODE_DENSE_LENGTHS)),) * draw(st.sampled_from(BATCHES))
-        kw["packed"] = False
-    if on.get("gate"):
-        kw["gate"] = draw(st.sampled_from(("bounded", "softplus")))
-        if kw["gate"] == "bounded":
-            kw["lower_bound"] = draw(st.sampled_from(LOWER_BOUNDS))
-            kw["A_log"] = draw(st.booleans())
-        kw["dt_bias"] = draw(st.booleans())
-    if on.get("l2norm"):
-        kw.update(qk_l2norm=True, near_zero=draw(st.booleans()))
-    else:
-        kw["qk"] = draw(st.sampled_from(oracle.QK_MODES))
-    kw["state_v_first"] = bool(on.get("state_v_first"))
-    if on.get("intermediate"):
-        kw["intermediate_chunk_size"] = MODE_CHUNK
+    for mode in MODES:  # each mode's fields (oracle.mode_recipes.drawn_fields), drawn in registry order
+        kw.update(drawn_fields(mode, on.get(mode, False), choose))
     return ModeRecipe(H, K, V, decay=draw(st.sampled_from(DECAYS)), gates=draw(st.sampled_from(GATES)),
                       initial_state=draw(st.booleans()), precision=draw(st.sampled_from(tuple(dtypes or DTYPES))),
                       seed=draw(seeds), cot_seed=draw(seeds), **kw)

@@ -29,43 +29,40 @@ from gdn2_oracle.ci.grading.modes import ModeCase
 from gdn2_oracle.ci.grading.tolerance import Report
 from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.running import modes as running
-from gdn2_oracle.oracle import INPUTS, Problem, preprocess
+from gdn2_oracle.oracle import INPUTS, Problem, call_modes, mode_recipes, modes, preprocess
 from gdn2_oracle.oracle.generate import round_to
-from gdn2_oracle.oracle.mode_recipes import FLA_CHUNK as C, ModeRecipe
 from gdn2_oracle.property_tests import grading
 from gdn2_oracle.property_tests.strategies import seeds
 
 # --------------------------------------------------------------------------------------------
 # recipes (fixed shapes: one compile per kernel and recipe)
 
-# Sequence lengths: 2 (a boundary inside the first chunk), C-1, an empty sequence, C+1 (crosses a chunk edge)
-# and a short tail; K != V.
-LENGTHS = (2, C - 1, 0, C + 1, 2)
-H, K, V = 2, 16, 8
-DENSE = (C + 1, C + 1)
-RECIPES = {
-    "varlen": ModeRecipe(H, K, V, LENGTHS, initial_state=True),
-    "varlen_bf16": ModeRecipe(H, K, V, LENGTHS, initial_state=True, precision="bfloat16"),
-    "gate_bounded": ModeRecipe(H, K, V, DENSE, packed=False, gate="bounded", initial_state=True),
-    "gate_softplus": ModeRecipe(H, K, V, DENSE, packed=False, gate="softplus", initial_state=True),
-    "l2norm": ModeRecipe(H, K, V, DENSE, packed=False, qk_l2norm=True, near_zero=True, initial_state=True),
-    "state_v_first": ModeRecipe(H, K, V, LENGTHS, state_v_first=True, initial_state=True),
-    "intermediate": ModeRecipe(H, K, V, LENGTHS, intermediate_chunk_size=C, initial_state=True),
-    "all_modes": ModeRecipe(H, K, V, LENGTHS, gate="bounded", qk_l2norm=True, near_zero=True, state_v_first=True,
-                            intermediate_chunk_size=C, initial_state=True),
-}
+# Every mode alone and all at once against the oracle (ids: the names), on packed sequences of lengths 2, C-1, 0, C+1,
+# 2 or two rows of C+1 tokens, K != V; and the recipes of the properties of one mode, with the modes each needs
+# (oracle/mode_recipes.py: the suite names no mode itself).
+RECIPES = mode_recipes.SUITE
+LENGTHS = mode_recipes.SUITE_LENGTHS
+H, K, V = mode_recipes.SUITE_SHAPE
+PROPERTIES = mode_recipes.PROPERTIES
+PLAIN = call_modes.BASE.name  # the plain contract call a mode call is compared with
 # Decay regimes drawn for calls whose log-decay is given (a gated call draws its raw gate instead).
 DECAYS = ("none", "weak", "moderate", "strong", "mixed")
 GATES = ("uniform", "negative", "erase_zero", "write_one")
 
 
 def modes_mark(recipe):
+    """The ``gdn2_modes`` mark of the modes ``recipe`` uses."""
     return pytest.mark.gdn2_modes(*recipe.modes)
+
+
+def needs(prop):
+    """The ``gdn2_modes`` mark of the modes property ``prop`` (of :data:`PROPERTIES`) needs."""
+    return pytest.mark.gdn2_modes(*PROPERTIES[prop].modes)
 
 
 def drawn(recipe):
     """Recipes on ``recipe``'s shape and modes with drawn seeds, decay and gate regimes."""
-    decays = ("moderate",) if recipe.gate else DECAYS
+    decays = DECAYS if recipe.log_decay_given else ("moderate",)
     return st.builds(lambda s, c, d, g: recipe.replace(seed=s, cot_seed=c, decay=d, gates=g),
                      seeds, seeds, st.sampled_from(decays), st.sampled_from(GATES))
 
@@ -165,7 +162,7 @@ def check_packed_dense(fn, recipe) -> Report:
     assert not recipe.packed
     case = case_of(recipe)
     call, do, dfs = case.data()
-    dense = running.mode_results(fn, call, do, dfs, dtype=case.dtype)
+    rows = running.mode_results(fn, call, do, dfs, dtype=case.dtype)
     B, T = call.shape[:2]
     flat = [x.reshape((1, B * T) + x.shape[2:]) for x in call.inputs()]
     packed_call = dataclasses.replace(call, **dict(zip(INPUTS, flat)), cu_seqlens=np.arange(B + 1) * T)
@@ -178,7 +175,7 @@ def check_packed_dense(fn, recipe) -> Report:
             back[name] = x.reshape((B, -1) + x.shape[2:])
         else:
             back[name] = x
-    return case.agreement(back, dense, what="packed~dense", chunk_size=running.kernel_chunk_size(fn))
+    return case.agreement(back, rows, what=f"packed~{PLAIN}", chunk_size=running.kernel_chunk_size(fn))
 
 
 PERTURBED = ("k", "v", "g", "w")
@@ -217,21 +214,18 @@ def check_gate_dense(fn, recipe) -> Report:
     case = case_of(recipe)
     call, do, dfs = case.data()
     gated = running.mode_results(fn, call, do, dfs, dtype=case.dtype)
-    one = np.float32(1.0)
-    lb = None if call.lower_bound is None else np.float32(call.lower_bound)
-    g32 = preprocess.gate(*(None if x is None else np.asarray(x, np.float32) for x in (call.g, call.A_log,
-                                                                                       call.dt_bias)), lb, one)
+    g32 = modes.core_inputs(call, np.float32)[INPUTS.index("g")]  # the log-decay through the gate, in float32
     q, k, v, _, b, w = call.inputs()
-    dense = _dense_results(fn, call, (q, k, v, np.minimum(g32.astype(np.float64), 0.0), b, w), call.initial_state,
+    plain = _dense_results(fn, call, (q, k, v, np.minimum(g32.astype(np.float64), 0.0), b, w), call.initial_state,
                            do, dfs, case.dtype)
     dg, dA, dbias = preprocess.gate_vjp(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0,
-                                        np.asarray(dense["dg"], np.float64))
-    dense = dict(dense, dg=dg.astype(np.float32))
+                                        np.asarray(plain["dg"], np.float64))
+    plain = dict(plain, dg=dg.astype(np.float32))
     if dA is not None:
-        dense["dA_log"] = dA
+        plain["dA_log"] = dA
     if dbias is not None:
-        dense["ddt_bias"] = dbias
-    return case.agreement(gated, dense, what="gate~dense")
+        plain["ddt_bias"] = dbias
+    return case.agreement(gated, plain, what=f"{PROPERTIES['gate_precomputed'].mode}~{PLAIN}")
 
 
 def check_l2norm_dense(fn, recipe) -> Report:
@@ -240,29 +234,29 @@ def check_l2norm_dense(fn, recipe) -> Report:
     case = case_of(recipe)
     call, do, dfs = case.data()
     normed = running.mode_results(fn, call, do, dfs, dtype=case.dtype)
-    eps = np.float32(preprocess.L2NORM_EPS)
     q, k, v, g, b, w = call.inputs()
-    qn, kn = (preprocess.l2norm(np.asarray(x, np.float32), eps).astype(np.float64) for x in (q, k))
-    dense = _dense_results(fn, call, (qn, kn, v, g, b, w), call.initial_state, do, dfs, "float32")
-    dense = dict(dense, **{n: preprocess.l2norm_vjp(x, preprocess.L2NORM_EPS, np.asarray(dense[n], np.float64))
+    core = modes.core_inputs(call, np.float32)  # q, k normalised in float32
+    qn, kn = (core[INPUTS.index(n)].astype(np.float64) for n in ("q", "k"))
+    plain = _dense_results(fn, call, (qn, kn, v, g, b, w), call.initial_state, do, dfs, "float32")
+    plain = dict(plain, **{n: preprocess.l2norm_vjp(x, preprocess.L2NORM_EPS, np.asarray(plain[n], np.float64))
                            .astype(np.float32) for n, x in (("dq", q), ("dk", k))})
-    return case.agreement(normed, dense, what="l2norm~dense")
+    return case.agreement(normed, plain, what=f"{PROPERTIES['l2norm_precomputed'].mode}~{PLAIN}")
 
 
 def check_state_v_first(fn, recipe) -> Report:
     """The ``[V, K]`` state layout is the transpose: initial, final and chunk-start states, dh0; nothing else
     changes (agreement bound)."""
-    assert recipe.state_v_first
     case = case_of(recipe)
     call, do, dfs = case.data()
+    kcall = call.kv_layout()
+    assert kcall is not call, "a recipe with [V, K] states"
     vk = running.mode_results(fn, call, do, dfs, dtype=case.dtype)
-    h0 = None if call.initial_state is None else np.swapaxes(call.initial_state, -1, -2)
-    kcall = dataclasses.replace(call, state_v_first=False, initial_state=h0)
-    kv = running.mode_results(fn, kcall, do, np.swapaxes(dfs, -1, -2), dtype=case.dtype)
+    kv = running.mode_results(fn, kcall, do, call.to_kv(dfs), dtype=case.dtype)
     for name in ("final_state", "dh0", "intermediate_states"):
         if name in kv:
-            kv[name] = np.swapaxes(kv[name], -1, -2)
-    return case.agreement(vk, kv, what="state_v_first~transpose", chunk_size=running.kernel_chunk_size(fn))
+            kv[name] = call.to_kv(kv[name])
+    return case.agreement(vk, kv, what=f"{PROPERTIES['transposed_states'].mode}~transpose",
+                          chunk_size=running.kernel_chunk_size(fn))
 
 
 def check_intermediate(fn, recipe) -> Report:
@@ -289,9 +283,12 @@ def test_mode_call_matches_the_oracle(kernel, name, data):
     check(check_oracle(kernel.fn, recipe), recipe, kernel.name, f"{kernel.name} [{name}] vs the float64 oracle")
 
 
-@pytest.mark.gdn2_modes("varlen")
-@given(recipe=drawn(RECIPES["varlen"]))
-@example(recipe=RECIPES["varlen"])
+PACKED = PROPERTIES["packed_alone"].recipe
+
+
+@needs("packed_alone")
+@given(recipe=drawn(PACKED))
+@example(recipe=PACKED)
 @settings(max_examples=max(2, settings().max_examples // 2))
 def test_packed_equals_each_sequence_alone(kernel, recipe):
     """Packed == each sequence alone from its own h0[n]: outputs, final states and the gradients of every
@@ -299,17 +296,16 @@ def test_packed_equals_each_sequence_alone(kernel, recipe):
     check(check_packed_alone(kernel.fn, recipe), recipe, kernel.name, "packed vs each sequence alone")
 
 
-@pytest.mark.gdn2_modes("varlen")
-@given(recipe=drawn(ModeRecipe(H, K, V, DENSE, packed=False, initial_state=True)))
+@needs("packed_rows")
+@given(recipe=drawn(PROPERTIES["packed_rows"].recipe))
 @settings(max_examples=max(2, settings().max_examples // 2))
 def test_equal_lengths_packed_equals_the_dense_batch(kernel, recipe):
     """Rows of equal length packed into one row with cu_seqlens == the dense batch (agreement bound)."""
-    check(check_packed_dense(kernel.fn, recipe), recipe, kernel.name, "packed vs dense batch")
+    check(check_packed_dense(kernel.fn, recipe), recipe, kernel.name, f"packed vs {PLAIN} batch")
 
 
-@pytest.mark.gdn2_modes("varlen")
-@given(recipe=drawn(RECIPES["varlen"]), victim=st.sampled_from([i for i, n in enumerate(LENGTHS) if n]),
-       seed=seeds)
+@needs("packed_alone")
+@given(recipe=drawn(PACKED), victim=st.sampled_from([i for i, n in enumerate(PACKED.lengths) if n]), seed=seeds)
 @settings(max_examples=max(2, settings().max_examples // 2))
 def test_perturbing_one_sequence_leaves_the_others(kernel, recipe, victim, seed):
     """Changing sequence n's inputs and h0[n] leaves every other sequence's outputs, final state, gradients and
@@ -318,36 +314,38 @@ def test_perturbing_one_sequence_leaves_the_others(kernel, recipe, victim, seed)
           f"perturbing sequence {victim} changed another sequence")
 
 
-@pytest.mark.parametrize("form", ["gate_bounded", "gate_softplus"])
-@pytest.mark.gdn2_modes("gate")
+@pytest.mark.parametrize("form", list(PROPERTIES["gate_precomputed"].recipes))
+@needs("gate_precomputed")
 @given(data=st.data())
 @settings(max_examples=max(2, settings().max_examples // 2))
 def test_gate_equals_the_dense_call_on_the_precomputed_decay(kernel, form, data):
     """use_gate_in_kernel == the dense call on the log-decay computed beforehand, gradients chained through the
     gate (bounded form with lower_bound -5, and the softplus form)."""
-    recipe = data.draw(drawn(RECIPES[form]), label="recipe")
-    check(check_gate_dense(kernel.fn, recipe), recipe, kernel.name, f"{form} vs the dense call")
+    recipe = data.draw(drawn(PROPERTIES["gate_precomputed"].recipes[form]), label="recipe")
+    check(check_gate_dense(kernel.fn, recipe), recipe, kernel.name, f"{form} vs the {PLAIN} call")
 
 
-@pytest.mark.gdn2_modes("l2norm")
-@given(recipe=drawn(RECIPES["l2norm"]))
+@needs("l2norm_precomputed")
+@given(recipe=drawn(PROPERTIES["l2norm_precomputed"].recipe))
 @settings(max_examples=max(2, settings().max_examples // 2))
 def test_l2norm_equals_the_dense_call_on_normalised_q_k(kernel, recipe):
     """use_qk_l2norm_in_kernel == the dense call on q, k normalised beforehand (zero and sqrt(eps)-sized rows
     included), gradients chained through the norm."""
-    check(check_l2norm_dense(kernel.fn, recipe), recipe, kernel.name, "l2norm vs the dense call")
+    check(check_l2norm_dense(kernel.fn, recipe), recipe, kernel.name,
+          f"{PROPERTIES['l2norm_precomputed'].mode} vs the {PLAIN} call")
 
 
-@pytest.mark.gdn2_modes("varlen", "state_v_first")
-@given(recipe=drawn(RECIPES["state_v_first"]))
+@needs("transposed_states")
+@given(recipe=drawn(PROPERTIES["transposed_states"].recipe))
 @settings(max_examples=max(2, settings().max_examples // 2))
 def test_state_v_first_is_the_transpose(kernel, recipe):
     """state_v_first: initial, final states and dh0 are the [V, K] transposes; every other result unchanged."""
-    check(check_state_v_first(kernel.fn, recipe), recipe, kernel.name, "state_v_first vs the transpose")
+    check(check_state_v_first(kernel.fn, recipe), recipe, kernel.name,
+          f"{PROPERTIES['transposed_states'].mode} vs the transpose")
 
 
-@pytest.mark.gdn2_modes("varlen", "intermediate")
-@given(recipe=drawn(RECIPES["intermediate"]))
+@needs("chunk_starts")
+@given(recipe=drawn(PROPERTIES["chunk_starts"].recipe))
 @settings(max_examples=max(2, settings().max_examples // 2))
 def test_intermediate_states_match_the_oracle(kernel, recipe):
     """return_intermediate_states: the state before each chunk of each sequence (FLA's packed offsets), by value."""
