@@ -32,6 +32,9 @@ a 16-bit format (what a kernel with a bfloat16 / float16 pool does: float32 thro
 store), or with the running state rounded after every token (a kernel that keeps the state in that format inside
 its token loop). They are the baselines of the stored-state bound (docs/serving.md, ``ci/grading/serving.py``).
 
+A scripted session (:class:`SessionScript`): :class:`DecodeCall` s chained from an initial pool, as the recipes of
+``oracle/serving_recipes.py`` build them and the judge (``ci/grading/serving.py``) grades a kernel on them.
+
 Also the replay identity (:class:`ReplayBuffer`): a checkpoint plus the inputs of the last L tokens
 reconstruct the state after any of those tokens. Decode is inference: no gradients here.
 """
@@ -39,17 +42,21 @@ reconstruct the state after any of those tokens. Decode is inference: no gradien
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import mpmath
 import numpy as np
 
-from . import mp, recurrence
+from . import call_modes, mp, recurrence
 from .generate import round_to_bfloat16
 from .problem import EXTENSION_FLOATS, INPUTS, check_layout, check_scale
 
 PAD_SLOT = -1
 STATE_DTYPES = ("float32", "bfloat16", "float16")  # what a pool may be stored in (store_dtype / carry_dtype)
+MODES = call_modes.names("serving")  # the registry's serving modes: what a scripted session may be
+DECODE_MODE = call_modes.get("decode").name  # calls chained on a pool, one slot per sequence (or speculative ones)
+SPECULATIVE_MODE = call_modes.get("speculative").name  # draft slots and accepted counts on a pool
 
 
 class Sequence(NamedTuple):
@@ -362,6 +369,69 @@ def committed_state(pool, state_indices, num_accepted_tokens=None):
     out = pool[np.maximum(slots, 0)].copy()
     out[slots == PAD_SLOT] = 0
     return out
+
+
+# --- scripted sessions: calls chained on a pool -----------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class DecodeCall:
+    """One decode call's arguments: the six inputs (float64 values, exact in the session's input dtype) and the
+    bookkeeping (``state_indices [N]`` or ``[N, S]``, ``cu_seqlens [N+1]``, ``num_accepted_tokens [N]``)."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    g: np.ndarray
+    b: np.ndarray
+    w: np.ndarray
+    state_indices: np.ndarray
+    cu_seqlens: np.ndarray | None = None
+    num_accepted_tokens: np.ndarray | None = None
+    scale: float | None = None
+
+    def inputs(self):
+        """The six inputs ``(q, k, v, g, b, w)``."""
+        return (self.q, self.k, self.v, self.g, self.b, self.w)
+
+    def bookkeeping(self):
+        """The non-None keyword arguments besides the inputs and the pool (``scale`` included)."""
+        out = {"state_indices": self.state_indices, "cu_seqlens": self.cu_seqlens,
+               "num_accepted_tokens": self.num_accepted_tokens, "scale": self.scale}
+        return {k: v for k, v in out.items() if v is not None}
+
+    @property
+    def shape(self):
+        """``(B, T, H, K, V)`` of the call."""
+        return self.q.shape[:3] + (self.q.shape[3], self.v.shape[3])
+
+    def apply(self, pool, **options):
+        """The oracle's :class:`DecodeResult` of this call on ``pool`` (:func:`decode`'s options: ``dtype``,
+        ``store_dtype``, ``carry_dtype``)."""
+        return decode(*self.inputs(), state_pool=pool, **self.bookkeeping(), **options)
+
+    def plan(self, P):
+        """The validated :class:`Plan` of this call on a pool of ``P`` slots."""
+        return plan(self.shape, P, self.state_indices, self.cu_seqlens, self.num_accepted_tokens)
+
+
+@dataclass(frozen=True, eq=False)
+class SessionScript:
+    """A scripted serving session: ``calls`` (:class:`DecodeCall`) chained from the initial ``pool [P, H, K, V]``,
+    inputs exact in ``dtype``; ``mode`` (one of :data:`MODES`), ``regime`` and ``purpose`` describe it. What a
+    recipe (``oracle/serving_recipes.py``) builds and the judge's session (``ci/grading/serving.py``) is built
+    from."""
+
+    name: str
+    calls: tuple
+    pool: np.ndarray
+    dtype: str = "float32"
+    mode: str = DECODE_MODE
+    regime: dict = field(default_factory=dict)
+    purpose: str = ""
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r} not one of the serving modes {MODES}")
 
 
 # --- the replay identity ----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ a run that would exit 0 exits 5 (pytest's "no tests collected"). ``--collect-onl
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import threading
@@ -48,9 +49,29 @@ import pytest
 # The profile names (their settings live in property_tests/profiles.py, imported only when used).
 PROFILES = ("dev", "ci", "thorough")
 SLOW = "slow: long-running tests (deselect with -m 'not slow')"
-MODES_MARK = ("gdn2_modes(*modes): the test needs these call modes (varlen, gate, l2norm, state_v_first, "
-              "intermediate; decode, speculative); deselected for a kernel that does not accept them or when "
-              "--gdn2-modes leaves one out")
+# The call-mode registry (oracle/call_modes.py), read from its source: importing it would load the package in every
+# pytest run, the suite's or not.
+CALL_MODES = Path(__file__).resolve().parents[1] / "oracle" / "call_modes.py"
+
+
+def registry_modes():
+    """``((name, kind), ...)`` of the call-mode registry in its order, read from its source (nothing imported)."""
+    tree = ast.parse(CALL_MODES.read_text())
+    registry = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                    and any(getattr(t, "id", None) == "REGISTRY" for t in node.targets))
+    return tuple((entry.args[0].value, entry.args[1].value) for entry in registry.elts)
+
+
+def _mode_names(*kinds):
+    """The registry's mode names (of ``kinds``, default all) joined for help: ``"varlen, gate, ..."``."""
+    return ", ".join(name for name, kind in registry_modes() if not kinds or kind in kinds)
+
+
+def modes_mark():
+    """The ``gdn2_modes`` marker's line (``pytest --markers``): the training then the serving modes."""
+    return (f"gdn2_modes(*modes): the test needs these call modes ({_mode_names('training')}; "
+            f"{_mode_names('serving')}); deselected for a kernel that does not accept them or when --gdn2-modes "
+            "leaves one out")
 
 
 def _truthy(x):
@@ -96,21 +117,30 @@ def modes_option(config):
 
 
 def every_mode():
-    """Every call mode the suite knows (``dense``, the training-call modes, the serving modes); NumPy only."""
-    from gdn2_oracle.ci.grading.modes import ALL_MODES
-    from gdn2_oracle.ci.grading.serving_cases import MODES as SERVING_MODES
+    """Every call mode the suite knows (the registry's: the plain call, the training-call modes, the serving modes);
+    NumPy only."""
+    from gdn2_oracle.oracle import call_modes
 
-    return ALL_MODES + SERVING_MODES
+    return call_modes.names()
+
+
+def selected_modes(config):
+    """The modes --gdn2-modes / GDN2_MODES selects, in registry order (every mode when not given); ValueError naming
+    an unknown one (``call_modes.parse``)."""
+    from gdn2_oracle.oracle import call_modes
+
+    names = modes_option(config)
+    return call_modes.names() if names is None else call_modes.parse(",".join(names))
 
 
 def _check_modes(config):
     """An unknown --gdn2-modes name is a usage error before collection."""
-    names = modes_option(config)
-    if names is None:
+    if modes_option(config) is None:
         return
-    unknown = [n for n in names if n not in every_mode()]
-    if unknown:
-        raise pytest.UsageError(f"--gdn2-modes / GDN2_MODES: {', '.join(unknown)} not among {', '.join(every_mode())}")
+    try:
+        selected_modes(config)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--gdn2-modes / GDN2_MODES: {str(exc).removeprefix('modes: ')}") from None
 
 
 def strict(config):
@@ -151,9 +181,8 @@ def pytest_addoption(parser):
                     help="run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, data, heads shard "
                          "T, B, H; inputs placed with NamedSharding)")
     group.addoption("--gdn2-modes", metavar="LIST", default=None,
-                    help="call modes to test, comma-separated among dense, varlen, gate, l2norm, state_v_first, "
-                         "intermediate, decode, speculative (default: env GDN2_MODES, else every mode the kernel's "
-                         "signature accepts)")
+                    help=f"call modes to test, comma-separated among {_mode_names()} (default: env GDN2_MODES, "
+                         "else every mode the kernel's signature accepts)")
     group.addoption("--gdn2-strict", action="store_true", default=False,
                     help="fail on results graded PRECISION (over the working-precision tolerance but within the "
                          "precision-loss bound); default: pass with a PrecisionLossWarning")
@@ -223,7 +252,7 @@ def pytest_configure(config):
     # The conformance suite marks its long tests; registered here because the installed suite has
     # no ini file of its own (with --strict-markers an unregistered marker is an error).
     config.addinivalue_line("markers", SLOW)
-    config.addinivalue_line("markers", MODES_MARK)
+    config.addinivalue_line("markers", modes_mark())
     path = config.getoption("gdn2_xfails", default=None)
     config.stash[XFAILS] = _read_xfails(path) if path else []
     for name in kernel_names(config):  # a malformed list or a missing module: a usage error before collection

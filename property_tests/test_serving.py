@@ -32,11 +32,12 @@ from hypothesis import strategies as st
 
 from gdn2_oracle import oracle
 from gdn2_oracle.ci.grading import serving as judge
-from gdn2_oracle.ci.grading import serving_cases as recipes
-from gdn2_oracle.ci.grading.serving import DecodeCall, Session
+from gdn2_oracle.ci.grading.serving import Session
 from gdn2_oracle.ci.running.per_kernel import per_kernel
 from gdn2_oracle.ci.running.serving import ServingRunner, accepts_serving, run_session
 from gdn2_oracle.oracle import serving as oracle_serving
+from gdn2_oracle.oracle import serving_recipes as recipes
+from gdn2_oracle.oracle.serving import DecodeCall
 from gdn2_oracle.property_tests import grading, strategies
 
 H, K, V = recipes.H, recipes.K, recipes.V
@@ -223,7 +224,7 @@ def _relabel(session, perm):
 def check_pool_gather_scatter(kernel, dtype="float32", seed=0):
     """The ``pool_gather_scatter`` recipe (padding rows fed NaN, an empty sequence, slots unrelated to sequence
     numbers, repeated calls), and the same with the slots relabelled: the same outputs and states."""
-    session = recipes.pool_gather_scatter(dtype, seed)
+    session = Session.from_script(recipes.pool_gather_scatter(dtype, seed))
     perm = np.random.default_rng(seed).permutation(session.pool.shape[0])
     moved = _relabel(session, perm)
     report, kept = _run(kernel, session)
@@ -299,9 +300,9 @@ def test_replay_identity(serving_kernel, dtype, seed):
 
 def check_long_horizon(kernel, dtype="float32", seed=0):
     """4,096 tokens at per-step decay 0.99992: single-token calls (uniform gates) and 256-token calls (one head
-    only decaying), ``ci/grading/serving_cases.py``."""
-    return [(s.purpose, run_session(kernel.runner, s)) for s in (recipes.long_horizon(dtype, seed),
-                                                                 recipes.long_horizon_prefill(dtype, seed))]
+    only decaying), ``oracle/serving_recipes.py``."""
+    return [(s.purpose, run_session(kernel.runner, Session.from_script(s)))
+            for s in (recipes.long_horizon(dtype, seed), recipes.long_horizon_prefill(dtype, seed))]
 
 
 @pytest.mark.gdn2_modes('decode')

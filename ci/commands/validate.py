@@ -37,7 +37,7 @@ from ..grading import modes as mode_grading
 from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict, run_grade
 from ..grading.result import INPUT_ERROR, CaseResult
-from gdn2_oracle.oracle import call_modes
+from gdn2_oracle.oracle import call_modes, serving_recipes
 
 from ..grading import reference_cache
 from ..grading.modes import ALL_MODES, MODE_RESULTS
@@ -46,7 +46,6 @@ from ..running.ahead import Ahead
 from ..running.cases import CallCase, DenseCase
 from ..running import modes as mode_running
 from ..running import serving as serving_running
-from ..grading.serving_cases import MODES as SERVING_MODES
 from ..running.mesh import format_mesh
 from . import args as cli_args
 from . import dump as dumping
@@ -59,11 +58,10 @@ from .provenance import environment, kernel_notes, source_lines
 CASE_SETS = ("golden", "quick", "full")
 # Every mode validate judges: the dense contract, FLA chunk_gdn2's training-call modes, the serving modes
 # (decode steps on a state pool, speculative slots: docs/serving.md).
+SERVING_MODES = call_modes.names("serving")
 VALIDATE_MODES = ALL_MODES + SERVING_MODES
 PLAIN = call_modes.BASE.name  # the dense contract: every kernel is judged on its cases
 TRAINING = call_modes.names("training")
-# The serving recipes of the quick set (the 4,096-step horizons only in full).
-QUICK_SERVING = ("pool_gather_scatter", "chunked_prefill", "speculative_accept")
 SCHEMA = "gdn2-oracle/validate/3"  # 2: + modes; per kernel accepted_modes, modes, not_accepted_cases;
 # 3: grades EMPTY and INTERRUPTED, outcome "empty" (a kernel judged on no case is not a pass)
 
@@ -129,7 +127,8 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     cases += mode_grading.cases(kind, dtypes, seed=seed, modes_selected=modes, case_type=CallCase)
     serving = [m for m in SERVING_MODES if m in modes]
     if serving and kind != "golden":
-        cases += serving_running.serving_cases(dtypes, seed, serving, QUICK_SERVING if kind == "quick" else None)
+        cases += serving_running.serving_cases(dtypes, seed, serving,
+                                                serving_recipes.QUICK if kind == "quick" else None)
     if only:
         unknown = sorted(set(only) - {c.name for c in cases})
         if unknown:

@@ -258,8 +258,8 @@ def read(path: Path, text: str):
         return None
     digest = arrays.pop(SHA256, None)
     try:
-        sound = (digest is not None and digest.tobytes().decode() == payload_sha256(arrays)
-                 and arrays.pop(KEY).tobytes().decode() == text)
+        sound = (digest is not None and str(digest.tobytes(), "utf-8") == payload_sha256(arrays)
+                 and str(arrays.pop(KEY).tobytes(), "utf-8") == text)
         seconds = float(arrays.pop(SECONDS))
     except (KeyError, TypeError, ValueError, UnicodeDecodeError):
         sound = False

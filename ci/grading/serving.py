@@ -29,8 +29,8 @@ NumPy and the oracle only (the ``ci/grading`` floor): a runner (``ci/running/ser
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,36 +59,6 @@ def _f64(x):
 
 
 # --- what a session is made of ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True, eq=False)
-class DecodeCall:
-    """One decode call's arguments: the six inputs (float64 values, exact in the session's input dtype) and the
-    bookkeeping (``state_indices [N]`` or ``[N, S]``, ``cu_seqlens [N+1]``, ``num_accepted_tokens [N]``)."""
-
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    g: np.ndarray
-    b: np.ndarray
-    w: np.ndarray
-    state_indices: np.ndarray
-    cu_seqlens: np.ndarray | None = None
-    num_accepted_tokens: np.ndarray | None = None
-    scale: float | None = None
-
-    def inputs(self):
-        return (self.q, self.k, self.v, self.g, self.b, self.w)
-
-    def bookkeeping(self):
-        """The non-None keyword arguments besides the inputs and the pool (``scale`` included)."""
-        out = {"state_indices": self.state_indices, "cu_seqlens": self.cu_seqlens,
-               "num_accepted_tokens": self.num_accepted_tokens, "scale": self.scale}
-        return {k: v for k, v in out.items() if v is not None}
-
-    @property
-    def shape(self):
-        return self.q.shape[:3] + (self.q.shape[3], self.v.shape[3])
-
 
 class _Call:
     """The reference of one call: masks, reference outputs and states, slots (float64 chain)."""
@@ -162,20 +132,24 @@ class _Metric:
 
 
 class Session(CachedCase):
-    """A scripted serving session: ``calls`` (:class:`DecodeCall`) chained from the initial ``pool`` ``[P, H, K,
-    V]`` (float64 values exact in float32; a kernel can be judged on it when they are exact in its pool dtype too:
-    the recipes' pools are exact in bfloat16 and float16, so one reference serves every pool dtype), inputs exact
-    in ``dtype`` (the kernel's input dtype, float32 or bfloat16).
+    """A scripted serving session as the judge's case, built from an :class:`oracle.serving.SessionScript`:
+    ``calls`` (:class:`oracle.serving.DecodeCall`) chained from the initial ``pool`` ``[P, H, K, V]`` (float64
+    values exact in float32; a kernel can be judged on it when they are exact in its pool dtype too: the recipes'
+    pools are exact in bfloat16 and float16, so one reference serves every pool dtype), inputs exact in ``dtype``
+    (the kernel's input dtype, float32 or bfloat16).
 
     The float64 reference and the baselines are computed once (lazily) and shared by every kernel judged on it.
-    ``mode`` (``decode`` | ``speculative``), ``regime`` and ``purpose`` describe it in reports.
+    ``mode`` (a serving mode of the registry; the script's default otherwise), ``regime`` and ``purpose``
+    describe it in reports: ``Session(name, calls, pool, **fields)`` takes the script's fields,
+    :meth:`from_script` a script.
     """
 
-    def __init__(self, name, calls, pool, *, dtype="float32", mode="decode", regime=None, purpose=""):
-        self.name, self.calls, self.dtype, self.mode = name, list(calls), dtype, mode
-        self.modes = (mode,)
-        self.regime, self.purpose = dict(regime or {}), purpose
-        self.pool = np.asarray(pool, np.float64)
+    def __init__(self, name, calls, pool, **fields):
+        script = serving.SessionScript(name, tuple(calls), pool, **fields)
+        self.name, self.calls, self.dtype, self.mode = script.name, list(script.calls), script.dtype, script.mode
+        self.modes = (self.mode,)
+        self.regime, self.purpose = dict(script.regime or {}), script.purpose
+        self.pool = np.asarray(script.pool, np.float64)
         if not self.calls:
             raise ValueError("calls: a session needs at least one call")
         if self.pool.ndim != 4:
@@ -184,10 +158,15 @@ class Session(CachedCase):
             raise ValueError("pool: values are not exact in float32")
         for i, c in enumerate(self.calls):
             for n, x in zip(INPUT_NAMES, c.inputs()):
-                if not np.array_equal(round_to(x, dtype), x, equal_nan=True):
-                    raise ValueError(f"calls[{i}].{n}: values are not exact in {dtype}")
+                if not np.array_equal(round_to(x, self.dtype), x, equal_nan=True):
+                    raise ValueError(f"calls[{i}].{n}: values are not exact in {self.dtype}")
         self._ref = None
         self._base = {}
+
+    @classmethod
+    def from_script(cls, script):
+        """The session of an :class:`oracle.serving.SessionScript` (a recipe's, ``oracle/serving_recipes.py``)."""
+        return cls(**{f.name: getattr(script, f.name) for f in dataclasses.fields(script)})
 
     def exact_in(self, state_dtype):
         """Whether the initial pool is exact in ``state_dtype`` (a kernel with that pool dtype can be judged)."""
@@ -215,14 +194,13 @@ class Session(CachedCase):
 
     # -- the oracle --
     def chain(self, **options):
-        """Yield ``(call, DecodeResult, plan)`` of the oracle chained over the calls (``serving.decode`` options:
-        ``dtype``, ``store_dtype``, ``carry_dtype``); the pool is carried in the working precision."""
+        """Yield ``(call, DecodeResult, plan)`` of the oracle chained over the calls (``DecodeCall.apply``
+        options: ``dtype``, ``store_dtype``, ``carry_dtype``); the pool is carried in the working precision."""
         dtype = options.get("dtype", np.float64)
         pool = self.pool.astype(dtype)
         for c in self.calls:
-            r = serving.decode(*c.inputs(), state_pool=pool, **c.bookkeeping(), **options)
-            plan = serving.plan(c.shape, pool.shape[0], c.state_indices, c.cu_seqlens, c.num_accepted_tokens)
-            yield c, r, plan
+            r = c.apply(pool, **options)
+            yield c, r, c.plan(pool.shape[0])
             pool = r.pool
 
     def reference(self):

@@ -17,7 +17,7 @@ or, for a ``torch:`` spec, its ``state_dtype`` option; float32 otherwise. Inputs
 input dtype (exact), indices as int32 (``cu_seqlens`` int64 to torch).
 
 :class:`ServingCase` (``describe()``, ``run(fn)``, ``release()``) is what ``validate --modes decode,speculative``
-runs: :func:`serving_cases` gives them for ``ci/grading/serving_cases.py``'s recipes.
+runs: :func:`serving_cases` gives them for ``oracle/serving_recipes.py``'s recipes.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import numpy as np
 from gdn2_oracle.kernels.serving_bridge import TorchDecode, takes_fla_pool
 from gdn2_oracle.kernels.spec import accepts_keywords
 from gdn2_oracle.kernels.torch_bridge import TorchKernel
+from gdn2_oracle.oracle import serving_recipes as recipes
 
-from ..grading import serving_cases as recipes
 from ..grading.result import CaseResult
 from ..grading.serving import STATE_DTYPES, Session
 from .harness import host_cast, to_device
@@ -158,5 +158,5 @@ class ServingCase:
 
 
 def serving_cases(dtypes=("float32", "bfloat16"), seed=0, modes=recipes.MODES, only=None):
-    """The serving cases (:class:`ServingCase`) of ``ci/grading/serving_cases.py`` for ``dtypes`` and ``modes``."""
-    return [ServingCase(s) for s in recipes.sessions(dtypes, seed, modes, only)]
+    """The serving cases (:class:`ServingCase`) of ``oracle/serving_recipes.py`` for ``dtypes`` and ``modes``."""
+    return [ServingCase(Session.from_script(s)) for s in recipes.sessions(dtypes, seed, modes, only)]

@@ -1,4 +1,5 @@
-"""The serving judge (ci/grading/serving.py), its recipes (serving_cases.py) and runner (ci/running/serving.py).
+"""The serving judge (ci/grading/serving.py), its recipes (oracle/serving_recipes.py) and runner
+(ci/running/serving.py).
 
 Judge-level tests feed the judge the oracle's own float32 runs (with and without the state rounded to 16 bits at
 every store or after every token) and tampered copies: the grades, the hard checks and the diagnosis follow.
@@ -18,14 +19,19 @@ import pytest
 
 from gdn2_oracle import kernels
 from gdn2_oracle.ci.grading import serving as judge
-from gdn2_oracle.ci.grading import serving_cases as recipes
 from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION
 from gdn2_oracle.ci.running import serving as runner
 from gdn2_oracle.kernels.serving_bridge import FLA_NAIVE_SPEC, TorchDecode
 from gdn2_oracle.kernels.testing_decode import mutant
+from gdn2_oracle.oracle import serving_recipes as recipes
 
 HAS_FLA = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("fla") is not None
 needs_fla = pytest.mark.skipif(not HAS_FLA, reason="torch and fla-core (the fla extra) are not installed")
+
+
+def scripted(recipe, *args, **kw):
+    """The judge's session of a recipe's script (``oracle/serving_recipes.py``)."""
+    return judge.Session.from_script(recipe(*args, **kw))
 
 
 def _cast(x, dtype):
@@ -53,7 +59,7 @@ def kinds(report):
 # --- the judge --------------------------------------------------------------------------------------------------
 
 def test_float32_chain_passes():
-    for session in (recipes.pool_gather_scatter(), recipes.speculative_accept()):
+    for session in (scripted(recipes.pool_gather_scatter), scripted(recipes.speculative_accept)):
         report = feed(session, "float32")
         assert report.grade == PASS and not report.diagnosis, report.format()
 
@@ -67,7 +73,7 @@ def test_stored_state_bound_arithmetic():
 def test_16_bit_store_is_precision_and_16_bit_loop_is_fail():
     """The oracle with the state rounded to bfloat16 at every store (a correct bf16 pool) is PRECISION on a long
     horizon; rounded after every token (the state kept in bf16 inside the loop), FAIL, diagnosed as such."""
-    session = recipes.long_horizon_prefill()
+    session = scripted(recipes.long_horizon_prefill)
     store = feed(session, "bfloat16", store_dtype="bfloat16")
     assert store.grade == PRECISION and kinds(store) == {"stored-state"}, store.format()
     loop = feed(session, "bfloat16", carry_dtype="bfloat16", store_dtype="bfloat16")
@@ -78,14 +84,14 @@ def test_16_bit_store_is_precision_and_16_bit_loop_is_fail():
 def test_stalled_decay_is_flagged():
     """Single-token calls, no writes: a bf16 pool stalls (1 - 0.99992 is below half an ulp), an O(1) error every
     correct kernel with that pool has: PRECISION, with a warning in the diagnosis."""
-    session = recipes.long_horizon(gates="zero")
+    session = scripted(recipes.long_horizon, gates="zero")
     report = feed(session, "bfloat16", store_dtype="bfloat16")
     assert report.grade == PRECISION and report["state"].err_ratio > 0.1, report.format()
     assert "decay stalls" in judge.diagnosis_text(report)
 
 
 def test_hard_checks():
-    session = recipes.pool_gather_scatter()
+    session = scripted(recipes.pool_gather_scatter)
 
     def touch(i, o, pool):
         if i == 2:
@@ -104,7 +110,7 @@ def test_hard_checks():
 
 
 def test_wrong_starting_state_and_nan():
-    session = recipes.chunked_prefill()
+    session = scripted(recipes.chunked_prefill)
 
     def shift(i, o, pool):
         if i >= 2:
@@ -123,7 +129,7 @@ def test_wrong_starting_state_and_nan():
 
 
 def test_judge_refuses_what_it_cannot_judge():
-    session = recipes.pool_gather_scatter()
+    session = scripted(recipes.pool_gather_scatter)
     j = session.judge("float32")
     o = np.zeros(session.calls[0].q.shape[:3] + (recipes.V,), np.float32)
     pool = _cast(session.pool, "float32")
@@ -157,7 +163,7 @@ def test_sessions_and_modes():
     assert len(recipes.sessions(("float32", "bfloat16"))) == 2 * len(recipes.RECIPES)
     with pytest.raises(ValueError, match="^modes:"):
         recipes.sessions(modes=("prefill",))
-    s = recipes.speculative_accept("bfloat16")
+    s = scripted(recipes.speculative_accept, "bfloat16")
     d = s.describe()
     assert d["mode"] == "speculative" and d["dtype"] == "bfloat16" and d["case"].endswith("_bf16")
     for sd in judge.STATE_DTYPES:
@@ -202,8 +208,8 @@ def test_a_kernel_without_a_pool_is_an_error_case():
 def test_long_horizon_figure(record_property):
     """docs/serving.md: 4,096 single-token calls at decay 0.99992 (H = 2, K = V = 32, uniform gates, as the
     DESIGN figure) and the 256-token-chunk horizon; a bf16 pool within its bound, the bf16-in-loop kernel not."""
-    long = recipes.long_horizon(shape=(2, 32, 32))
-    chunks = recipes.long_horizon_prefill()
+    long = scripted(recipes.long_horizon, shape=(2, 32, 32))
+    chunks = scripted(recipes.long_horizon_prefill)
     fig = {}
     for label, fn in (("float32", kernels.get("decode")), ("bfloat16", kernels.get("decode", state_dtype="bfloat16")),
                       ("float16", kernels.get("decode", state_dtype="float16")),

@@ -1,7 +1,8 @@
 """Serving sessions for ``validate --modes decode,speculative`` and the serving properties: deterministic recipes.
 
-Each recipe builds a :class:`ci.grading.serving.Session` (an initial pool and decode calls chained on it; judged
-as in ``ci/grading/serving.py``) from an input dtype and a seed:
+Each recipe builds a :class:`oracle.serving.SessionScript` (an initial pool and decode calls chained on it; the
+judge's session, ``ci/grading/serving.py``, is built from it) from an input dtype and a seed; its mode is the
+registry's (``oracle/call_modes.py``):
 
 * ``pool_gather_scatter`` (decode): packed and batched calls on a 10-slot pool, slots unrelated to sequence
   numbers, an empty sequence, padding rows (-1) fed NaN, a NaN slot never addressed, repeated calls;
@@ -15,19 +16,19 @@ as in ``ci/grading/serving.py``) from an input dtype and a seed:
   256 tokens, so a state kept in 16 bits inside the token loop (which stalls the decay) is told apart from a 16-bit
   pool (which does not at 256 tokens a store).
 
-The runner side (``case.run(fn)``, ``serving_cases``, ``accepts_serving``) is ``ci/running/serving.py``.
+:data:`QUICK` names the few cheap ones of ``validate``'s ``quick`` set (the horizons run in ``full`` only). The
+runner side (``case.run(fn)``, ``serving_cases``, ``accepts_serving``) is ``ci/running/serving.py``.
+
+NumPy only (docs/DESIGN.md §3): no JAX, no kernels, no judge.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gdn2_oracle.oracle import make_problem
-from gdn2_oracle.oracle.generate import round_to, round_to_bfloat16
+from .generate import make_problem, round_to, round_to_bfloat16
+from .serving import DECODE_MODE, MODES, SPECULATIVE_MODE, DecodeCall, SessionScript
 
-from .serving import DecodeCall, Session
-
-MODES = ("decode", "speculative")
 H, K, V = 2, 16, 8  # the short sessions' heads and dimensions
 DRAFTS = 4
 HORIZON, HORIZON_DECAY = 4096, 0.99992
@@ -60,6 +61,7 @@ def _packed(lengths, dtype, seed, nan_seqs=(), **kw):
 
 
 def _call(xs, idx, cu=None, acc=None):
+    """A :class:`DecodeCall` of inputs ``xs`` on slots ``idx`` (int64 bookkeeping)."""
     return DecodeCall(*xs, state_indices=np.asarray(idx, np.int64), cu_seqlens=cu,
                       num_accepted_tokens=None if acc is None else np.asarray(acc, np.int64))
 
@@ -80,7 +82,7 @@ def pool_gather_scatter(dtype="float32", seed=0):
         x[4] = np.nan
     calls.append(_call(xs, [1, 3, 5, 7, -1]))
     pool = pool_values(10, H, K, V, seed, nan_slots=(8,))  # 0, 2, 4, 6, 9 finite and never written; 8 NaN
-    return Session(f"serving_pool_gather_scatter{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+    return SessionScript(f"serving_pool_gather_scatter{_suffix(dtype)}", calls, pool, dtype=dtype, mode=DECODE_MODE,
                    regime={"seed": seed}, purpose="pool gather/scatter: padding rows, empty sequence, repeated calls")
 
 
@@ -94,7 +96,7 @@ def chunked_prefill(dtype="float32", seed=0):
         xs, cu = _packed(lengths, dtype, seed + 10 + j, nan_seqs=(2,) if pad else (), decay="weak")
         calls.append(_call(xs, [2, 0] + ([-1] if pad else []), cu))
     pool = pool_values(4, H, K, V, seed + 5, nan_slots=(3,))
-    return Session(f"serving_chunked_prefill{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+    return SessionScript(f"serving_chunked_prefill{_suffix(dtype)}", calls, pool, dtype=dtype, mode=DECODE_MODE,
                    regime={"seed": seed, "decay": "weak"},
                    purpose="chunked-prefill continuation: prefill chunks and decode steps packed together")
 
@@ -128,7 +130,8 @@ def speculative_accept(dtype="float32", seed=0):
     xs, cu = _packed(lengths, dtype, seed + 20 + n_calls)
     calls.append(_call(xs, idx, cu, accepted(n_calls - 1)))
     pool = pool_values(P, H, K, V, seed + 6, nan_slots=[s for n in range(live) for s in idx[n, 1:]] + [17, 19])
-    return Session(f"serving_speculative_accept{_suffix(dtype)}", calls, pool, dtype=dtype, mode="speculative",
+    return SessionScript(f"serving_speculative_accept{_suffix(dtype)}", calls, pool, dtype=dtype,
+                         mode=SPECULATIVE_MODE,
                    regime={"seed": seed, "drafts": S},
                    purpose="speculative decoding: every accept count 1..S, NaN-filled rejected drafts")
 
@@ -151,7 +154,7 @@ def long_horizon(dtype="float32", seed=0, *, steps=HORIZON, tokens_per_call=1, d
     calls = [_call([x[:, t:t + tokens_per_call] for x in xs], idx) for t in range(0, steps, tokens_per_call)]
     what = "single-token calls" if tokens_per_call == 1 else f"calls of {tokens_per_call} tokens"
     name = "serving_long_horizon" + ("" if tokens_per_call == 1 else "_prefill")
-    return Session(f"{name}{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+    return SessionScript(f"{name}{_suffix(dtype)}", calls, pool, dtype=dtype, mode=DECODE_MODE,
                    regime={"seed": seed, "decay_per_step": decay, "steps": steps, "tokens_per_call": tokens_per_call,
                            "gates": gates, "decay_only_heads": decay_only_heads},
                    purpose=f"long horizon: {steps} tokens as {what} at per-step decay {decay}")
@@ -177,7 +180,7 @@ def single_token_steps(dtype="float32", seed=0):
         xs = tokens(3, 1, dtype, seed + 41 + j)
         calls.append(_call(xs, rng.permutation(6)[:3]))
     pool = pool_values(6, H, K, V, seed + 42)
-    return Session(f"serving_single_token_steps{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+    return SessionScript(f"serving_single_token_steps{_suffix(dtype)}", calls, pool, dtype=dtype, mode=DECODE_MODE,
                    regime={"seed": seed}, purpose="single-token steps, slots permuted, no padding (FLA's domain)")
 
 
@@ -194,28 +197,31 @@ def large_outputs(dtype="float32", seed=0):
         xs[0] = xs[0] * LARGE  # q
         calls.append(_call(xs, [0, 1]))
     pool = pool_values(2, H, K, V, seed + 31)
-    return Session(f"serving_large_outputs{_suffix(dtype)}", calls, pool, dtype=dtype, mode="decode",
+    return SessionScript(f"serving_large_outputs{_suffix(dtype)}", calls, pool, dtype=dtype, mode=DECODE_MODE,
                    regime={"seed": seed}, purpose="outputs beyond float16's range (an fp16 output buffer overflows)")
 
 
 def _suffix(dtype):
+    """A session name's dtype suffix: none for float32, ``_bf16`` otherwise."""
     return "" if dtype == "float32" else "_bf16"
 
 
 # name -> (mode, builder)
 RECIPES = {
-    "pool_gather_scatter": ("decode", pool_gather_scatter),
-    "chunked_prefill": ("decode", chunked_prefill),
-    "speculative_accept": ("speculative", speculative_accept),
-    "long_horizon": ("decode", long_horizon),
-    "long_horizon_prefill": ("decode", long_horizon_prefill),
-    "large_outputs": ("decode", large_outputs),
-    "single_token_steps": ("decode", single_token_steps),
+    "pool_gather_scatter": (DECODE_MODE, pool_gather_scatter),
+    "chunked_prefill": (DECODE_MODE, chunked_prefill),
+    "speculative_accept": (SPECULATIVE_MODE, speculative_accept),
+    "long_horizon": (DECODE_MODE, long_horizon),
+    "long_horizon_prefill": (DECODE_MODE, long_horizon_prefill),
+    "large_outputs": (DECODE_MODE, large_outputs),
+    "single_token_steps": (DECODE_MODE, single_token_steps),
 }
+QUICK = ("pool_gather_scatter", "chunked_prefill", "speculative_accept")  # the quick set's (the horizons: full only)
 
 
 def sessions(dtypes=("float32", "bfloat16"), seed=0, modes=MODES, only=None):
-    """The recipes' sessions for each input dtype (restricted to ``modes`` and to the recipe names in ``only``)."""
+    """The recipes' session scripts for each input dtype (restricted to ``modes`` and to the recipe names in
+    ``only``)."""
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         raise ValueError(f"modes: unknown serving mode(s) {unknown}; expected some of {MODES}")
