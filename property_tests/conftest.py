@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gdn2_oracle.property_tests import grading, profiles
-from gdn2_oracle.property_tests.plugin import (XFAILS, every_mode, kernel_names, mesh_spec, modes_option,
-                                               no_compile_cache, strict)
+from gdn2_oracle.property_tests.plugin import (XFAILS, kernel_names, mesh_spec, no_compile_cache, selected_modes,
+                                               strict)
 from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +35,7 @@ def pytest_configure(config):
     config._gdn2_kernel_names = _selected_names(config)
     config._gdn2_kernels = _built(config._gdn2_kernel_names)  # a bad kernel: one line, before collection
     grading.STRICT = strict(config)
-    config._gdn2_modes = _selected_modes(config)
+    config._gdn2_modes = selected_modes(config)  # checked by the plugin when pytest started
     config._gdn2_compile_cache = _enable_compile_cache(config)
     if mesh_spec(config):  # every kernel call (ci.running.harness) runs in this mesh, on NamedSharding inputs
         from gdn2_oracle.ci.running.mesh import build_mesh  # JAX only with --gdn2-mesh
@@ -63,12 +63,6 @@ def _enable_compile_cache(config):
     return before
 
 
-def _selected_modes(config):
-    """The training-call modes selected by --gdn2-modes / GDN2_MODES (all when not given)."""
-    names = modes_option(config)  # checked by the plugin when pytest started
-    return every_mode() if names is None else tuple(m for m in every_mode() if m in names)
-
-
 def _modes_missing(item, kernel, config):
     """The modes a ``gdn2_modes``-marked test needs that ``kernel`` does not accept or the run left out."""
     needed = [m for mark in item.iter_markers("gdn2_modes") for m in mark.args]
@@ -76,8 +70,10 @@ def _modes_missing(item, kernel, config):
         return []
     from gdn2_oracle.ci.running.modes import accepted_modes  # only when a mode test is collected
     from gdn2_oracle.ci.running.serving import accepts_serving
+    from gdn2_oracle.oracle import call_modes
 
-    accepted = set(accepted_modes(kernel.fn)) | ({"decode", "speculative"} if accepts_serving(kernel.fn) else set())
+    serving = set(call_modes.names("serving")) if accepts_serving(kernel.fn) else set()
+    accepted = set(accepted_modes(kernel.fn)) | serving
     ok = accepted & set(config._gdn2_modes)
     return [m for m in needed if m not in ok]
 
