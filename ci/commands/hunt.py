@@ -99,56 +99,92 @@ class Search:
             self.worst = {"ratio": ratios[name], "result": name, "grade": grade, "recipe": recipe}
 
 
-def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core", show_progress=True,
-         modes=(PLAIN,), case_timeout=None, on_stop=None):
-    """Search up to ``budget`` recipes for a FAIL of kernel ``fn`` (spec ``kernel``, used in the reproducer).
+@dataclass(frozen=True)
+class HuntOptions:
+    """What a hunt searches and how it runs (defaults: 500 recipes, every result, seed 0, the CORE shapes, dense).
+
+    ``budget``: the recipes drawn (a positive integer); ``result``: the one result targeted and judged (None: all);
+    ``shapes``: one of :data:`SHAPES`; ``modes``: ``dense`` and training-call modes to draw; ``case_timeout``: the
+    seconds one kernel call may take (0 or None: no limit). A bad value is a ValueError naming its field."""
+
+    budget: int = DEFAULT_BUDGET
+    result: str | None = None
+    seed: int = 0
+    shapes: str = "core"
+    modes: tuple = (PLAIN,)
+    case_timeout: float | None = None
+    show_progress: bool = True
+
+    def __post_init__(self):
+        """Refuse a bad budget, result or shapes; keep ``modes`` as a tuple."""
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"budget: expected a positive integer, got {self.budget!r}")
+        if self.result is not None and self.result not in MODE_RESULTS:
+            raise ValueError(f"result: {self.result!r} not one of {MODE_RESULTS}")
+        if self.shapes not in SHAPES:
+            raise ValueError(f"shapes: {self.shapes!r} not one of {SHAPES}")
+        object.__setattr__(self, "modes", tuple(self.modes))
+
+
+def hunt(fn, kernel, options=HuntOptions(), *, on_stop=None):
+    """Search up to ``options.budget`` recipes for a FAIL of kernel ``fn`` (spec ``kernel``, used in the reproducer).
 
     Returns a :class:`HuntReport` (``worst``: {ratio, result, grade, recipe}; ``found``: None or
     {recipe, report, failed, repro, example}): ``first_fail`` counts the recipes run up to the first FAIL
-    (before shrinking), ``found`` holds the shrunk (minimal) failing recipe. ``modes``: ``dense`` and training-call
-    modes to draw (a mode the kernel's signature does not accept is reported in ``not_accepted_modes``, not drawn).
-    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report, reason)``: a watchdog stops the search when a
-    kernel call passes the limit (that recipe is the FAIL, timed out, not shrunk) or hangs through Ctrl-C / SIGTERM;
-    ``on_stop`` gets the report so far and the process ends (exit 1, 130, 143).
+    (before shrinking), ``found`` holds the shrunk (minimal) failing recipe. A mode of ``options.modes`` the kernel's
+    signature does not accept is reported in ``not_accepted_modes``, not drawn. ``on_stop(report, reason)``: a
+    watchdog stops the search when a kernel call passes ``options.case_timeout`` (that recipe is the FAIL, timed out,
+    not shrunk) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the report so far and the process ends (exit 1,
+    130, 143).
     """
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget: expected a positive integer, got {budget!r}")
-    if result is not None and result not in MODE_RESULTS:
-        raise ValueError(f"result: {result!r} not one of {MODE_RESULTS}")
-    modes = tuple(modes)
-    accepted = mode_running.accepted_modes(fn)
-    not_accepted = [m for m in modes if not call_modes.is_base(m) and m not in accepted]
-    searched = tuple(m for m in modes if m not in not_accepted)
-    search, start = Search(), time.perf_counter()
+    run = HuntRun(fn, kernel, options)
+    loop = RunLoop(run.report, "recipes", total=options.budget, desc=f"hunt {kernel}", unit_name="example",
+                   show_progress=options.show_progress, case_timeout=options.case_timeout, on_stop=on_stop,
+                   on_timeout=run.timed_out)
+    if not run.searched:  # every mode asked for is one the kernel does not take: nothing to draw
+        return loop.finish()
+    return loop.run(lambda: run.search_all(loop))  # Ctrl-C or SIGTERM: the seed and the worst recipe so far
 
-    def report_of(interrupted):
+
+class HuntRun:
+    """One hunt: the kernel, what it searches (the modes it accepts) and the :class:`Search` so far."""
+
+    def __init__(self, fn, kernel, options):
+        self.fn, self.kernel, self.options = fn, kernel, options
+        accepted = mode_running.accepted_modes(fn)
+        self.not_accepted = [m for m in options.modes if not call_modes.is_base(m) and m not in accepted]
+        self.searched = tuple(m for m in options.modes if m not in self.not_accepted)
+        self.search, self.start = Search(), time.perf_counter()
+
+    def report(self, interrupted):
+        """The :class:`HuntReport` so far (a FAIL the interrupt broke off is not the kernel's: dropped)."""
+        search, options = self.search, self.options
         found = search.found
         if interrupted and found is not None and any(interrupt_error(f) for f in found["failed"]):
             found = search.found = None  # a kernel call the interrupt broke off: not the kernel's FAIL
         if found is not None:
-            found["repro"], found["example"] = reproducer(found["recipe"], kernel)
-        return HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result,
-                          examples=search.examples, first_fail=search.first_fail,
-                          seconds=time.perf_counter() - start, worst=search.worst, found=found,
-                          interrupted=interrupted, modes=list(modes), not_accepted_modes=not_accepted)
+            found["repro"], found["example"] = reproducer(found["recipe"], self.kernel)
+        return HuntReport(kernel=self.kernel, budget=options.budget, seed=options.seed, shapes=options.shapes,
+                          result=options.result, examples=search.examples, first_fail=search.first_fail,
+                          seconds=time.perf_counter() - self.start, worst=search.worst, found=found,
+                          interrupted=interrupted, modes=list(options.modes), not_accepted_modes=self.not_accepted)
 
-    loop = RunLoop(report_of, "recipes", total=budget, desc=f"hunt {kernel}", unit_name="example",
-                   show_progress=show_progress, case_timeout=case_timeout, on_stop=on_stop,
-                   on_timeout=lambda unit: search.fail(unit["recipe"], None, [timed_out(case_timeout)]))
-    if not searched:  # every mode asked for is one the kernel does not take: nothing to draw
-        return loop.finish()
-    space = recipes(shapes, searched)
+    def timed_out(self, unit):
+        """The watchdog stopped the kernel call on ``unit["recipe"]``: that recipe is the FAIL."""
+        self.search.fail(unit["recipe"], None, [timed_out(self.options.case_timeout)])
 
-    def check(recipe):
+    def check(self, loop, recipe):
+        """Judge one drawn recipe (a unit of ``loop``), climb towards the worst, raise :class:`Found` on a FAIL."""
+        search = self.search
         search.examples += 1
         loop.advance()
         try:
             with loop.unit(repr(recipe), recipe=recipe):
-                report = judge(fn, recipe)
+                report = judge(self.fn, recipe)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises fails the recipe
             search.fail(recipe, None, [f"error: {error_text(exc)}"])
             raise Found(str(exc)) from None
-        ratios = strategies.target_ratios(report, result)
+        ratios = strategies.target_ratios(report, self.options.result)
         if not ratios:  # --result names a result this call does not have (dA_log of a dense call): nothing judged
             return
         search.climb(recipe, report, ratios)
@@ -158,19 +194,23 @@ def hunt(fn, kernel, *, budget=DEFAULT_BUDGET, result=None, seed=0, shapes="core
             loop.note("shrinking a FAIL")
             raise Found(", ".join(failed))
 
-    def run_search():
+    def search_all(self, loop):
+        """The Hypothesis search (generate, target, shrink), each recipe checked as a unit of ``loop``."""
+        options = self.options
+
+        def check(recipe):
+            self.check(loop, recipe)
+
         try:
-            hypothesis_seed(seed)(settings(
-                max_examples=budget, deadline=None, database=None, derandomize=False,
+            hypothesis_seed(options.seed)(settings(
+                max_examples=options.budget, deadline=None, database=None, derandomize=False,
                 phases=(Phase.generate, Phase.target, Phase.shrink), verbosity=Verbosity.quiet,
                 suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                print_blob=False)(given(recipe=space)(check)))()
+                print_blob=False)(given(recipe=recipes(options.shapes, self.searched))(check)))()
         except Found:
             pass  # Hypothesis replays the minimal failing recipe last, so search.found holds it
         except Flaky:  # the replay did not fail again: a non-deterministic kernel; keep the last failing recipe
-            search.found["failed"].append("flaky: the same recipe passed when replayed")
-
-    return loop.run(run_search)  # Ctrl-C or SIGTERM: the seed and the worst recipe so far, marked interrupted
+            self.search.found["failed"].append("flaky: the same recipe passed when replayed")
 
 
 def reproducer(recipe, kernel):
@@ -287,9 +327,9 @@ def run(args):
     seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
     fn = cli_args.build(spec)
     print(f"gdn2-oracle hunt: seed {seed} (the same search again: --seed {seed})", file=sys.stderr, flush=True)
-    out = hunt(fn, spec.spec, budget=args.budget, result=args.result, seed=seed, shapes=args.shapes,
-               show_progress=not args.no_progress, modes=args.modes, case_timeout=args.case_timeout,
-               on_stop=lambda report, reason: print(format_hunt(report), flush=True))
+    options = HuntOptions(budget=args.budget, result=args.result, seed=seed, shapes=args.shapes, modes=args.modes,
+                          case_timeout=args.case_timeout, show_progress=not args.no_progress)
+    out = hunt(fn, spec.spec, options, on_stop=lambda report, reason: print(format_hunt(report), flush=True))
     print(format_hunt(out), flush=True)
     if out.found is not None:
         return EXIT["fail"]

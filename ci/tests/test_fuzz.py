@@ -81,9 +81,10 @@ def no_heavy_work():
                 "status": "ok", "reason": None, "sweep": [], "label": spec.label(), "compile_s": 0.1,
                 "median_s": 1e-3, "min_s": 1e-3, "times_s": [1e-3]}
 
-    def no_search(fn, kernel, *, budget, result, seed, shapes, show_progress, modes, case_timeout, on_stop):
-        return hunt.HuntReport(kernel=kernel, budget=budget, seed=seed, shapes=shapes, result=result, examples=0,
-                               first_fail=None, seconds=0.0, worst=None, found=None, modes=list(modes))
+    def no_search(fn, kernel, options, *, on_stop):
+        return hunt.HuntReport(kernel=kernel, budget=options.budget, seed=options.seed, shapes=options.shapes,
+                               result=options.result, examples=0, first_fail=None, seconds=0.0, worst=None, found=None,
+                               modes=list(options.modes))
 
     def no_cluster(**kwargs):
         raise RuntimeError("fuzz: no other process")  # our checks before it are what is fuzzed

@@ -80,7 +80,7 @@ def test_hunt_on_a_raising_kernel_exits_1_with_the_error(cli):
                                            (dict(shapes="some"), "shapes")])
 def test_hunt_rejects_bad_arguments(kwargs, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
-        hunt.hunt(testing.correct, "correct", **kwargs)
+        hunt.hunt(testing.correct, "correct", hunt.HuntOptions(**kwargs))
 
 
 @pytest.mark.parametrize("argv, needle", [
