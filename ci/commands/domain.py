@@ -50,74 +50,106 @@ __all__ = ["evaluate", "evaluate_mode", "worst_of", "plot", "Axis", "BOTH", "GRI
            "MODE_VALUES", "ModePoint", "PLAIN", "Panel", "Point", "RESETS", "SHAPE", "UNORDERED", "build",
            "build_mode", "decay_span", "mode_points", "mode_value_label", "panels", "value_label", "DomainReport",
            "SCHEMA", "boundaries", "failed_cells", "format_domain", "judged_cells", "panel_results", "result_boundary",
-           "sentence", "summary", "worst_cell", "run_domain", "write", "add_parser", "run", "MODES"]
+           "sentence", "summary", "worst_cell", "DomainOptions", "run_domain", "write", "add_parser", "run", "MODES"]
 
 
-def run_domain(fn, grid: Grid, *, kernel="kernel", seed=0, show_progress=True, modes=(PLAIN,), case_timeout=None,
-               on_stop=None):
-    """Sweep ``grid`` with kernel ``fn``: the domain report (panels of cells, boundaries, summary).
+@dataclasses.dataclass(frozen=True)
+class DomainOptions:
+    """How a domain sweep runs (defaults: data seed 0, the dense sweeps, no time limit, a progress bar).
 
-    ``modes``: ``dense`` (the Point sweeps) and training-call modes; a mode the kernel's signature does not accept
-    is listed in ``not_accepted_modes`` and not swept. ``case_timeout`` (seconds; 0 or None: none) and
-    ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py) stops the sweep when a kernel call passes the
-    limit (that cell FAIL, timed out) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the cells finished so far,
-    marked interrupted, and the process ends (exit 1, 130, 143).
+    ``kernel``: the kernel's spec, as the report names it; ``seed``: the first data seed of every cell; ``modes``:
+    ``dense`` (the Point sweeps) and training-call modes; ``case_timeout``: the seconds one kernel call may take (0 or
+    None: no limit)."""
+
+    kernel: str = "kernel"
+    seed: int = 0
+    modes: tuple = (PLAIN,)
+    case_timeout: float | None = None
+    show_progress: bool = True
+
+
+def run_domain(fn, grid: Grid, options=DomainOptions(), *, on_stop=None):
+    """Sweep ``grid`` with kernel ``fn`` as ``options`` (:class:`DomainOptions`) say: the domain report (panels of
+    cells, boundaries, summary).
+
+    A mode of ``options.modes`` the kernel's signature does not accept is listed in ``not_accepted_modes`` and not
+    swept. ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py) stops the sweep when a kernel call passes
+    ``options.case_timeout`` (that cell FAIL, timed out) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the cells
+    finished so far, marked interrupted, and the process ends (exit 1, 130, 143).
     """
-    modes = tuple(modes)
-    chunk = int(getattr(fn, "chunk_size", None) or call_modes.FLA_CHUNK)  # decay spans: over the kernel's chunks
-    accepted = mode_running.accepted_modes(fn)
-    not_accepted = [m for m in modes if not call_modes.is_base(m) and m not in accepted]
-    todo = panels(grid, [m for m in modes if m not in not_accepted])
-    seeds = [seed + i for i in range(grid.seeds)]
-    cache, out_panels = {}, []
-    start = time.perf_counter()
+    run = DomainRun(fn, grid, options)
+    loop = RunLoop(run.report, "domain cells", total=sum(len(p.points) for p in run.todo) * len(run.seeds),
+                   desc=f"domain {options.kernel}", unit_name="cell", show_progress=options.show_progress,
+                   case_timeout=options.case_timeout, on_timeout=run.timed_out, on_stop=on_stop,
+                   timeout_interrupts=True)
+    return loop.run(lambda: run.sweep(loop))  # Ctrl-C or SIGTERM: the cells finished so far, marked interrupted
 
-    def report_of(interrupted):
+
+class DomainRun:
+    """One domain sweep: the panels to sweep, the seeds of each cell, the panels finished so far, the cells' runs."""
+
+    def __init__(self, fn, grid, options):
+        self.fn, self.grid, self.options = fn, grid, options
+        self.modes = tuple(options.modes)
+        self.chunk = int(getattr(fn, "chunk_size", None) or call_modes.FLA_CHUNK)  # decay spans: the kernel's chunks
+        accepted = mode_running.accepted_modes(fn)
+        self.not_accepted = [m for m in self.modes if not call_modes.is_base(m) and m not in accepted]
+        self.todo = panels(grid, [m for m in self.modes if m not in self.not_accepted])
+        self.seeds = [options.seed + i for i in range(grid.seeds)]
+        self.cache, self.out_panels = {}, []
+        self.start = time.perf_counter()
+
+    def report(self, interrupted):
+        """The :class:`DomainReport` of the cells so far (a cell whose kernel call the interrupt broke off dropped)."""
         if interrupted:  # a kernel call the interrupt broke off was not judged
-            for p in out_panels:
+            for p in self.out_panels:
                 p["cells"] = [c for c in p["cells"] if not interrupt_error(c["note"])]
-        report = DomainReport(kernel=kernel, grid=grid.name, seeds=seeds, chunk=chunk,
+        grid = self.grid
+        report = DomainReport(kernel=self.options.kernel, grid=grid.name, seeds=self.seeds, chunk=self.chunk,
                               shape=dict(zip("BHKV", grid.shape)), base=dataclasses.asdict(grid.base),
-                              results=list(RESULTS), panels=[p for p in out_panels if p["cells"]],
-                              seconds=time.perf_counter() - start, environment=environment(),
-                              interrupted=interrupted, modes=list(modes), not_accepted_modes=not_accepted)
+                              results=list(RESULTS), panels=[p for p in self.out_panels if p["cells"]],
+                              seconds=time.perf_counter() - self.start, environment=environment(),
+                              interrupted=interrupted, modes=list(self.modes), not_accepted_modes=self.not_accepted)
         report.boundaries = boundaries(report)
         report.summary = summary(report)
         return report
 
-    def timed_out_cell(unit):  # the watchdog stopped this cell's kernel call: every result FAIL
+    def timed_out(self, unit):
+        """The watchdog stopped this cell's kernel call: the cell, every result FAIL."""
         point = unit["point_obj"]
         names = RESULTS if isinstance(point, Point) else result_names(build_mode(point)[0])
         unit["panel"]["cells"].append({
             "value": unit["value"], "label": unit["label"], "point": unit["point"], "span": math.nan,
-            "results": {n: {"ratio": math.inf, "grade": FAIL} for n in names}, "note": timed_out(case_timeout),
-            "diagnosis": []})
+            "results": {n: {"ratio": math.inf, "grade": FAIL} for n in names},
+            "note": timed_out(self.options.case_timeout), "diagnosis": []})
 
-    loop = RunLoop(report_of, "domain cells", total=sum(len(p.points) for p in todo) * len(seeds),
-                   desc=f"domain {kernel}", unit_name="cell", show_progress=show_progress, case_timeout=case_timeout,
-                   on_timeout=timed_out_cell, on_stop=on_stop, timeout_interrupts=True)
-
-    def sweep():
-        for panel in todo:
-            cells = []
-            out = {"field": panel.field, "label": panel.label, "dtype": panel.dtype, "mode": panel.mode,
-                   "cells": cells}
-            out_panels.append(out)
+    def sweep(self, loop):
+        """Sweep every panel, each cell's seed a unit of ``loop``."""
+        for panel in self.todo:
+            out = {"field": panel.field, "label": panel.label, "dtype": panel.dtype, "mode": panel.mode, "cells": []}
+            self.out_panels.append(out)
             for value, label, point in zip(panel.values, panel.labels, panel.points):
-                on_point = isinstance(point, Point)
-                as_dict = dataclasses.asdict(point) if on_point else point.as_dict()
-                runs = []
-                for s in seeds:
-                    if (point, s) not in cache:
-                        with loop.unit(f"{panel.label} {label} seed {s}", panel=out, value=value, label=label,
-                                       point=as_dict, point_obj=point):
-                            cache[point, s] = (evaluate(fn, point, s, grid.shape, chunk) if on_point
-                                               else evaluate_mode(fn, point, s, chunk))
-                    runs.append(cache[point, s])
-                    loop.advance()
-                cells.append({"value": value, "label": label, "point": as_dict, **worst_of(runs)})
+                out["cells"].append(self.cell(loop, out, value, label, point))
 
-    return loop.run(sweep)  # Ctrl-C or SIGTERM: the cells finished so far, marked interrupted
+    def cell(self, loop, out, value, label, point):
+        """One cell of panel ``out``: ``point`` judged on each seed (a point swept twice is run once), the worst."""
+        as_dict = dataclasses.asdict(point) if isinstance(point, Point) else point.as_dict()
+        runs = []
+        for s in self.seeds:
+            if (point, s) not in self.cache:
+                with loop.unit(f"{out['label']} {label} seed {s}", panel=out, value=value, label=label,
+                               point=as_dict, point_obj=point):
+                    self.cache[point, s] = self.judge_point(point, s)
+            runs.append(self.cache[point, s])
+            loop.advance()
+        return {"value": value, "label": label, "point": as_dict, **worst_of(runs)}
+
+    def judge_point(self, point, seed):
+        """The kernel on ``point`` with data ``seed``: a :class:`Point` by the tolerance model, a mode point by the
+        modes judge."""
+        if isinstance(point, Point):
+            return evaluate(self.fn, point, seed, self.grid.shape, self.chunk)
+        return evaluate_mode(self.fn, point, seed, self.chunk)
 
 
 def write(report, out_dir):
@@ -168,8 +200,9 @@ def run(args):
         if write_after_work("--out", out, lambda: paths.update(write(report, out))):
             print(f"wrote: {paths['png']}, {paths['json']}, {paths['summary']}", flush=True)
 
-    report = run_domain(fn, GRIDS[args.grid], kernel=spec.spec, seed=args.seed, show_progress=not args.no_progress,
-                        modes=args.modes, case_timeout=args.case_timeout, on_stop=show_and_write)
+    options = DomainOptions(kernel=spec.spec, seed=args.seed, modes=args.modes, case_timeout=args.case_timeout,
+                            show_progress=not args.no_progress)
+    report = run_domain(fn, GRIDS[args.grid], options, on_stop=show_and_write)
     show_and_write(report)
     if report.interrupted:
         say_interrupted(sum(len(p["cells"]) for p in report.panels), "domain cell(s)", paths.get("json"))
