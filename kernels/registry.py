@@ -33,3 +33,5 @@ TORCH_PREFIX = "torch:"
 TORCH_FACTORY = "gdn2_oracle.kernels.torch_bridge:torch_kernel"
 # The kernels validated, benchmarked and property-tested when none is named.
 DEFAULTS = ("pairwise", "factorized")
+# The serving kernel property-tested when none of those named takes a state pool.
+SERVING_DEFAULT = "decode"

@@ -35,6 +35,7 @@ from gdn2_oracle.ci.grading import serving as judge
 from gdn2_oracle.ci.grading.serving import Session
 from gdn2_oracle.ci.running.per_kernel import per_kernel
 from gdn2_oracle.ci.running.serving import ServingRunner, accepts_serving, run_session
+from gdn2_oracle.kernels.registry import SERVING_DEFAULT
 from gdn2_oracle.oracle import serving as oracle_serving
 from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.serving import DecodeCall
@@ -42,7 +43,9 @@ from gdn2_oracle.property_tests import grading, strategies
 
 H, K, V = recipes.H, recipes.K, recipes.V
 DTYPES = oracle.KERNEL_DTYPES
-FALLBACK = "decode"
+FALLBACK = SERVING_DEFAULT
+# The registry's serving modes: calls chained on a pool, and speculative calls with draft slots and accepted counts.
+CHAINED, SPECULATIVE = oracle_serving.DECODE_MODE, oracle_serving.SPECULATIVE_MODE
 PREFILL_T = 6
 DRAFTS = 4
 REPLAY_L, REPLAY_CAPACITY = 12, 5
@@ -126,11 +129,11 @@ def check_prefill_continuation(kernel, dtype="float32", seed=0, *, T=PREFILL_T, 
     slots = np.array([3, 1])
     patterns = {"one prefill": (T,), "token by token": (1,) * T}
     for t in range(1, T):
-        for label, pattern in ((f"prefill {t} + decode steps", (t,) + (1,) * (T - t)),
+        for label, pattern in ((f"prefill {t} + {CHAINED} steps", (t,) + (1,) * (T - t)),
                                (f"prefill {t} + prefill {T - t}", (t, T - t))):
             if pattern not in patterns.values():
                 patterns[label] = pattern
-    ref = oracle_serving.decode(*xs, state_pool=pool, state_indices=slots)
+    ref = DecodeCall(*xs, state_indices=slots).apply(pool)
     ref = {"o": ref.o, "state": ref.pool[slots]}
     out, runs = [], {}
     for label, pattern in patterns.items():
@@ -151,7 +154,7 @@ def check_prefill_continuation(kernel, dtype="float32", seed=0, *, T=PREFILL_T, 
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds, decay=st.sampled_from(oracle.DECAYS), gates=st.sampled_from(tuple(oracle.GATES)))
 @example(seed=0, decay="moderate", gates="uniform")
-@pytest.mark.gdn2_modes('decode')
+@pytest.mark.gdn2_modes(CHAINED)
 def test_prefill_continuation_at_every_split(serving_kernel, dtype, seed, decay, gates):
     enforce_all(check_prefill_continuation(serving_kernel, dtype, seed, decay=decay, gates=gates),
                 f"{serving_kernel.name} {dtype} seed={seed} decay={decay} gates={gates}")
@@ -179,7 +182,7 @@ def check_accept_counts(kernel, dtype="float32", seed=0, *, S=DRAFTS):
             x[2] = np.nan
         calls = [DecodeCall(*first, state_indices=idx, num_accepted_tokens=np.ones(3, np.int64)),
                  DecodeCall(*second, state_indices=idx, num_accepted_tokens=acc)]
-        session = Session(f"accept_{a}", calls, pool, dtype=dtype, mode="speculative")
+        session = Session(f"accept_{a}", calls, pool, dtype=dtype, mode=SPECULATIVE)
         report, kept = _run(kernel, session)
         out.append((f"accept counts {acc[:2].tolist()}", report))
         # the committed slots after the draft call == a prefill of the accepted prefix (packed, [N] slots)
@@ -190,7 +193,7 @@ def check_accept_counts(kernel, dtype="float32", seed=0, *, S=DRAFTS):
         p_report, p_kept = _run(kernel, prefill)
         out.append((f"prefill of the accepted tokens {acc[:2].tolist()}", p_report))
         committed = [int(idx[n, acc[n] - 1]) for n in range(2)]
-        r = oracle_serving.decode(*packed, state_pool=pool, state_indices=idx[:2, 0], cu_seqlens=cu)
+        r = DecodeCall(*packed, state_indices=idx[:2, 0], cu_seqlens=cu).apply(pool)
         out.append((f"committed == prefill (accept {acc[:2].tolist()})", judge.agreement(
             "commit", {"state": kept[0][1][committed]}, {"state": p_kept[0][1][idx[:2, 0]]},
             {"state": r.pool[idx[:2, 0]]}, _errors(kernel, kept, session, prefill), _dtypes(kernel, kept),
@@ -201,7 +204,7 @@ def check_accept_counts(kernel, dtype="float32", seed=0, *, S=DRAFTS):
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds)
 @example(seed=0)
-@pytest.mark.gdn2_modes('speculative')
+@pytest.mark.gdn2_modes(SPECULATIVE)
 def test_every_accept_count(serving_kernel, dtype, seed):
     enforce_all(check_accept_counts(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
 
@@ -247,7 +250,7 @@ def check_pool_gather_scatter(kernel, dtype="float32", seed=0):
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds)
 @example(seed=0)
-@pytest.mark.gdn2_modes('decode')
+@pytest.mark.gdn2_modes(CHAINED)
 def test_pool_gather_scatter(serving_kernel, dtype, seed):
     enforce_all(check_pool_gather_scatter(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
 
@@ -291,7 +294,7 @@ def check_replay(kernel, dtype="float32", seed=0, *, L=REPLAY_L, capacity=REPLAY
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds)
 @example(seed=0)
-@pytest.mark.gdn2_modes('decode')
+@pytest.mark.gdn2_modes(CHAINED)
 def test_replay_identity(serving_kernel, dtype, seed):
     enforce_all(check_replay(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
 
@@ -305,7 +308,7 @@ def check_long_horizon(kernel, dtype="float32", seed=0):
             for s in (recipes.long_horizon(dtype, seed), recipes.long_horizon_prefill(dtype, seed))]
 
 
-@pytest.mark.gdn2_modes('decode')
+@pytest.mark.gdn2_modes(CHAINED)
 def test_long_horizon(serving_kernel, record_property):
     checks = check_long_horizon(serving_kernel)
     record_property("serving_long_horizon", {label: {v.name: v.err_ratio for v in r.verdicts if v.name in judge.GRADED}
