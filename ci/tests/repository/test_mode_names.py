@@ -23,10 +23,7 @@ ITERATING = ("ci/", "property_tests/")  # trees that must name no mode
 MOST_FILES = 10  # a mode is named in at most this many files overall
 ORDINARY = re.compile(r"\b(erase gates?|write gates?|gate regimes?|erase and write gates)\b")
 # Files of ci/ and property_tests/ not yet moved onto the registry (each a known debt, to shrink to none).
-PENDING = {
-    "property_tests/conftest.py", "property_tests/plugin.py",
-    "property_tests/strategies.py", "property_tests/test_modes.py", "property_tests/test_serving.py",
-}
+PENDING = set()
 
 
 def _is_docstring(tokens, i):
