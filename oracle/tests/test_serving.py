@@ -429,3 +429,18 @@ def test_bad_state_dtype_names_the_argument(arg):
     xs = _inputs(1, 2, seed=54)
     with pytest.raises(ValueError, match=f"^{arg}:"):
         serving.decode(*xs, state_pool=_pool(1, seed=55), state_indices=np.array([0]), **{arg: "float64"})
+
+
+def test_a_scripted_call_applies_the_oracle_and_a_script_takes_only_serving_modes():
+    from gdn2_oracle.oracle import call_modes, serving_recipes
+
+    script = serving_recipes.pool_gather_scatter()
+    assert script.mode in call_modes.names("serving") and serving_recipes.QUICK[0] in serving_recipes.RECIPES
+    c = script.calls[0]
+    direct = serving.decode(*c.inputs(), state_pool=script.pool, **c.bookkeeping())
+    applied = c.apply(script.pool)
+    assert np.array_equal(applied.o, direct.o) and np.array_equal(applied.pool, direct.pool, equal_nan=True)
+    assert c.plan(script.pool.shape[0]).written_slots.tolist() == direct.written_slots.tolist()
+    assert serving.SessionScript("s", script.calls, script.pool).mode == call_modes.names("serving")[0]
+    with pytest.raises(ValueError, match="^mode:"):
+        serving.SessionScript("s", script.calls, script.pool, mode=call_modes.BASE.name)
