@@ -25,7 +25,6 @@ computed once per (shape, dtype, seed) and shared by every kernel and configurat
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import statistics
 import time
@@ -231,165 +230,234 @@ def time_calls(compiled, repeats):
 
 # --- the benchmark --------------------------------------------------------------------------
 
-def unwatched(rec, entry, what):
-    """No watchdog: the context a kernel call of ``entry`` (``what``: compiling, validating, timing) runs in."""
-    return contextlib.nullcontext()
-
-
 def _reject(entry, reason):
+    """Mark ``entry`` rejected for ``reason``; None (no timed configuration)."""
     entry["reason"] = reason
     return None
 
 
-def try_config(spec, opts, rec, shape, dtype, *, sweeping, repeats, seed, cases, log, watch=unwatched):
-    """Build, validate, compile and time one configuration, recording it in ``rec["sweep"]``.
+@dataclass(frozen=True)
+class BenchOptions:
+    """What a bench run times and how (defaults: B=4, T=4096, H=6, K=V=128, float32, the kernels' own tiles).
 
-    Swept configurations are validated at :func:`small_shape` before compiling (the fastest is
-    validated at the full shape later, by :func:`choose`); a single one at the benchmark shape before
-    timing. Returns ``(entry, fn, compiled)`` when timed, else None (the entry holds the reason). Every kernel call
-    runs inside ``watch(rec, entry, what)`` (the watchdog's case, ``--case-timeout``).
-    """
-    label = spec.label(opts)
-    entry = {"options": opts, "label": label, "status": "rejected"}
-    rec["sweep"].append(entry)
-    try:
-        fn = cli_args.build(spec, **opts)
-    except UsageError as exc:
-        return _reject(entry, f"invalid configuration: {exc}")
-    if "source" not in rec:
-        rec["source"], rec["notes"] = source_sha256(fn), kernel_notes(fn)
-    if sweeping:
-        log(f"{label} {dtype}: validating at small shape {small_shape(shape)}")
-        with watch(rec, entry, f"validating at small shape {small_shape(shape)}"):
-            entry["small_validation"] = small = validate_config(fn, small_shape(shape), dtype, seed, cases)
-        if not small["passed"]:
-            return _reject(entry, _failed("small shape", small))
-    try:
-        log(f"{label} {dtype}: compiling at {tuple(shape)}")
-        with watch(rec, entry, f"compiling at {tuple(shape)}"):
-            compiled = Compiled(fn, *cases(shape, dtype, seed).data(), dtype)
-    except MemoryError as exc:
-        raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
-    except Exception as exc:  # noqa: BLE001 - a kernel that fails to compile is rejected, not timed
-        return _reject(entry, f"compile failed: {error_text(exc)}")
-    entry["compile_s"] = compiled.compile_s
-    if not sweeping:
-        log(f"{label} {dtype}: validating at {tuple(shape)}")
-        with watch(rec, entry, f"validating at {tuple(shape)}"):
-            entry["full_validation"] = full = validate_config(fn, shape, dtype, seed, cases, compiled)
-        if not full["passed"]:
-            return _reject(entry, _failed("the benchmark shape", full))
-    log(f"{label} {dtype}: timing {repeats} calls")
-    try:
-        with watch(rec, entry, f"timing {repeats} calls"):
-            entry.update(time_calls(compiled, repeats))
-    except Exception as exc:  # noqa: BLE001 - a kernel that fails to run is rejected, not timed
-        return _reject(entry, f"run failed: {error_text(exc)}")
-    entry["status"] = "timed"
-    return entry, fn, compiled
+    The shapes are every (``batches``, ``seqs``, ``heads``, ``dims``) combination, K = V = the dim; ``tiles``: a
+    ``--tiles`` value (None: the defaults; ``"sweep"``; a grid); ``repeats``: timed calls per figure; ``seed``: of the
+    timed problems; ``mesh``: a ``jax.sharding.Mesh`` (ci/running/mesh.py) every kernel is compiled and timed inside,
+    on sharded inputs; ``case_timeout``: the seconds one kernel call may take (0 or None: no limit); ``env``: the
+    environment record (None: this machine's)."""
+
+    batches: tuple = (4,)
+    seqs: tuple = (4096,)
+    heads: tuple = (6,)
+    dims: tuple = (128,)
+    dtypes: tuple = ("float32",)
+    tiles: str | None = None
+    repeats: int = 20
+    seed: int = 0
+    mesh: object = None
+    case_timeout: float | None = None
+    show_progress: bool = True
+    env: dict | None = None
+
+    def shapes(self):
+        """The benchmark shapes ``(B, T, H, K, V)``, the batch varying fastest."""
+        return [(B, T, H, D, D) for D in self.dims for H in self.heads for T in self.seqs for B in self.batches]
 
 
-def choose(candidates, shape, dtype, seed, cases, log, rec=None, watch=unwatched):
-    """The fastest timed configuration that passes validation at the benchmark shape, or None.
+def run_bench(specs, options=BenchOptions(), *, on_stop=None):
+    """Benchmark every kernel spec at every shape and dtype of ``options`` (:class:`BenchOptions`); returns the
+    :class:`BenchReport` (``interrupted`` and the results finished so far after Ctrl-C).
 
-    Candidates are tried fastest first; one that fails is marked rejected and loses its timings.
-    """
-    for entry, fn, compiled in sorted(candidates, key=lambda c: c[0]["median_s"]):
-        if "full_validation" not in entry:
-            log(f"{entry['label']} {dtype}: validating the fastest configuration at {tuple(shape)}")
-            with watch(rec, entry, f"validating at {tuple(shape)}"):
-                entry["full_validation"] = validate_config(fn, shape, dtype, seed, cases, compiled)
-        if entry["full_validation"]["passed"]:
-            return entry
-        entry["status"] = "rejected"
-        entry["reason"] = _failed("the benchmark shape", entry["full_validation"])
-        for k in ("median_s", "min_s", "times_s"):
-            entry.pop(k, None)
-    return None
+    ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py) stops the run when one kernel call (compiling,
+    validating or the timed calls of one configuration) passes ``options.case_timeout`` (that configuration rejected,
+    timed out) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the results finished so far and the process ends
+    (exit 1, 130, 143). Unknown kernels, bad tiles and shapes too large for this host are usage errors, before any
+    work."""
+    run = BenchRun(specs, options, on_stop)
+    return run.loop.run(run.bench_all, mesh_lib.using(options.mesh))  # kernels compile and run inside the mesh
 
 
-def bench_one(spec, shape, dtype, *, tiles, repeats, seed, cases, log, watch=unwatched):
-    """Benchmark one (kernel, shape, dtype): try every configuration, keep the fastest valid one;
-    returns its JSON record."""
-    B, T, H, K, V = shape
-    rec = {"kernel": spec.label(), "spec": spec.spec, "shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": dtype,
-           "status": "rejected", "reason": None, "sweep": []}
-    configs = configurations(spec, tiles)
-    tried = [try_config(spec, opts, rec, shape, dtype, sweeping=len(configs) > 1, repeats=repeats, seed=seed,
-                        cases=cases, log=log, watch=watch) for opts in configs]
-    candidates = [c for c in tried if c is not None]
-    chosen = choose(candidates, shape, dtype, seed, cases, log, rec, watch)
-    for _, _, compiled in candidates:
-        compiled.exe = None  # free device executables
-    if chosen is None:
-        reasons = [f"{e['label']}: {e.get('reason')}" for e in rec["sweep"] if e["status"] == "rejected"]
-        rec["reason"] = "no configuration passed validation -- " + " | ".join(reasons)
-        return rec
-    chosen["status"] = "chosen"
-    rec.update(status="ok", reason=None, options=chosen["options"], label=chosen["label"],
-               compile_s=chosen["compile_s"], median_s=chosen["median_s"], min_s=chosen["min_s"],
-               times_s=chosen["times_s"], validation=chosen["full_validation"])
-    from ..running.cost_model import prediction  # only a TPU run of a Pallas kernel gets one
+@dataclass
+class Trial:
+    """One (kernel, shape, dtype) of a bench run and its JSON record (each configuration tried: ``rec["sweep"]``)."""
 
-    rec["prediction"] = prediction(spec.name, chosen["options"], shape, dtype, jax.devices()[0].device_kind)
-    return rec
+    spec: object
+    shape: tuple
+    dtype: str
+    rec: dict = field(init=False)
+
+    def __post_init__(self):
+        """The record before any configuration is tried: rejected, no reason yet."""
+        B, T, H, K, V = self.shape
+        self.rec = {"kernel": self.spec.label(), "spec": self.spec.spec, "shape": dict(B=B, T=T, H=H, K=K, V=V),
+                    "dtype": self.dtype, "status": "rejected", "reason": None, "sweep": []}
+
+    def rejected(self):
+        """The record of a kernel with no validated configuration: the reason of each configuration's rejection."""
+        reasons = [f"{e['label']}: {e.get('reason')}" for e in self.rec["sweep"] if e["status"] == "rejected"]
+        self.rec["reason"] = "no configuration passed validation -- " + " | ".join(reasons)
+        return self.rec
+
+    def chosen(self, entry):
+        """The record of a timed kernel: the ``entry`` chosen, its figures and (TPU, Pallas) roofline prediction."""
+        from ..running.cost_model import prediction  # only a TPU run of a Pallas kernel gets one
+
+        entry["status"] = "chosen"
+        self.rec.update(status="ok", reason=None, options=entry["options"], label=entry["label"],
+                        compile_s=entry["compile_s"], median_s=entry["median_s"], min_s=entry["min_s"],
+                        times_s=entry["times_s"], validation=entry["full_validation"])
+        self.rec["prediction"] = prediction(self.spec.name, entry["options"], self.shape, self.dtype,
+                                            jax.devices()[0].device_kind)
+        return self.rec
 
 
-def run_bench(specs, *, batches=(4,), seqs=(4096,), heads=(6,), dims=(128,), dtypes=("float32",),
-              tiles=None, repeats=20, seed=0, show_progress=True, env=None, mesh=None, case_timeout=None, on_stop=None):
-    """Benchmark every kernel spec at every shape and dtype; returns the :class:`BenchReport` (``interrupted``
-    and the results finished so far after Ctrl-C); with a ``mesh`` (ci/running/mesh.py)
-    every kernel is compiled and timed inside it on sharded inputs.
+class BenchRun:
+    """One bench run: the shapes, the cases shared by every kernel, the records so far, and the :class:`RunLoop`
+    whose units are the kernel calls (compiling, validating, timing one configuration)."""
 
-    ``case_timeout`` (seconds; 0 or None: none) and ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py)
-    stops the run when one kernel call (compiling, validating or the timed calls of one configuration) passes the limit
-    (that configuration rejected, timed out) or hangs through Ctrl-C / SIGTERM; ``on_stop`` gets the results finished
-    so far and the process ends (exit 1, 130, 143)."""
-    for spec in specs:  # unknown kernels / import failures are usage errors, before any work
-        cli_args.build(spec)
-    check_tiles(specs, tiles)
-    shapes = [(B, T, H, D, D) for D in dims for H in heads for T in seqs for B in batches]
-    for shape in shapes:
-        check_allocatable(shape)
-    cases = Cases()
-    t0 = time.perf_counter()
-    results, stopped = [], []  # stopped: the record of a configuration the watchdog stopped
+    def __init__(self, specs, options, on_stop=None):
+        for spec in specs:  # unknown kernels / import failures are usage errors, before any work
+            cli_args.build(spec)
+        check_tiles(specs, options.tiles)
+        self.shapes = options.shapes()
+        for shape in self.shapes:
+            check_allocatable(shape)
+        self.specs, self.options = specs, options
+        self.cases = Cases()
+        self.t0 = time.perf_counter()
+        self.results, self.stopped = [], []  # stopped: the record of a configuration the watchdog stopped
+        self.loop = RunLoop(self.report, "benchmark results", total=len(specs) * len(self.shapes) * len(options.dtypes),
+                            desc="bench", unit_name="run", show_progress=options.show_progress,
+                            case_timeout=options.case_timeout, on_timeout=self.timed_out, on_stop=on_stop)
 
-    def report_of(interrupted):
-        done = results + stopped
+    def report(self, interrupted):
+        """The :class:`BenchReport` of the records so far (after an interrupt, not those it broke off)."""
+        done = self.results + self.stopped
         if interrupted:  # a kernel call the interrupt broke off was not rejected: it was not judged
             done = [r for r in done if r["status"] == "ok" or not interrupt_error(r["reason"])]
         passed = not interrupted and bool(done) and all(r["status"] == "ok" for r in done)
-        return BenchReport(environment=env or environment(), repeats=repeats, seed=seed, tiles=tiles,
-                           mesh=mesh_lib.format_mesh(mesh) if mesh is not None else None,
-                           oracle_seconds=cases.seconds, seconds=time.perf_counter() - t0, passed=passed,
+        o = self.options
+        return BenchReport(environment=o.env or environment(), repeats=o.repeats, seed=o.seed, tiles=o.tiles,
+                           mesh=mesh_lib.format_mesh(o.mesh) if o.mesh is not None else None,
+                           oracle_seconds=self.cases.seconds, seconds=time.perf_counter() - self.t0, passed=passed,
                            interrupted=interrupted, outcome=bench_outcome(done, interrupted), results=done)
 
-    def timed_out_config(unit):  # the watchdog stopped this configuration's kernel call
+    def timed_out(self, unit):
+        """The watchdog stopped this configuration's kernel call: it and its kernel are rejected, timed out."""
         rec, entry = unit["rec"], unit["entry"]
-        entry.update(status="rejected", reason=f"{unit['what']}: {timed_out(case_timeout)}")
+        entry.update(status="rejected", reason=f"{unit['what']}: {timed_out(self.options.case_timeout)}")
         rec.update(status="rejected", reason=f"{entry['label']}: {entry['reason']}")
-        stopped.append(rec)
+        self.stopped.append(rec)
 
-    loop = RunLoop(report_of, "benchmark results", total=len(specs) * len(shapes) * len(dtypes), desc="bench",
-                   unit_name="run", show_progress=show_progress, case_timeout=case_timeout,
-                   on_timeout=timed_out_config, on_stop=on_stop)
+    def stage(self, trial, entry, what, said=None):
+        """Name the kernel call of ``entry`` on the progress bar (``said``, default ``what``) and return the
+        watchdog's context it runs in (``what``: compiling, validating, timing)."""
+        self.loop.note(f"{entry['label']} {trial.dtype}: {said or what}"[:80])
+        return self.loop.unit(f"{entry['label']} {what}", rec=trial.rec, entry=entry, what=what)
 
-    def watch(rec, entry, what):
-        return loop.unit(f"{entry['label']} {what}", rec=rec, entry=entry, what=what)
-
-    def bench_all(_in_mesh):
-        for shape in shapes:
-            for dtype in dtypes:
+    def bench_all(self, _in_mesh):
+        """Benchmark every kernel at every (shape, dtype); each group's speedups over its first timed kernel."""
+        for shape in self.shapes:
+            for dtype in self.options.dtypes:
                 group = []
-                for spec in specs:
-                    group.append(bench_one(spec, shape, dtype, tiles=tiles, repeats=repeats, seed=seed, cases=cases,
-                                           log=lambda msg: loop.note(msg[:80]), watch=watch))
-                    results.append(group[-1])
-                    loop.advance()
+                for spec in self.specs:
+                    group.append(self.bench_one(spec, shape, dtype))
+                    self.results.append(group[-1])
+                    self.loop.advance()
                 mark_speedups(group)
 
-    return loop.run(bench_all, mesh_lib.using(mesh))  # kernels compile and run inside the mesh (none: a no-op)
+    def bench_one(self, spec, shape, dtype):
+        """Benchmark one (kernel, shape, dtype): try every configuration, keep the fastest valid one; its JSON
+        record."""
+        trial = Trial(spec, shape, dtype)
+        configs = configurations(spec, self.options.tiles)
+        tried = [self.try_config(trial, opts, sweeping=len(configs) > 1) for opts in configs]
+        candidates = [c for c in tried if c is not None]
+        chosen = self.choose(trial, candidates)
+        for _, _, compiled in candidates:
+            compiled.exe = None  # free device executables
+        return trial.rejected() if chosen is None else trial.chosen(chosen)
+
+    def try_config(self, trial, opts, sweeping):
+        """Build, validate, compile and time one configuration, recording it in ``trial.rec["sweep"]``.
+
+        Swept configurations are validated at :func:`small_shape` before compiling (the fastest is validated at the
+        full shape later, by :meth:`choose`); a single one at the benchmark shape before timing. Returns
+        ``(entry, fn, compiled)`` when timed, else None (the entry holds the reason).
+        """
+        entry = {"options": opts, "label": trial.spec.label(opts), "status": "rejected"}
+        trial.rec["sweep"].append(entry)
+        try:
+            fn = cli_args.build(trial.spec, **opts)
+        except UsageError as exc:
+            return _reject(entry, f"invalid configuration: {exc}")
+        if "source" not in trial.rec:
+            trial.rec["source"], trial.rec["notes"] = source_sha256(fn), kernel_notes(fn)
+        if sweeping and not self.passes(trial, fn, entry, small=True):
+            return None
+        compiled = self.compile_config(trial, fn, entry)
+        if compiled is None or (not sweeping and not self.passes(trial, fn, entry, compiled)):
+            return None
+        return (entry, fn, compiled) if self.time_config(trial, entry, compiled) else None
+
+    def passes(self, trial, fn, entry, compiled=None, small=False):
+        """Validate configuration ``fn`` of ``entry`` at the benchmark shape (with ``small``: at :func:`small_shape`),
+        recorded in the entry; whether it passed (if not, the entry's reason says why)."""
+        if small:
+            shape, where, key = small_shape(trial.shape), "small shape", "small_validation"
+            what = f"validating at small shape {shape}"
+        else:
+            shape, where, key = trial.shape, "the benchmark shape", "full_validation"
+            what = f"validating at {tuple(shape)}"
+        with self.stage(trial, entry, what):
+            entry[key] = result = validate_config(fn, shape, trial.dtype, self.options.seed, self.cases, compiled)
+        if not result["passed"]:
+            _reject(entry, _failed(where, result))
+        return result["passed"]
+
+    def compile_config(self, trial, fn, entry):
+        """``fn`` compiled at the benchmark shape (its compile time in ``entry``), or None: rejected, it failed."""
+        shape, dtype = trial.shape, trial.dtype
+        try:
+            with self.stage(trial, entry, f"compiling at {tuple(shape)}"):
+                compiled = Compiled(fn, *self.cases(shape, dtype, self.options.seed).data(), dtype)
+        except MemoryError as exc:
+            raise UsageError(f"shape {tuple(shape)}: out of host memory ({type(exc).__name__}: {exc})") from None
+        except Exception as exc:  # noqa: BLE001 - a kernel that fails to compile is rejected, not timed
+            return _reject(entry, f"compile failed: {error_text(exc)}")
+        entry["compile_s"] = compiled.compile_s
+        return compiled
+
+    def time_config(self, trial, entry, compiled):
+        """Time ``repeats`` calls of ``compiled`` into ``entry`` (status timed); False when a call fails (rejected)."""
+        repeats = self.options.repeats
+        try:
+            with self.stage(trial, entry, f"timing {repeats} calls"):
+                entry.update(time_calls(compiled, repeats))
+        except Exception as exc:  # noqa: BLE001 - a kernel that fails to run is rejected, not timed
+            _reject(entry, f"run failed: {error_text(exc)}")
+            return False
+        entry["status"] = "timed"
+        return True
+
+    def choose(self, trial, candidates):
+        """The fastest timed configuration that passes validation at the benchmark shape, or None.
+
+        Candidates are tried fastest first; one that fails is marked rejected and loses its timings.
+        """
+        for entry, fn, compiled in sorted(candidates, key=lambda c: c[0]["median_s"]):
+            if "full_validation" not in entry:
+                with self.stage(trial, entry, f"validating at {tuple(trial.shape)}",
+                                said=f"validating the fastest configuration at {tuple(trial.shape)}"):
+                    entry["full_validation"] = validate_config(fn, trial.shape, trial.dtype, self.options.seed,
+                                                               self.cases, compiled)
+            if entry["full_validation"]["passed"]:
+                return entry
+            entry["status"] = "rejected"
+            entry["reason"] = _failed("the benchmark shape", entry["full_validation"])
+            for k in ("median_s", "min_s", "times_s"):
+                entry.pop(k, None)
+        return None
 
 
 def mark_speedups(group):
@@ -597,10 +665,10 @@ def run(args):
                                                                lambda: plot_bench(report, out["plot"])):
             print(f"plot: {out['plot']}", flush=True)
 
-    report = run_bench(cli_args.specs(args.kernel), batches=args.batch, seqs=args.seq, heads=args.heads,
-                       dims=args.dim, dtypes=args.dtype, tiles=args.tiles, repeats=args.repeats, seed=args.seed,
-                       show_progress=not args.no_progress, mesh=cli_args.built_mesh(args),
-                       case_timeout=args.case_timeout, on_stop=show_and_write)
+    options = BenchOptions(batches=args.batch, seqs=args.seq, heads=args.heads, dims=args.dim, dtypes=args.dtype,
+                           tiles=args.tiles, repeats=args.repeats, seed=args.seed, mesh=cli_args.built_mesh(args),
+                           case_timeout=args.case_timeout, show_progress=not args.no_progress)
+    report = run_bench(cli_args.specs(args.kernel), options, on_stop=show_and_write)
     show_and_write(report)
     if report.interrupted:
         say_interrupted(len(report.results), "benchmark result(s)", out["json"])

@@ -75,7 +75,7 @@ def no_heavy_work():
     def no_kernel_run(*a, **kw):
         raise RuntimeError("kernel run skipped by the fuzz test")
 
-    def made_up_record(spec, shape, dtype, **kw):
+    def made_up_record(run, spec, shape, dtype):
         B, T, H, K, V = shape
         return {"kernel": spec.label(), "spec": spec.spec, "shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": dtype,
                 "status": "ok", "reason": None, "sweep": [], "label": spec.label(), "compile_s": 0.1,
@@ -95,7 +95,7 @@ def no_heavy_work():
                        shape=(1, 1, 2, 2), mode_values={sweep: v[:1] for sweep, v in domain.MODE_VALUES.items()})
     mp.setattr(harness, "kernel_results", no_kernel_run)
     mp.setattr(mode_running, "mode_results", no_kernel_run)
-    mp.setattr(bench, "bench_one", made_up_record)
+    mp.setattr(bench.BenchRun, "bench_one", made_up_record)
     mp.setattr(regenerate, "_run_all", lambda names, jobs, desc: iter(()))
     mp.setattr(hunt, "hunt", no_search)
     mp.setitem(domain.GRIDS, "quick", tiny)

@@ -110,13 +110,13 @@ def test_bad_output_paths_exit_2_before_any_work(cli, tmp_path, no_work, argv, n
 def test_output_options_given_a_directory_write_into_it(cli, tmp_path, monkeypatch):
     from gdn2_oracle.ci.commands import bench
 
-    def timed(spec, shape, dtype, **kw):  # a benchmark record without the benchmark (paths are the point)
+    def timed(run, spec, shape, dtype):  # a benchmark record without the benchmark (paths are the point)
         B, T, H, K, V = shape
         return {"kernel": spec.label(), "spec": spec.spec, "shape": dict(B=B, T=T, H=H, K=K, V=V), "dtype": dtype,
                 "status": "ok", "reason": None, "sweep": [], "label": spec.label(), "compile_s": 0.5,
                 "median_s": 2e-3, "min_s": 1e-3, "times_s": [2e-3]}
 
-    monkeypatch.setattr(bench, "bench_one", timed)
+    monkeypatch.setattr(bench.BenchRun, "bench_one", timed)
     out_dir = tmp_path / "reports"
     out_dir.mkdir()
     code, out, err = cli("bench", "--kernel", "pairwise[chunk_size=16]", *TINY_BENCH,
@@ -350,7 +350,7 @@ def no_work_in_bench(monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("benchmark work started")
 
-    monkeypatch.setattr(bench, "bench_one", refuse)
+    monkeypatch.setattr(bench.BenchRun, "bench_one", refuse)
 
 
 def test_tile_keys_one_kernel_lacks_are_dropped_for_it_only():
