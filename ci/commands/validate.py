@@ -403,18 +403,49 @@ def case_lines(k, c):
 
 def format_validation(report, *, max_failures=60):
     """The verdict table (kernel x dtype x result: worst case), per-case failures and the verdict line."""
+    modes = getattr(report, "modes", list(VALIDATE_MODES))
+    lines = [*header_lines(report, modes), ""]
+    lines.append(table(["kernel", "dtype", "result", "err_ratio", "tol", "max_err", "tol", "rule",
+                        "worst case", "failed", "verdict"], verdict_rows(report), "<<<>>>><<><"))
+    lines += failure_lines(report, max_failures)
+    diagnoses = [(k["name"], f) for k in report.kernels for f in k.get("diagnosis") or []]
+    if diagnoses:
+        lines += ["", "Diagnosis (across cases):"] + [f"  {name}: {f['kind']}: {f['text']}" for name, f in diagnoses]
+    n_prec = sum(k.get("n_precision", 0) for k in report.kernels)
+    if n_prec:
+        lines += ["", f"WARNING: {n_prec} case(s) graded PRECISION: over the working-precision tolerance but within "
+                      "the precision-loss bound (docs/DESIGN.md §4): the algorithm is right, precision is lost of a "
+                      "known kind. Not a failure (exit 0) unless --strict."]
+    mode_lines = [format_modes(k, modes) for k in report.kernels if set(modes) - {PLAIN}]
+    if mode_lines:
+        lines += ["", "Call modes (docs/modes.md, docs/serving.md):"] + mode_lines
+    notes = [(k["name"], n) for k in report.kernels for n in k["notes"]]
+    if notes:
+        lines += ["", "Notes:"] + [f"  {name}: {n}" for name, n in notes]
+    lines.append("")
+    lines += [kernel_line(k, report.interrupted) for k in report.kernels]
+    lines.append(overall_line(report))
+    return "\n".join(lines)
+
+
+def header_lines(report, modes):
+    """The run's first line (cases, their golden / generated split, dtypes, device, mesh, modes) and the kernels'
+    source lines."""
     env = report.environment
     ran = max(report.kernels, key=lambda k: len(k["cases"]), default=None)  # the kernel that ran the most cases
     n_gold = sum(1 for c in ran["cases"] if c["source"] == "golden") if ran else 0
     split = (f"{n_gold} golden, {report.n_cases - n_gold} generated; "
              if ran and len(ran["cases"]) == report.n_cases else "")  # known only once a kernel ran every case
-    modes = getattr(report, "modes", list(VALIDATE_MODES))
-    lines = [f"gdn2-oracle validate: {report.n_cases} cases ({split}"
-             f"set {report.cases!r}), dtypes {','.join(report.dtypes)}; device {env['device_kind']} "
-             f"({env['platform']}), jax {env['jax_version']}"
-             + (f"; mesh {report.mesh}" if report.mesh else "")
-             + (f"; modes {','.join(modes)}" if list(modes) != list(VALIDATE_MODES) else ""),
-             *source_lines(report.kernels), ""]
+    return [f"gdn2-oracle validate: {report.n_cases} cases ({split}"
+            f"set {report.cases!r}), dtypes {','.join(report.dtypes)}; device {env['device_kind']} "
+            f"({env['platform']}), jax {env['jax_version']}"
+            + (f"; mesh {report.mesh}" if report.mesh else "")
+            + (f"; modes {','.join(modes)}" if list(modes) != list(VALIDATE_MODES) else ""),
+            *source_lines(report.kernels)]
+
+
+def verdict_rows(report):
+    """The verdict table's rows: per kernel and dtype, each result's worst case, then the cases in error."""
     rows = []
     for k in report.kernels:
         for dtype, per in k["summary"].items():
@@ -433,31 +464,24 @@ def format_validation(report, *, max_failures=60):
             if per.get("_input_errors"):
                 rows.append([k["name"], dtype, "(input error)", "-", "-", "-", "-", "input-error",
                              f"{len(per['_input_errors'])} case(s)", f"{len(per['_input_errors'])}", "NOT JUDGED"])
-    lines.append(table(["kernel", "dtype", "result", "err_ratio", "tol", "max_err", "tol", "rule",
-                        "worst case", "failed", "verdict"], rows, "<<<>>>><<><"))
+    return rows
+
+
+def failure_lines(report, max_failures):
+    """The cases not graded PASS, each a block of lines, the first ``max_failures`` of them."""
     failures = [case_lines(k, c) for k in report.kernels for c in k["cases"] if not c["passed"]]
-    if failures:
-        lines += ["", f"Cases not graded PASS ({len(failures)}):"]
-        for block in failures[:max_failures]:
-            lines += block
-        if len(failures) > max_failures:
-            lines.append(f"  ... {len(failures) - max_failures} more case(s) in the JSON report (--max-failures)")
-    diagnoses = [(k["name"], f) for k in report.kernels for f in k.get("diagnosis") or []]
-    if diagnoses:
-        lines += ["", "Diagnosis (across cases):"] + [f"  {name}: {f['kind']}: {f['text']}" for name, f in diagnoses]
-    n_prec = sum(k.get("n_precision", 0) for k in report.kernels)
-    if n_prec:
-        lines += ["", f"WARNING: {n_prec} case(s) graded PRECISION: over the working-precision tolerance but within "
-                      "the precision-loss bound (docs/DESIGN.md §4): the algorithm is right, precision is lost of a "
-                      "known kind. Not a failure (exit 0) unless --strict."]
-    mode_lines = [format_modes(k, modes) for k in report.kernels if set(modes) - {PLAIN}]
-    if mode_lines:
-        lines += ["", "Call modes (docs/modes.md, docs/serving.md):"] + mode_lines
-    notes = [(k["name"], n) for k in report.kernels for n in k["notes"]]
-    if notes:
-        lines += ["", "Notes:"] + [f"  {name}: {n}" for name, n in notes]
-    lines.append("")
-    lines += [kernel_line(k, report.interrupted) for k in report.kernels]
+    if not failures:
+        return []
+    lines = ["", f"Cases not graded PASS ({len(failures)}):"]
+    for block in failures[:max_failures]:
+        lines += block
+    if len(failures) > max_failures:
+        lines.append(f"  ... {len(failures) - max_failures} more case(s) in the JSON report (--max-failures)")
+    return lines
+
+
+def overall_line(report):
+    """The verdict line: the outcome, why (input errors, an interrupt, a kernel that judged nothing), the seconds."""
     what = report.outcome
     judged = sum(k["n_cases"] - k.get("n_input_errors", 0) for k in report.kernels)
     empty = [k["name"] for k in report.kernels if not k["n_cases"]]
@@ -466,8 +490,7 @@ def format_validation(report, *, max_failures=60):
            "interrupted": f"; {max((k['n_cases'] for k in report.kernels), default=0)} of {report.n_cases} "
                           "cases were run, the rest not judged",
            "empty": f"; no case was judged for {', '.join(empty)} (see above): not a pass"}.get(what, "")
-    lines.append(f"overall: {VERDICT[what]}{why} ({report.seconds:.0f} s)")
-    return "\n".join(lines)
+    return f"overall: {VERDICT[what]}{why} ({report.seconds:.0f} s)"
 
 
 # The verdict line's word for each outcome (an interrupted or empty run is never called PASS).
