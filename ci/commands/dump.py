@@ -183,40 +183,9 @@ def plot_validation(report, path, *, preferred=()):
     norm = TwoSlopeNorm(vmin=-LOG_RANGE, vcenter=0.0, vmax=LOG_RANGE)
     im = None
     for ax, k, names in zip(axes[:, 0], kernels, cols):
-        cases = k["cases"]
-        grid = np.full((max(1, len(cases)), max(1, len(names))), np.nan)
-        for i, c in enumerate(cases):
-            by = {v["name"]: v for v in c.get("verdicts") or []}
-            for j, n in enumerate(names):
-                if n in by:
-                    ratio = Verdict.from_dict(by[n]).ratio
-                    grid[i, j] = LOG_RANGE if not math.isfinite(ratio) else (
-                        -LOG_RANGE if ratio <= 0 else float(np.clip(math.log10(ratio), -LOG_RANGE, LOG_RANGE)))
-        im = ax.imshow(grid, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
-        for i, c in enumerate(cases):
-            if c.get("error") or c.get("outcome") in ("error", "input-error"):
-                ax.axhspan(i - 0.5, i + 0.5, color="#b0b0b0", zorder=2)
-                kind = "input error (not judged)" if c.get("outcome") == "input-error" else "kernel error"
-                msg = str(c.get("error") or "")
-                msg = msg if len(msg) <= 70 else msg[:67] + "..."
-                ax.text((max(len(names), 1) - 1) / 2, i, f"{kind}: {msg}", ha="center", va="center", fontsize=7,
-                        color="#202020", zorder=3, clip_on=True)
-                continue
-            for j, n in enumerate(names):
-                v = next((v for v in c.get("verdicts") or [] if v["name"] == n), None)
-                mark = MARK.get(v.get("grade") if v else None)
-                if mark:
-                    ax.text(j, i, mark, ha="center", va="center", fontsize=9, fontweight="bold", color="#000000")
-        ax.set_xticks(range(max(len(names), 1)), names or ["(no result judged)"], rotation=40, ha="right",
-                      fontsize=8)
-        ax.set_yticks(range(len(cases)), [f"{c['case']} ({c['dtype']})" for c in cases], fontsize=7)
-        ax.set_xticks(np.arange(-0.5, max(len(names), 1), 1), minor=True)
-        ax.set_yticks(np.arange(-0.5, len(cases), 1), minor=True)
-        ax.grid(which="minor", color="#ffffff", lw=0.6)
-        ax.tick_params(which="minor", length=0)
-        n_f, n_p = k.get("n_failed", 0), k.get("n_precision", 0)
-        ax.set_title(f"{k['name']}: {k.get('grade', '')} ({len(cases)} cases, {n_f} FAIL, {n_p} PRECISION)",
-                     fontsize=9, loc="left")
+        im = ax.imshow(_log_ratios(k["cases"], names), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+        _mark_cases(ax, k["cases"], names)
+        _label_panel(ax, k, names)
     if im is not None:
         cb = fig.colorbar(im, ax=list(axes[:, 0]), fraction=0.04, pad=0.02)
         cb.set_label("log10(error / tolerance)   (>0: over; x FAIL, ~ PRECISION)", fontsize=8)
@@ -226,6 +195,52 @@ def plot_validation(report, path, *, preferred=()):
                  f"{env.get('device_kind', '?')}): {report.outcome.upper()}", fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _log_ratios(cases, names):
+    """The panel's colours: log10(error / tolerance) of each case (row) and result (column), clipped to +-LOG_RANGE;
+    NaN where the case has no such result."""
+    grid = np.full((max(1, len(cases)), max(1, len(names))), np.nan)
+    for i, c in enumerate(cases):
+        by = {v["name"]: v for v in c.get("verdicts") or []}
+        for j, n in enumerate(names):
+            if n in by:
+                ratio = Verdict.from_dict(by[n]).ratio
+                grid[i, j] = LOG_RANGE if not math.isfinite(ratio) else (
+                    -LOG_RANGE if ratio <= 0 else float(np.clip(math.log10(ratio), -LOG_RANGE, LOG_RANGE)))
+    return grid
+
+
+def _mark_cases(ax, cases, names):
+    """Grey out and label the rows of cases in error (kernel or input), and mark each FAIL x and PRECISION ~."""
+    for i, c in enumerate(cases):
+        if c.get("error") or c.get("outcome") in ("error", "input-error"):
+            ax.axhspan(i - 0.5, i + 0.5, color="#b0b0b0", zorder=2)
+            kind = "input error (not judged)" if c.get("outcome") == "input-error" else "kernel error"
+            msg = str(c.get("error") or "")
+            msg = msg if len(msg) <= 70 else msg[:67] + "..."
+            ax.text((max(len(names), 1) - 1) / 2, i, f"{kind}: {msg}", ha="center", va="center", fontsize=7,
+                    color="#202020", zorder=3, clip_on=True)
+            continue
+        for j, n in enumerate(names):
+            v = next((v for v in c.get("verdicts") or [] if v["name"] == n), None)
+            mark = MARK.get(v.get("grade") if v else None)
+            if mark:
+                ax.text(j, i, mark, ha="center", va="center", fontsize=9, fontweight="bold", color="#000000")
+
+
+def _label_panel(ax, k, names):
+    """The panel's ticks (results, cases), cell grid lines and title (kernel, grade, counts)."""
+    cases = k["cases"]
+    ax.set_xticks(range(max(len(names), 1)), names or ["(no result judged)"], rotation=40, ha="right", fontsize=8)
+    ax.set_yticks(range(len(cases)), [f"{c['case']} ({c['dtype']})" for c in cases], fontsize=7)
+    ax.set_xticks(np.arange(-0.5, max(len(names), 1), 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, len(cases), 1), minor=True)
+    ax.grid(which="minor", color="#ffffff", lw=0.6)
+    ax.tick_params(which="minor", length=0)
+    n_f, n_p = k.get("n_failed", 0), k.get("n_precision", 0)
+    ax.set_title(f"{k['name']}: {k.get('grade', '')} ({len(cases)} cases, {n_f} FAIL, {n_p} PRECISION)",
+                 fontsize=9, loc="left")
 
 
 def load_dump(folder):
