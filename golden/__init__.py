@@ -16,8 +16,18 @@ The file format is documented in :mod:`golden.load`. This package uses ``oracle`
 """
 
 from .catalogue import CASES, GENERATOR_VERSION, PRECISION_BITS, Case
-from .load import (Golden, GoldenError, ModeGolden, cotangents, load, load_mode, mode_names, names, problem,
-                   read_manifest)
+from .load import (
+    Golden,
+    GoldenError,
+    ModeGolden,
+    cotangents,
+    load,
+    load_mode,
+    mode_names,
+    names,
+    problem,
+    read_manifest,
+)
 
 __all__ = ["CASES", "Case", "GENERATOR_VERSION", "PRECISION_BITS", "Golden", "GoldenError", "ModeGolden",
            "cotangents", "load", "load_mode", "mode_names", "names", "problem", "read_manifest"]

@@ -47,6 +47,7 @@ from gdn2_oracle import oracle
 from gdn2_oracle.oracle import GRADS, RESULTS
 from gdn2_oracle.oracle.call import Call
 from gdn2_oracle.oracle.modes import MODE_GRADS
+
 from . import catalogue, mode_catalogue
 
 ROOT = Path(__file__).resolve().parent

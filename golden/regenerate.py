@@ -41,11 +41,22 @@ import numpy as np
 
 from gdn2_oracle.oracle import GRADS, INPUTS, RESULTS, mp
 from gdn2_oracle.oracle.modes import mp_forward_and_vjp_modes
+
 from . import catalogue, mode_catalogue
 from .catalogue import GENERATOR_VERSION, PRECISION_BITS
+from .load import (
+    MODE_ARRAY_ORDER,
+    MODE_OPTIONAL_ARRAYS,
+    MODE_RESULT_ARRAYS,
+    MODE_SECTION,
+    SECTION,
+    GoldenError,
+    decode,
+    encode,
+    read_manifest,
+    sha256,
+)
 from .processes import default_jobs, exit_status, terminate_as_interrupt, terminate_workers
-from .load import (MODE_ARRAY_ORDER, MODE_OPTIONAL_ARRAYS, MODE_RESULT_ARRAYS, MODE_SECTION, SECTION, GoldenError,
-                   decode, encode, read_manifest, sha256)
 from .progress import Progress
 
 PROG = "gdn2-oracle golden regenerate"

@@ -6,8 +6,19 @@ with that contract. The spec grammar and resolution live in ``kernels/spec.py``,
 ``kernels/registry.py``.
 """
 
-from .spec import (DEFAULTS, KernelSpec, accepts, get, known, names, parse_spec, parse_value, register, resolve,
-                   split_specs)
+from .spec import (
+    DEFAULTS,
+    KernelSpec,
+    accepts,
+    get,
+    known,
+    names,
+    parse_spec,
+    parse_value,
+    register,
+    resolve,
+    split_specs,
+)
 
 __all__ = ["DEFAULTS", "KernelSpec", "accepts", "get", "known", "names", "parse_spec", "parse_value", "register",
            "resolve", "split_specs"]

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
-from .kernel import ChunkedKernel
 from .contract import CHUNK_SIZE, MATMUL_PRECISION
 from .decay import Pairwise, gap
+from .kernel import ChunkedKernel
 from .spec import get
 
 _BASE = get("pairwise", chunk_size=16)

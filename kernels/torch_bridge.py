@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .contract import check_finite_values, check_inputs
 from .adapt import LAYOUTS, TENSORS, parse_order
+from .contract import check_finite_values, check_inputs
 from .modes import check_cu_seqlens, check_gate, check_state
 from .spec import resolve
 

@@ -3,9 +3,9 @@
 This package never imports JAX or ``kernels`` (docs/DESIGN.md §3).
 """
 
-from .problem import GRADS, INPUTS, RESULTS, Grads, Problem, named_results
+from . import chunked32, mp, recurrence, reductions
 from .generate import DECAYS, GATES, KERNEL_DTYPES, QK_MODES, Recipe, make_problem, random_cotangents
-from . import chunked32, recurrence, reductions, mp
+from .problem import GRADS, INPUTS, RESULTS, Grads, Problem, named_results
 
 __all__ = ["Problem", "Grads", "GRADS", "INPUTS", "RESULTS", "named_results", "Recipe", "make_problem",
            "random_cotangents",

@@ -23,7 +23,6 @@ from .call_modes import FLA_CHUNK
 from .problem import Grads, Problem
 
 
-
 def _chunks(x, C, dtype):
     """``[B, T, H, D] -> [N, B, H, C, D]`` in ``dtype``, zero-padded at the end (identity tokens)."""
     B, T, H, D = x.shape

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from gdn2_oracle.property_tests import grading, profiles
-from gdn2_oracle.property_tests.plugin import (XFAILS, kernel_names, mesh_spec, no_compile_cache, selected_modes,
-                                               strict)
+from gdn2_oracle.property_tests.plugin import XFAILS, kernel_names, mesh_spec, no_compile_cache, selected_modes, strict
 from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
 HERE = Path(__file__).resolve().parent
@@ -38,8 +37,9 @@ def pytest_configure(config):
     config._gdn2_modes = selected_modes(config)  # checked by the plugin when pytest started
     config._gdn2_compile_cache = _enable_compile_cache(config)
     if mesh_spec(config):  # every kernel call (ci.running.harness) runs in this mesh, on NamedSharding inputs
-        from gdn2_oracle.ci.running.mesh import build_mesh  # JAX only with --gdn2-mesh
         import jax
+
+        from gdn2_oracle.ci.running.mesh import build_mesh  # JAX only with --gdn2-mesh
 
         try:
             config._gdn2_mesh = jax.set_mesh(build_mesh(mesh_spec(config)))

@@ -22,8 +22,8 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from typing import NamedTuple
 from collections.abc import Callable
+from typing import NamedTuple
 
 from hypothesis import strategies as st
 from hypothesis import target

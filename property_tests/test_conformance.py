@@ -42,15 +42,12 @@ from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
 from gdn2_oracle import oracle
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.grading import references, tolerance
 from gdn2_oracle.ci.grading.tolerance import agreement
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.oracle import RESULTS, Recipe, reductions
-
 from gdn2_oracle.property_tests import grading, strategies
-from gdn2_oracle.property_tests.strategies import target_ratios
-from gdn2_oracle.property_tests.strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, specs
-
+from gdn2_oracle.property_tests.strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, specs, target_ratios
 
 # --------------------------------------------------------------------------------------------
 # helpers

@@ -22,8 +22,8 @@ show which property catches each wrong kernel of ``kernels/testing_decode.py``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import pytest

@@ -32,10 +32,9 @@ from collections import defaultdict
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.grading import references, tolerance
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.oracle import RESULTS, Recipe
-
 from gdn2_oracle.property_tests.strategies import CORE
 
 QUANTILES = (0.5, 0.9, 0.99, 1.0)

@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from gdn2_oracle import kernels
+from gdn2_oracle.ci.benchmarks.bench_kernels import median_time
 from gdn2_oracle.ci.commands.cost import parse_shape
 from gdn2_oracle.ci.running import cost_model as cost
-from gdn2_oracle.ci.benchmarks.bench_kernels import median_time
 from gdn2_oracle.kernels.contract import MATMUL_PRECISION
 
 

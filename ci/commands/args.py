@@ -8,6 +8,7 @@ from gdn2_oracle.kernels import DEFAULTS, KernelSpec, known, parse_value, split_
 from gdn2_oracle.oracle import KERNEL_DTYPES
 
 from .output import PROG, UsageError, output_path
+
 MESH_HELP = ("run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, data, heads shard T, B, H; "
              "inputs placed with NamedSharding)")
 JOBS_HELP = ("worker processes of the float64 oracle over batch/head slices of large problems (default: one a core; "

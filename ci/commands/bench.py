@@ -40,11 +40,20 @@ from ..grading.grades import FAIL, PASS
 from ..grading.result import error_text
 from ..running import harness, multihost
 from ..running import mesh as mesh_lib
+from ..running.fingerprint import source_sha256
 from . import args as cli_args
 from .loop import RunLoop, needs_matplotlib
-from .output import (EXIT, UsageError, fmt_err, interrupt_error, say_interrupted, table, timed_out,
-                     write_after_work, write_json)
-from ..running.fingerprint import source_sha256
+from .output import (
+    EXIT,
+    UsageError,
+    fmt_err,
+    interrupt_error,
+    say_interrupted,
+    table,
+    timed_out,
+    write_after_work,
+    write_json,
+)
 from .provenance import environment, kernel_notes
 
 SCHEMA = "gdn2-oracle/bench/2"  # 2: outcome "empty" (nothing timed)

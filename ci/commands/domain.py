@@ -25,25 +25,62 @@ import re
 import time
 from pathlib import Path
 
-from gdn2_oracle.oracle import RESULTS
-from gdn2_oracle.oracle import call_modes
+from gdn2_oracle.oracle import RESULTS, call_modes
 from gdn2_oracle.oracle.mode_recipes import MODES
 
 from ..grading.grades import FAIL
 from ..grading.modes import result_names
 from ..running import modes as mode_running
 from . import args as cli_args
-from .loop import RunLoop, needs_matplotlib
-from .output import (EXIT, UsageError, interrupt_error, output_dir, say_interrupted, timed_out, write_after_work,
-                     write_json)
-from .provenance import environment
 from .domain_cells import evaluate, evaluate_mode, worst_of
 from .domain_plot import plot
-from .domain_points import (Axis, BOTH, GRIDS, Grid, MODE_T, MODE_VALUES, ModePoint, PLAIN, Panel, Point,
-                            RESETS, SHAPE, UNORDERED, build, build_mode, decay_span, mode_points, mode_value_label,
-                            panels, value_label)
-from .domain_report import (DomainReport, SCHEMA, boundaries, failed_cells, format_domain, judged_cells, panel_results,
-                            result_boundary, sentence, summary, worst_cell)
+from .domain_points import (
+    BOTH,
+    GRIDS,
+    MODE_T,
+    MODE_VALUES,
+    PLAIN,
+    RESETS,
+    SHAPE,
+    UNORDERED,
+    Axis,
+    Grid,
+    ModePoint,
+    Panel,
+    Point,
+    build,
+    build_mode,
+    decay_span,
+    mode_points,
+    mode_value_label,
+    panels,
+    value_label,
+)
+from .domain_report import (
+    SCHEMA,
+    DomainReport,
+    boundaries,
+    failed_cells,
+    format_domain,
+    judged_cells,
+    panel_results,
+    result_boundary,
+    sentence,
+    summary,
+    worst_cell,
+)
+from .loop import RunLoop, needs_matplotlib
+from .output import (
+    EXIT,
+    UsageError,
+    interrupt_error,
+    output_dir,
+    say_interrupted,
+    timed_out,
+    write_after_work,
+    write_json,
+)
+from .provenance import environment
 
 # The names of the parts (points, cells, report, plot) are this command's too: one import for a user or a test.
 __all__ = ["evaluate", "evaluate_mode", "worst_of", "plot", "Axis", "BOTH", "GRIDS", "Grid", "MODE_T",

@@ -13,10 +13,11 @@ from gdn2_oracle.oracle.call_modes import FLA_CHUNK
 from ..grading.grades import FAIL, grade_rank
 from ..grading.modes import ModeCase
 from ..grading.references import reference_results
+from ..grading.result import error_text
 from ..running import harness
 from ..running import modes as mode_running
-from ..grading.result import error_text
-from .domain_points import ModePoint, Point, SHAPE, build, build_mode, decay_span
+from .domain_points import SHAPE, ModePoint, Point, build, build_mode, decay_span
+
 
 def evaluate(fn, point: Point, seed, shape=SHAPE, chunk=FLA_CHUNK):
     """One cell and seed: ``{"span", "results": {name: {...}} or None (not judged), "note", "diagnosis"}``."""

@@ -10,6 +10,7 @@ import numpy as np
 from ..grading.grades import FAIL, PASS, PRECISION
 from .domain_report import panel_results
 
+
 def _short(x):
     """Two significant digits, without an exponent from 10 to 1e6 (a tick label)."""
     return f"{float(f'{x:.2g}'):.0f}" if 10 <= x < 1e6 else f"{x:.2g}"

@@ -11,9 +11,8 @@ from typing import NamedTuple
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle import KERNEL_DTYPES
+from gdn2_oracle.oracle import KERNEL_DTYPES, call_modes, mode_recipes
 from gdn2_oracle.oracle.generate import log_decay, round_to
-from gdn2_oracle.oracle import call_modes, mode_recipes
 
 from ..grading.diagnose import chunk_log_decay
 

@@ -7,13 +7,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from gdn2_oracle.oracle import RESULTS
-from gdn2_oracle.oracle import call_modes
+from gdn2_oracle.oracle import RESULTS, call_modes
 
 from ..grading.grades import FAIL, PASS
 from ..grading.modes import MODE_RESULTS
+from .domain_points import MODE_T, PLAIN, RESETS, UNORDERED, Point, value_label
 from .output import table
-from .domain_points import MODE_T, PLAIN, Point, RESETS, UNORDERED, value_label
 
 SCHEMA = "gdn2-oracle/domain/3"  # 2: + interrupted; 3: + modes, not_accepted_modes (and mode panels)
 

@@ -15,7 +15,6 @@ from gdn2_oracle.golden.progress import Progress
 
 from ..running.watchdog import exit_now
 
-
 PROG = "gdn2-oracle"
 
 # Exit status of each outcome of a command (README "Exit codes", docs/commands.md). empty: no case, cell or recipe

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import jax
 
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -31,28 +31,36 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe
+from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe, call_modes, serving_recipes
 
 from ..grading import modes as mode_grading
+from ..grading import reference_cache
 from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict, run_grade
-from ..grading.result import INPUT_ERROR, CaseResult
-from gdn2_oracle.oracle import call_modes, serving_recipes
-
-from ..grading import reference_cache
 from ..grading.modes import ALL_MODES, MODE_RESULTS
+from ..grading.result import INPUT_ERROR, CaseResult
+from ..running import modes as mode_running
 from ..running import multihost
+from ..running import serving as serving_running
 from ..running.ahead import Ahead
 from ..running.cases import CallCase, DenseCase
-from ..running import modes as mode_running
-from ..running import serving as serving_running
+from ..running.fingerprint import source_sha256
 from ..running.mesh import format_mesh
 from . import args as cli_args
 from . import dump as dumping
 from .loop import RunLoop, needs_matplotlib
-from .output import (EXIT, UsageError, fmt_err, interrupt_error, output_dir, say_interrupted, table, timed_out,
-                     write_after_work, write_json)
-from ..running.fingerprint import source_sha256
+from .output import (
+    EXIT,
+    UsageError,
+    fmt_err,
+    interrupt_error,
+    output_dir,
+    say_interrupted,
+    table,
+    timed_out,
+    write_after_work,
+    write_json,
+)
 from .provenance import environment, kernel_notes, source_lines
 
 CASE_SETS = ("golden", "quick", "full")

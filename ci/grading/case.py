@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from gdn2_oracle.oracle import RESULTS, Recipe
 

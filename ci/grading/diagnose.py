@@ -45,13 +45,38 @@ from __future__ import annotations
 
 from .finding import LOGIC_ERROR, Finding
 from .localisers import (
-    CANCELLATION_CORRELATION, CANCELLATION_LOSS, FORWARD, GROWTH_CORRELATION, LOCALISERS, O_PROFILE_LOCALISERS,
-    SPIKE, SPIKE_LOG_DECAY, WEAK_CORRELATION, CaseEvidence, OProfile, diagnose_case,
+    CANCELLATION_CORRELATION,
+    CANCELLATION_LOSS,
+    FORWARD,
+    GROWTH_CORRELATION,
+    LOCALISERS,
+    O_PROFILE_LOCALISERS,
+    SPIKE,
+    SPIKE_LOG_DECAY,
+    WEAK_CORRELATION,
+    CaseEvidence,
+    OProfile,
+    diagnose_case,
 )
 from .patterns import MIN_PATTERN_CASES, PATTERN_CHANCE, diagnose_kernel
 from .profiles import (
-    BIG_JUMP, CHUNKS, FALSE_PERIOD, JUMP, MIN_BAD_FRACTION, MIN_CLEAN_TOKENS, MIN_ONSETS, MIN_PERIOD, NOISE_SIGMAS,
-    STEP_WINDOW, bad_tokens, chunk_log_decay, chunk_sizes, find_period, first_bad, log_profile, rank_correlation,
+    BIG_JUMP,
+    CHUNKS,
+    FALSE_PERIOD,
+    JUMP,
+    MIN_BAD_FRACTION,
+    MIN_CLEAN_TOKENS,
+    MIN_ONSETS,
+    MIN_PERIOD,
+    NOISE_SIGMAS,
+    STEP_WINDOW,
+    bad_tokens,
+    chunk_log_decay,
+    chunk_sizes,
+    find_period,
+    first_bad,
+    log_profile,
+    rank_correlation,
 )
 
 __all__ = [

@@ -22,8 +22,19 @@ from gdn2_oracle.oracle.call_modes import FLA_CHUNK
 from .finding import LOGIC_ERROR, Finding
 from .grades import FAIL, PASS, PRECISION
 from .profiles import (
-    JUMP, MIN_BAD_FRACTION, MIN_CLEAN_TOKENS, STEP_WINDOW, bad_tokens, chunk_log_decay, chunk_sizes, find_period,
-    first_bad, jump_again, log_profile, power_of_two_stride, rank_correlation,
+    JUMP,
+    MIN_BAD_FRACTION,
+    MIN_CLEAN_TOKENS,
+    STEP_WINDOW,
+    bad_tokens,
+    chunk_log_decay,
+    chunk_sizes,
+    find_period,
+    first_bad,
+    jump_again,
+    log_profile,
+    power_of_two_stride,
+    rank_correlation,
 )
 
 # Exponent cancellation in a FAIL result: the cumulative-sum baseline's bound at least this many times

@@ -27,15 +27,17 @@ NumPy and the oracle only (docs/DESIGN.md §3): the kernel is run by ``ci/runnin
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from collections.abc import Callable
 
 import numpy as np
 
-from gdn2_oracle.oracle import RESULTS, call_modes as registry, mode_recipes, modes, preprocess
+from gdn2_oracle.oracle import RESULTS, mode_recipes, modes, preprocess
+from gdn2_oracle.oracle import call_modes as registry
 from gdn2_oracle.oracle.call import Call
-from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
+from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES
+from gdn2_oracle.oracle.generate import round_to
 from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe
 
 from . import diagnose

@@ -14,13 +14,14 @@ import numpy as np
 
 from gdn2_oracle import oracle
 from gdn2_oracle.oracle import RESULTS, chunked32
-from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES, round_to
+from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES
+from gdn2_oracle.oracle.generate import round_to
 from gdn2_oracle.oracle.recurrence import forward_and_vjp
 
 from . import diagnose
 from .grades import worst_grade
-from .rule import (ABS_FLOOR, FLOOR, MULTIPLE, Yardstick, agree_results, judge_results, metrics, rms,
-                   scales as result_scales)
+from .rule import ABS_FLOOR, FLOOR, MULTIPLE, Yardstick, agree_results, judge_results, metrics, rms
+from .rule import scales as result_scales
 
 # The rule's constants and metrics are the tolerance model's public names too (``tolerance.FLOOR``, ...).
 __all__ = ["ABS_FLOOR", "FLOOR", "MULTIPLE", "PER_TOKEN", "Report", "agreement", "baseline", "compare",

@@ -24,11 +24,18 @@ from gdn2_oracle.oracle import INPUTS, RESULTS, call_modes
 from gdn2_oracle.oracle.call import Call
 
 from ..grading.modes import KEYWORDS, MODES, ModeCase, result_names
-from .per_kernel import per_kernel
 from ..grading.tolerance import Report
 from . import mesh as mesh_lib
-from .harness import (ContractError, KernelError, check_dtype, quiet_callback_failures, host_callback_error,
-                      host_cast, to_device)
+from .harness import (
+    ContractError,
+    KernelError,
+    check_dtype,
+    host_callback_error,
+    host_cast,
+    quiet_callback_failures,
+    to_device,
+)
+from .per_kernel import per_kernel
 
 
 def accepted_modes(fn):

@@ -19,7 +19,6 @@ import numpy as np
 
 from ..grading import references
 
-
 # Seconds a process waits for the others to join (``--init-timeout``).
 INIT_TIMEOUT = 300
 JOINING = "jax.distributed.initialize"  # the name of the thread that waits in JAX

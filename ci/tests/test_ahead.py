@@ -8,8 +8,7 @@ import pytest
 
 from gdn2_oracle import oracle
 from gdn2_oracle.ci.commands import validate
-from gdn2_oracle.ci.running import harness
-from gdn2_oracle.ci.running import program_cache
+from gdn2_oracle.ci.running import harness, program_cache
 from gdn2_oracle.ci.running.ahead import Ahead
 from gdn2_oracle.kernels import spec
 

@@ -116,8 +116,8 @@ def test_jsonable_maps_non_finite_to_strings():
 
 
 def test_generated_quick_cases_are_oracle_checked():
-    from gdn2_oracle.ci.commands.validate import build_cases, run_case
     from gdn2_oracle import kernels
+    from gdn2_oracle.ci.commands.validate import build_cases, run_case
 
     [case] = build_cases("quick", ("float32",), only=["gen_strong_negative_T100"])
     assert case.source == "generated" and case.regime["decay"] == "strong"

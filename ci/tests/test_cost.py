@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from gdn2_oracle.ci.running import cost_model as cost
 from gdn2_oracle.ci.cli import main
 from gdn2_oracle.ci.commands.bench import format_predictions
+from gdn2_oracle.ci.running import cost_model as cost
 from gdn2_oracle.kernels.pallas import SWEEP, TileConfig, make_kernel
 
 TINY = (1, 128, 1, 128, 128)  # B, T, H, K, V: two chunks of 64, one head

@@ -19,7 +19,8 @@ from gdn2_oracle.ci.grading.case import Case
 from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION, Verdict
 from gdn2_oracle.ci.grading.tolerance import Report
 from gdn2_oracle.ci.running import harness
-from gdn2_oracle.kernels import testing, testing_diagnose as buggy
+from gdn2_oracle.kernels import testing
+from gdn2_oracle.kernels import testing_diagnose as buggy
 from gdn2_oracle.oracle import Recipe
 
 SHAPE = (1, 200, 2, 16, 16)  # past three 64-token boundaries; every kernel compiles once for it per dtype

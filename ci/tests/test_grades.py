@@ -19,9 +19,9 @@ import pytest
 
 from gdn2_oracle.ci import cli
 from gdn2_oracle.ci.grading import diagnose, references, tolerance
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION, PrecisionLossWarning, Verdict, worst_grade
 from gdn2_oracle.ci.grading.tolerance import FLOOR, MULTIPLE, RESULTS
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.kernels import testing
 from gdn2_oracle.oracle import Recipe
 from gdn2_oracle.property_tests import grading

@@ -21,8 +21,8 @@ from gdn2_oracle import golden, kernels, oracle
 from gdn2_oracle.ci import cli as cli_module
 from gdn2_oracle.ci.commands import validate
 from gdn2_oracle.ci.testing import corpus_copy, interrupt_after
-from gdn2_oracle.kernels import KernelSpec, split_specs
 from gdn2_oracle.golden import regenerate
+from gdn2_oracle.kernels import KernelSpec, split_specs
 from gdn2_oracle.kernels import spec as kernel_spec
 
 golden_load = importlib.import_module("gdn2_oracle.golden.load")  # the module (golden.load is the function)

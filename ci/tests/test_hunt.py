@@ -14,10 +14,10 @@ import re
 import numpy as np
 import pytest
 
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.commands import hunt
-from gdn2_oracle.ci.grading.grades import FAIL, PASS
 from gdn2_oracle.ci.commands.validate import build_cases
+from gdn2_oracle.ci.grading.grades import FAIL, PASS
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.kernels import testing
 
 WRONG = "gdn2_oracle.kernels.testing"

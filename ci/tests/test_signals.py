@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import golden
-from gdn2_oracle.ci.grading import references
 from gdn2_oracle.ci.commands import domain
+from gdn2_oracle.ci.grading import references
 from gdn2_oracle.ci.testing import alive, children, corpus_copy, interrupt_after
 from gdn2_oracle.oracle import make_problem, random_cotangents
 

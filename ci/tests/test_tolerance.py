@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import oracle
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.grading import references, tolerance
 from gdn2_oracle.ci.grading.grades import FAIL
 from gdn2_oracle.ci.grading.tolerance import FLOOR, MULTIPLE, RESULTS
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.kernels.testing import anchored_kernel, clipped_kernel, damped_kernel
-
-from gdn2_oracle.property_tests import strategies
 from gdn2_oracle.oracle import Recipe
+from gdn2_oracle.property_tests import strategies
 
 SHAPE = (1, 65, 2, 32, 16)  # a CORE shape: the correct kernel is already compiled for it
 

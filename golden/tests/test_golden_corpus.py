@@ -9,16 +9,15 @@ import shutil
 import numpy as np
 import pytest
 
-from gdn2_oracle import golden
+from gdn2_oracle import golden, oracle
+from gdn2_oracle.ci.grading.tolerance import normalised_error
 from gdn2_oracle.ci.testing import DAMAGES
 from gdn2_oracle.ci.testing import damage as damage_file
-from gdn2_oracle import oracle
 from gdn2_oracle.golden import catalogue
 from gdn2_oracle.golden.load import ARRAY_ORDER, DATA_DIR, MANIFEST, decode, encode, read_manifest
 from gdn2_oracle.golden.regenerate import main as regenerate_main
 from gdn2_oracle.oracle import RESULTS, recurrence, reductions
 from gdn2_oracle.oracle.generate import DECAYS
-from gdn2_oracle.ci.grading.tolerance import normalised_error
 
 NAMES = golden.names()
 MANIFEST_DATA = read_manifest()

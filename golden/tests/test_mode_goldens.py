@@ -16,8 +16,18 @@ from gdn2_oracle import golden
 from gdn2_oracle.ci.testing import DAMAGES
 from gdn2_oracle.ci.testing import damage as damage_file
 from gdn2_oracle.golden import catalogue, mode_catalogue, regenerate
-from gdn2_oracle.golden.load import (ARRAY_ORDER, DATA_DIR, MODE_ARRAY_ORDER, MODE_EXTRA_RESULTS, MODE_RESULT_ARRAYS,
-                                     MODE_SECTION, SECTION, decode, encode, read_manifest)
+from gdn2_oracle.golden.load import (
+    ARRAY_ORDER,
+    DATA_DIR,
+    MODE_ARRAY_ORDER,
+    MODE_EXTRA_RESULTS,
+    MODE_RESULT_ARRAYS,
+    MODE_SECTION,
+    SECTION,
+    decode,
+    encode,
+    read_manifest,
+)
 from gdn2_oracle.oracle import INPUTS, mode_recipes, modes
 from gdn2_oracle.oracle.mode_recipes import FLA_CHUNK, MODES
 

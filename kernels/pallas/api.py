@@ -28,7 +28,6 @@ from .backward import backward_call
 from .config import LANE, TileConfig, pad_to
 from .scan import forward_call
 
-
 INTERPRET_MODES = (None, "auto", True, False, "tpu", "xla")
 
 

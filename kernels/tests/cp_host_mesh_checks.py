@@ -14,10 +14,10 @@ import jax
 import pytest
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.grading import references, tolerance
-from gdn2_oracle.ci.running.mesh import build_mesh, using
 from gdn2_oracle.ci.grading.tolerance import RESULTS
+from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.running.mesh import build_mesh, using
 from gdn2_oracle.oracle import make_problem, random_cotangents
 
 DEVICES = 8

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import kernels
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.grading import tolerance
 from gdn2_oracle.ci.grading.tolerance import RESULTS
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.testing import assert_matches_oracle, oracle_case
 from gdn2_oracle.kernels.testing import without_initial_state
 from gdn2_oracle.oracle import DECAYS, Recipe

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import kernels, oracle
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.grading import references, tolerance
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.kernels.contract import LOG_DECAY_FLOOR
 from gdn2_oracle.kernels.testing import without_initial_state
 from gdn2_oracle.oracle.generate import round_to

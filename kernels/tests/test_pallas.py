@@ -17,12 +17,19 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import kernels, oracle
-from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.grading import references, tolerance
 from gdn2_oracle.ci.grading.tolerance import RESULTS
+from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.testing import assert_matches_oracle, oracle_case
-from gdn2_oracle.kernels.pallas import (SWEEP, TileConfig, make_kernel, pallas_factorized, pallas_pairwise,
-                                        resolve_interpret, vmem_footprint)
+from gdn2_oracle.kernels.pallas import (
+    SWEEP,
+    TileConfig,
+    make_kernel,
+    pallas_factorized,
+    pallas_pairwise,
+    resolve_interpret,
+    vmem_footprint,
+)
 from gdn2_oracle.kernels.pallas.config import DEFAULT_SCOPED_VMEM, VMEM_BUDGET
 from gdn2_oracle.kernels.testing import without_initial_state
 

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from gdn2_oracle.kernels import spec as kernel_spec
 from gdn2_oracle.ci.testing import pytest_run
+from gdn2_oracle.kernels import spec as kernel_spec
 
 T = "torch:gdn2_oracle.kernels.testing_torch"
 CORRECT = f"{T}:recurrent[output_final_state=True]"

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle import RESULTS, chunked32, recurrence
-
 from gdn2_oracle.ci.grading.tolerance import MULTIPLE, metrics, normalised_error, scales
+from gdn2_oracle.oracle import RESULTS, chunked32, recurrence
 
 
 def _results(out):

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from gdn2_oracle import oracle
+from gdn2_oracle.ci.grading.tolerance import normalised_error
 from gdn2_oracle.oracle import GRADS, mp, recurrence, reductions
 from gdn2_oracle.oracle.generate import DECAYS, GATES
-
-from gdn2_oracle.ci.grading.tolerance import normalised_error
 
 
 def _problem(decay, gates, **kw):

@@ -6,7 +6,6 @@ kernel author would from their own repository.
 
 from __future__ import annotations
 
-
 import pytest
 
 from gdn2_oracle.ci.testing import pytest_run

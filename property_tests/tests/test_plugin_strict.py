@@ -3,7 +3,6 @@ fails it under the option (run as a kernel author would, in a subprocess outside
 
 from __future__ import annotations
 
-
 import pytest
 
 from gdn2_oracle.ci.testing import pytest_run

@@ -53,10 +53,10 @@ import pytest
 from gdn2_oracle import kernels
 from gdn2_oracle.ci import cli
 from gdn2_oracle.ci.commands import bench, domain, validate
-from gdn2_oracle.ci.grading import references
 from gdn2_oracle.ci.commands.output import output_path
-from gdn2_oracle.kernels import KernelSpec
+from gdn2_oracle.ci.grading import references
 from gdn2_oracle.golden import regenerate
+from gdn2_oracle.kernels import KernelSpec
 
 REPO = Path(__file__).resolve().parents[3]
 README = REPO / "README.md"
