@@ -8,7 +8,7 @@ Tests taking ``kernel`` run once per selected kernel (``--kernel`` / ``GDN2_KERN
 conftest.py). A failure prints the verdict table, a shell one-liner that reproduces it, the
 ``make_problem`` call and the ``@example`` line that pins it.
 
-Tight agreement bound (properties 2-5; ``ci.grading.tolerance.agreement_bound``). Two correct kernels, or one
+Tight agreement bound (properties 2-5; ``ci.grading.rule.agreement_tolerance``). Two correct kernels, or one
 kernel with another chunk size / split point / a split sequence, are each allowed
 ``tol = max(MULTIPLE x e_rec, FLOOR)`` against the exact result (``e_rec``: the plain float32
 recurrence's error on the same inputs; MULTIPLE = 32 in float32). Their *difference* comes only from

@@ -10,7 +10,7 @@ reports
 * the distribution of ``ratio = max(err_ratio / tol_ratio, max_err / tol_max)`` per result
   (quantiles; ``ratio > 1`` fails);
 * the agreement of the two kernels, ``max(metric(pairwise - factorized) / bound)`` per result, with
-  ``bound`` the property suite's tight agreement bound (``tolerance.agreement_bound``);
+  ``bound`` the property suite's tight agreement bound (``rule.agreement_tolerance``);
 * with ``--variants``, the same agreement for other chunk sizes / split points.
 
 Usage (from a clone, after ``make test``'s editable install)::
@@ -137,7 +137,7 @@ def print_summary(cal):
     for key in sorted(cal.ratios):
         print(f"{key[0]:<22} {key[1]:<9} {key[2]:<12} " + _quantiles(cal.ratios[key]))
     if cal.agree:
-        print("\n## agreement: max(metric(a - b)/bound) per result (bound = tolerance.agreement_bound): quantiles "
+        print("\n## agreement: max(metric(a - b)/bound) per result (bound = rule.agreement_tolerance): quantiles "
               + quantiles)
         for key in sorted(cal.agree):
             print(f"{key[0]:<38} {key[1]:<9} {key[2]:<12} " + _quantiles(cal.agree[key]))
