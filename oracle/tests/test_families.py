@@ -109,6 +109,8 @@ def _by_hand(name, kw):
         g = -A * _softplus(x) if kw.get("lower_bound") is None else kw["lower_bound"] * _sigmoid(A * x)
     if name == "gdn":
         g = np.repeat(g[..., None], K, axis=-1)
+    G = v.shape[2] // H  # grouped value heads: value head hv reads key head hv // G
+    q, k = (np.repeat(x, G, axis=2) for x in (q, k))
     b = np.repeat(beta[..., None], K, axis=-1)
     w = np.repeat(beta[..., None], V, axis=-1)
     return Problem(q, k, v, g, b, w, initial_state=kw.get("initial_state"))
@@ -122,6 +124,8 @@ FORWARD_CASES = {
     "gdn_plain": ("gdn", {}),
     "gdn_sigmoid_neg_gate_l2": ("gdn", dict(sigmoid=True, neg=True, gate="softplus", l2norm=True)),
     "gdn_sigmoid_gate": ("gdn", dict(sigmoid=True, gate="softplus", h0=False)),
+    "kda_gva_sigmoid_bounded": ("kda", dict(HV=4, sigmoid=True, neg=True, gate="bounded")),
+    "gdn_gva_sigmoid_gate": ("gdn", dict(HV=6, sigmoid=True, gate="softplus")),
 }
 
 
@@ -131,9 +135,11 @@ def test_forward_equals_gdn2_oracle_on_mapped_problem(case):
     kw, _, _ = _kwargs(name, 2, 6, 2, 3, 4, seed=len(case), **opts)
     fcall = families.call(name, **kw)
     problem = fcall.to_gdn2()
-    hand = _by_hand(name, kw)
+    hand = _by_hand(name, kw)  # grouped value heads written out as HV heads of their own
+    G = problem.v.shape[2] // problem.q.shape[2]
     for n in ("q", "k", "v", "g", "b", "w"):
-        np.testing.assert_allclose(getattr(problem, n), getattr(hand, n), rtol=1e-14, atol=1e-15, err_msg=n)
+        got = np.repeat(getattr(problem, n), G, axis=2) if n in ("q", "k") else getattr(problem, n)
+        np.testing.assert_allclose(got, getattr(hand, n), rtol=1e-14, atol=1e-15, err_msg=n)
     o, S = families.forward(fcall)
     o_ref, S_ref = recurrence.forward(hand)
     np.testing.assert_allclose(o, o_ref, rtol=1e-12, atol=1e-13)
@@ -183,6 +189,8 @@ FD_CASES = {
     "gdn_plain": ("gdn", dict(B=2)),
     "gdn_logits_neg_gate_l2": ("gdn", dict(sigmoid=True, neg=True, gate="softplus", l2norm=True)),
     "gdn_logits_gate": ("gdn", dict(sigmoid=True, neg=False, gate="softplus")),
+    "kda_gva_logits_neg_bounded_l2": ("kda", dict(HV=4, sigmoid=True, neg=True, gate="bounded", l2norm=True)),
+    "gdn_gva_logits_gate": ("gdn", dict(HV=4, sigmoid=True, gate="softplus")),
 }
 
 
@@ -356,6 +364,7 @@ FLA_CASES = {
     "gdn_plain": ("gdn", {}),
     "gdn_logits_neg_gate_l2": ("gdn", dict(sigmoid=True, neg=True, gate="softplus", l2norm=True)),
     "gdn_logits_gate": ("gdn", dict(sigmoid=True, gate="softplus", h0=False)),
+    "kda_gva_logits_bounded": ("kda", dict(HV=4, sigmoid=True, neg=True, gate="bounded")),
 }
 
 
