@@ -55,6 +55,9 @@ class Case:
         if self.recipe.cot_seed is not None:
             raise ValueError(f"{self.name}: cot_seed must be None (a golden's cotangent seed is its data "
                              f"seed), got {self.recipe.cot_seed!r}")
+        if self.recipe.HV is not None:
+            raise ValueError(f"{self.name}: HV must be None (the corpus format records no value heads: "
+                             f"RECIPE_FIELDS), got {self.recipe.HV!r}")
 
     @property
     def shape(self):

@@ -11,9 +11,10 @@ __all__ = ["Problem", "Grads", "GRADS", "INPUTS", "RESULTS", "named_results", "R
            "random_cotangents",
            "DECAYS", "GATES", "QK_MODES", "KERNEL_DTYPES", "recurrence", "reductions", "mp", "chunked32"]
 
-# FLA chunk_gdn2's training-call modes (packed sequences, in-kernel gate and L2 norm, [V, K] state, chunk-start states).
-from . import call, modes, preprocess
+# FLA chunk_gdn2's training-call modes (packed sequences, in-kernel gate and L2 norm, [V, K] state, chunk-start states),
+# and FLA's KDA and Gated DeltaNet families as parametrisations of GDN-2 (docs/DESIGN.md §1, "Families").
+from . import call, families, modes, preprocess
 from .call import Call
 from .modes import ModesForward, ModesGrads
 
-__all__ += ["call", "modes", "preprocess", "Call", "ModesForward", "ModesGrads"]
+__all__ += ["call", "families", "modes", "preprocess", "Call", "ModesForward", "ModesGrads"]

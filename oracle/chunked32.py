@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .call_modes import FLA_CHUNK
-from .problem import Grads, Problem
+from .problem import Grads, Problem, sum_groups
 
 
 def _chunks(x, C, dtype):
@@ -121,13 +121,19 @@ class _Chunk:
 
 
 def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK, dtype=np.float32):
-    """``((o, final_state), grads)`` of the chunked algorithm in ``dtype``, ``chunk_size`` tokens per chunk."""
+    """``((o, final_state), grads)`` of the chunked algorithm in ``dtype``, ``chunk_size`` tokens per chunk
+    (grouped value heads as in :func:`oracle.recurrence.run`)."""
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
     do, dfinal_state = problem.check_cotangents(do, dfinal_state)
+    G = problem.group_size
+    if G > 1:  # grouped value heads: per value head, then dq, dk summed over each key head's group
+        outputs, grads = forward_and_vjp(problem.per_value_head(), do, dfinal_state, chunk_size=chunk_size,
+                                         dtype=dtype)
+        return outputs, grads._replace(dq=sum_groups(grads.dq, G), dk=sum_groups(grads.dk, G))
     B, T, H, K, V = problem.shape
     xs = [_chunks(x, chunk_size, dtype) for x in problem.inputs()]
     dOs = _chunks(do, chunk_size, dtype)

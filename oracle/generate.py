@@ -96,39 +96,56 @@ def _query_key(rng, shape, mode):
     raise ValueError(f"qk: {mode!r} not one of {QK_MODES}")
 
 
-def make_problem(B, T, H, K, V, *, decay="moderate", gates="uniform", qk="l2",
+def make_problem(B, T, H, K, V, *, HV=None, decay="moderate", gates="uniform", qk="l2",
                  initial_state=False, scale=None, precision="float32", seed=0) -> Problem:
-    """A deterministic Problem from ``seed``; inputs rounded to what a ``precision`` kernel sees."""
+    """A deterministic Problem from ``seed``; inputs rounded to what a ``precision`` kernel sees.
+
+    ``HV``: value heads (v, g, b, w and the state), a positive multiple of the ``H`` key heads (q, k); None means
+    ``H``. The draws are those of ``HV == H`` in the same order, so ``HV = H`` gives the same problem as None.
+    """
     for name, n in dict(B=B, T=T, H=H, K=K, V=V).items():
         if not isinstance(n, (int, np.integer)) or n < (0 if name == "T" else 1):
             raise ValueError(f"{name}: expected a positive integer, got {n!r}")
+    HV = check_value_heads(HV, H)
     if gates not in GATES:
         raise ValueError(f"gates: {gates!r} not one of {tuple(GATES)}")
     if precision not in INPUT_PRECISIONS:
         raise ValueError(f"precision: {precision!r} not one of {INPUT_PRECISIONS}")
     rng = np.random.default_rng(seed)
-    kshape, vshape = (B, T, H, K), (B, T, H, V)
+    kshape, vshape = (B, T, H, K), (B, T, HV, V)
+    gshape = (B, T, HV, K)  # g and b: per value head
     erase, write = GATES[gates]
     # Each input is rounded as soon as it is drawn, so at most one raw array is alive at a time.
     arrays = {}
     arrays["q"] = round_to(_query_key(rng, kshape, qk), precision)
     arrays["k"] = round_to(_query_key(rng, kshape, qk), precision)
     arrays["v"] = round_to(rng.standard_normal(vshape), precision)
-    arrays["g"] = np.minimum(round_to(log_decay(rng, kshape, decay), precision), 0.0)
-    arrays["b"] = round_to(_gate(rng, kshape, erase), precision)
+    arrays["g"] = np.minimum(round_to(log_decay(rng, gshape, decay), precision), 0.0)
+    arrays["b"] = round_to(_gate(rng, gshape, erase), precision)
     arrays["w"] = round_to(_gate(rng, vshape, write), precision)
     # The state is float32 in every kernel.
-    h0 = round_to(rng.standard_normal((B, H, K, V)), "float32") if initial_state else None
+    h0 = round_to(rng.standard_normal((B, HV, K, V)), "float32") if initial_state else None
     return Problem(**arrays, scale=scale, initial_state=h0)
 
 
 def random_cotangents(problem: Problem, seed=0, precision="float32"):
     """Deterministic standard-normal cotangents ``(do, dfinal_state)`` for a problem."""
-    B, T, H, K, V = problem.shape
+    B, T, _, K, V = problem.shape
+    HV = problem.HV
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6D6E]))
-    do = round_to(rng.standard_normal((B, T, H, V)), precision)
-    dfs = round_to(rng.standard_normal((B, H, K, V)), "float32")
+    do = round_to(rng.standard_normal((B, T, HV, V)), precision)
+    dfs = round_to(rng.standard_normal((B, HV, K, V)), "float32")
     return do, dfs
+
+
+def check_value_heads(HV, H):
+    """The value heads: ``H`` for None, else ``HV`` if it is a positive multiple of ``H``, or ValueError naming
+    ``HV``."""
+    if HV is None:
+        return H
+    if isinstance(HV, bool) or not isinstance(HV, numbers.Integral) or HV < 1 or HV % H:
+        raise ValueError(f"HV: expected a positive multiple of H = {H} (value heads), got {HV!r}")
+    return int(HV)
 
 
 def _check_int(name, n, lo):
@@ -149,8 +166,9 @@ class Recipe:
 
     ``reduction``: ``None`` (the generated problem as is), ``"kda"`` or ``"gdn"``
     (:func:`oracle.reductions.reduce` of it). ``cot_seed=None`` means the data seed (what the golden
-    corpus uses). ``scale=None`` means the default ``K**-0.5``. Invalid fields raise ValueError
-    naming the field.
+    corpus uses). ``scale=None`` means the default ``K**-0.5``. ``HV``: grouped value heads, a positive multiple
+    of ``H`` (None, what ``HV = H`` becomes, means ``H``); :attr:`shape` stays ``(B, T, H, K, V)``. Invalid fields
+    raise ValueError naming the field.
     """
 
     B: int
@@ -167,10 +185,13 @@ class Recipe:
     precision: str = "float32"
     reduction: str | None = None
     cot_seed: int | None = None
+    HV: int | None = None
 
     def __post_init__(self):
         for dim in ("B", "T", "H", "K", "V"):
             object.__setattr__(self, dim, _check_int(dim, getattr(self, dim), 1))
+        HV = check_value_heads(self.HV, self.H)
+        object.__setattr__(self, "HV", None if HV == self.H else HV)  # one spelling of HV == H
         _check_choice("decay", self.decay, DECAYS)
         _check_choice("gates", self.gates, GATES)
         _check_choice("qk", self.qk, QK_MODES)
@@ -194,6 +215,11 @@ class Recipe:
         return (self.B, self.T, self.H, self.K, self.V)
 
     @property
+    def value_heads(self):
+        """``HV``: the value heads (``H`` when the field is None)."""
+        return self.H if self.HV is None else self.HV
+
+    @property
     def dtype(self):
         """The input dtype a kernel is run in (the precision the inputs are rounded to)."""
         return self.precision
@@ -204,8 +230,9 @@ class Recipe:
         return self.seed if self.cot_seed is None else self.cot_seed
 
     def kwargs(self):
-        """The :func:`make_problem` keyword arguments (everything but the shape)."""
-        return dict(decay=self.decay, gates=self.gates, qk=self.qk, initial_state=self.initial_state,
+        """The :func:`make_problem` keyword arguments (everything but the shape; ``HV`` only when grouped)."""
+        heads = {} if self.HV is None else {"HV": self.HV}
+        return dict(**heads, decay=self.decay, gates=self.gates, qk=self.qk, initial_state=self.initial_state,
                     scale=self.scale, precision=self.precision, seed=self.seed)
 
     def replace(self, **changes):

@@ -35,7 +35,7 @@ def sigmoid(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-def _sigmoid_slope(x):
+def sigmoid_slope(x):
     """``sigmoid'(x) = s (1 - s) = e / (1 + e)^2`` with ``e = exp(-|x|)`` (no ``1 - s`` cancellation)."""
     e = _elementwise("exp", -np.abs(x))
     return e / ((1 + e) * (1 + e))
@@ -72,7 +72,7 @@ def gate_vjp(g_raw, A_log, dt_bias, lower_bound, one, dg):
         dx = -A * sigmoid(x) * dg
         dA = dg * (-A * softplus(x))  # d g / d A_log = g
     else:
-        dx = lower_bound * _sigmoid_slope(A * x) * A * dg
+        dx = lower_bound * sigmoid_slope(A * x) * A * dg
         dA = dx * x
     dA_log = None if A_log is None else np.sum(dA, axis=(0, 1, 3))
     ddt_bias = None if dt_bias is None else np.sum(dx, axis=(0, 1)).reshape(dt_bias.shape)

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .problem import GRADS, Grads, Problem
+from .problem import GRADS, Grads, Problem, repeat_heads, sum_groups
 
 # Working precisions of the plain recurrence; float32 is the "plain recurrence in working
 # precision" that the tolerance model compares kernels with.
@@ -99,11 +99,19 @@ def _groups(B, H, state_bytes):
 def run(problem, ar, do=None, dfinal_state=None, checkpoint_every=CHECKPOINT_EVERY, outputs=True):
     """Forward (and, given cotangents, the adjoint walk) in the element type of ``ar``.
 
-    Returns ``(o, final_state)`` or ``(o, final_state, grads)``; ``o`` is None when not ``outputs``. NumPy
+    Returns ``(o, final_state)`` or ``(o, final_state, grads)``; ``o`` is None when not ``outputs``. Grouped value
+    heads (``HV = G H``) run per value head with q, k repeated, ``dq, dk`` summed over each group. NumPy
     element types run group by group (:func:`_groups`), bit for bit :func:`_spec_run`; other element types
     (mpmath objects) run :func:`_spec_run` itself.
     """
     _check_every(checkpoint_every)
+    G = _heads_per_key(problem)
+    if G > 1:  # grouped value heads: per value head, then dq, dk summed over each key head's group
+        results = run(_PerValueHead(problem, G), ar, do, dfinal_state, checkpoint_every, outputs)
+        if do is not None:
+            for name in ("dq", "dk"):
+                results[2][name] = sum_groups(results[2][name], G)
+        return results
     if not isinstance(ar, Arith):
         return _spec_run(problem, ar, do, dfinal_state, checkpoint_every, outputs)
     B, T, H, K, V = problem.shape
@@ -134,6 +142,26 @@ def run(problem, ar, do=None, dfinal_state=None, checkpoint_every=CHECKPOINT_EVE
     if outputs:
         np.multiply(o, scale, out=o)  # o_t = scale * S_t^T q_t (the read-outs wrote S_t^T q_t)
     return (o, final) if do is None else (o, final, grads)
+
+
+def _heads_per_key(problem):
+    """``HV // H``: the value heads (v's) reading each key head (q's); 1 without grouped value heads."""
+    inputs = problem.inputs()
+    return inputs[2].shape[2] // inputs[0].shape[2]
+
+
+class _PerValueHead:
+    """A problem (anything with ``shape``, ``scale``, ``inputs()`` and ``h0()``) with grouped value heads seen per
+    value head: q and k repeated ``G`` times (:func:`problem.repeat_heads`), so ``H == HV``."""
+
+    def __init__(self, problem, G):
+        B, T, H, K, V = problem.shape
+        q, k, *rest = problem.inputs()
+        self.shape, self.scale = (B, T, H * G, K, V), problem.scale
+        self._inputs, self.h0 = (repeat_heads(q, G), repeat_heads(k, G), *rest), problem.h0
+
+    def inputs(self):
+        return self._inputs
 
 
 class _Scratch:

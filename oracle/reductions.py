@@ -15,6 +15,7 @@ def gla_forward(problem: Problem):
     """
     if np.any(problem.b != 0):
         raise ValueError("b: the gated-linear-attention closed form needs b == 0")
+    problem = problem.per_value_head()  # grouped value heads: q, k repeated, so H == HV below
     B, T, H, K, V = problem.shape
     q, k, v, g, _, w = problem.inputs()
     G = np.cumsum(g, axis=1)  # [B, T, H, K]
@@ -33,21 +34,21 @@ def gla_forward(problem: Problem):
 
 
 def kda_problem(q, k, v, g, beta, *, scale=None, initial_state=None) -> Problem:
-    """KDA as GDN-2: erase and write gates both ``beta * 1`` (``beta: [B, T, H]``)."""
+    """KDA as GDN-2: erase and write gates both ``beta * 1`` (``beta: [B, T, HV]``, per value head as v)."""
     beta = np.asarray(beta, dtype=np.float64)
     K, V = np.shape(q)[-1], np.shape(v)[-1]
-    if beta.shape != np.shape(q)[:3]:
-        raise ValueError(f"beta: shape {beta.shape} does not match [B, T, H] = {np.shape(q)[:3]}")
+    if beta.shape != np.shape(v)[:3]:
+        raise ValueError(f"beta: shape {beta.shape} does not match [B, T, HV] = {np.shape(v)[:3]}")
     b = np.repeat(beta[..., None], K, axis=-1)
     w = np.repeat(beta[..., None], V, axis=-1)
     return Problem(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
 
 
 def gated_deltanet_problem(q, k, v, g, beta, *, scale=None, initial_state=None) -> Problem:
-    """Gated DeltaNet as GDN-2: scalar log-decay per head and token (``g: [B, T, H]``), gates ``beta``."""
+    """Gated DeltaNet as GDN-2: scalar log-decay per value head and token (``g: [B, T, HV]``), gates ``beta``."""
     g = np.asarray(g, dtype=np.float64)
-    if g.shape != np.shape(q)[:3]:
-        raise ValueError(f"g: shape {g.shape} does not match [B, T, H] = {np.shape(q)[:3]}")
+    if g.shape != np.shape(v)[:3]:
+        raise ValueError(f"g: shape {g.shape} does not match [B, T, HV] = {np.shape(v)[:3]}")
     G = np.repeat(g[..., None], np.shape(q)[-1], axis=-1)
     return kda_problem(q, k, v, G, beta, scale=scale, initial_state=initial_state)
 

@@ -86,6 +86,8 @@ def test_a_bad_recipe_names_the_case_and_the_field():
         catalogue._c("bad_case", (1, 0, 1, 8, 8), "")
     with pytest.raises(ValueError, match="cot_seed"):  # a golden's cotangents use its data seed
         catalogue.Case("bad_case", oracle.Recipe(1, 4, 1, 8, 8, cot_seed=1))
+    with pytest.raises(ValueError, match="^bad_case: HV"):  # grouped value heads: not in the corpus format
+        catalogue.Case("bad_case", oracle.Recipe(1, 4, 1, 8, 8, HV=2))
 
 
 def test_case_is_a_name_a_purpose_and_a_recipe():
