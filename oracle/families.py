@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import preprocess, recurrence
+from . import call_modes, preprocess, recurrence
 from .problem import GRADS, Grads, Problem, as_float_array, check_scale
 
 # --- the registry ------------------------------------------------------------------------------------------
@@ -53,24 +53,28 @@ _QK = (("q", ("B", "T", "H", "K")), ("k", ("B", "T", "H", "K")), ("v", ("B", "T"
 _GV = ("gv", "a decay along V (fused_recurrent_gated_delta_rule's gv) is outside GDN-2, whose decay acts on "
              "the key rows of the state")
 
+# FLA's keywords of the call modes (oracle/call_modes.py: the gate's A_log and dt_bias are params above) and the
+# beta flags of the KDA and GDN entry points.
+_MODE_KEYWORDS = tuple(k for m in call_modes.names("training") for k in call_modes.get(m).keywords
+                       if k not in ("A_log", "dt_bias"))
+_BETA_FLAGS = ("use_beta_sigmoid_in_kernel", "allow_neg_eigval")
+
 GDN2 = Family(
     name="gdn2",
     fla=("fla/ops/gdn2/chunk.py: chunk_gdn2", "fla/ops/gdn2/fused_recurrent.py: fused_recurrent_gdn2",
          "fla/ops/gdn2/naive.py: naive_recurrent_gdn2"),
     inputs=_QK + (("g", ("B", "T", "HV", "K")), ("b", ("B", "T", "HV", "K")), ("w", ("B", "T", "HV", "V"))),
     params=(("A_log", ("HV",)), ("dt_bias", ("HV*K",))),
-    flags=("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "lower_bound", "state_v_first", "cu_seqlens",
-           "return_intermediate_states"),
+    flags=_MODE_KEYWORDS,
 )
 KDA = Family(
     name="kda",
     fla=("fla/ops/kda/chunk.py: chunk_kda", "fla/ops/kda/fused_recurrent.py: fused_recurrent_kda",
          "fla/ops/kda/naive.py: naive_recurrent_kda, naive_chunk_kda",
-         "fla/ops/kda/gate.py: naive_kda_gate, naive_kda_lowerbound_gate, kda_gate_bwd"),
+         "fla/ops/kda/gate.py"),
     inputs=_QK + (("g", ("B", "T", "HV", "K")), ("beta", ("B", "T", "HV"))),
     params=(("A_log", ("HV",)), ("dt_bias", ("HV*K",))),
-    flags=("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "lower_bound", "use_beta_sigmoid_in_kernel",
-           "allow_neg_eigval", "state_v_first", "cu_seqlens", "return_intermediate_states"),
+    flags=_MODE_KEYWORDS + _BETA_FLAGS,
     refused=(_GV,),
 )
 GDN = Family(
@@ -78,13 +82,12 @@ GDN = Family(
     fla=("fla/ops/gated_delta_rule/chunk.py: chunk_gated_delta_rule",
          "fla/ops/gated_delta_rule/fused_recurrent.py: fused_recurrent_gated_delta_rule",
          "fla/ops/gated_delta_rule/naive.py: naive_recurrent_gated_delta_rule, naive_chunk_gated_delta_rule",
-         "fla/ops/gated_delta_rule/gate.py: naive_gdn_gate, gdn_gate_bwd"),
+         "fla/ops/gated_delta_rule/gate.py"),
     inputs=_QK + (("g", ("B", "T", "HV")), ("beta", ("B", "T", "HV"))),
     params=(("A_log", ("HV",)), ("dt_bias", ("HV",))),
-    flags=("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
-           "state_v_first", "cu_seqlens"),
+    flags=tuple(f for f in _MODE_KEYWORDS + _BETA_FLAGS if f not in ("lower_bound", "return_intermediate_states")),
     refused=(_GV, ("gk", "a per-key decay (fused_recurrent_gated_delta_rule's gk) is the kda family's g"),
-             ("lower_bound", "GDN's in-kernel gate has no bounded form (gdn_gate_chunk_cumsum: softplus only)")),
+             ("lower_bound", "GDN's in-kernel log-decay has no bounded form (gdn_gate_chunk_cumsum: softplus only)")),
 )
 FAMILIES = {f.name: f for f in (GDN2, KDA, GDN)}
 # The families mapped onto GDN-2 here (gdn2 is the oracle's own Problem / Call).
@@ -102,7 +105,8 @@ def get(name) -> Family:
 
 # Keywords of FLA's entry points that change how FLA computes or how a call is packed, not what one dense call
 # computes: not keywords here (packed calls and the [V, K] layout are oracle.call.Call's modes for GDN-2).
-_NOT_MAPPED = ("state_v_first", "cu_seqlens", "return_intermediate_states", "output_final_state")
+_HANDLED = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "lower_bound")
+_NOT_MAPPED = tuple(k for k in _MODE_KEYWORDS if k not in _HANDLED) + ("output_final_state",)
 
 
 class FamilyGrads(NamedTuple):
@@ -177,7 +181,7 @@ class FamilyCall:
     def _log_decay(self, x):
         if not self.use_gate_in_kernel:
             return x["g"]
-        g = preprocess.gate(self._gate_view(x["g"]), x["A_log"], x["dt_bias"], x["lower_bound"], x["one"])
+        g = preprocess.gated_log_decay(self._gate_view(x["g"]), x["A_log"], x["dt_bias"], x["lower_bound"], x["one"])
         return g[..., 0] if self.family is GDN else g
 
     def _beta(self, x):
@@ -261,13 +265,13 @@ def call(family, q, k, v, g, beta, *, scale=None, initial_state=None, use_qk_l2n
     if not use_gate_in_kernel and np.any(arrays["g"] > 0):
         raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
     shapes = fam.shapes(B, T, H, HV, K, V)
-    gate = _check_gate(fam, shapes, use_gate_in_kernel, A_log, dt_bias, lower_bound)
+    gate_params = _check_gate(fam, shapes, use_gate_in_kernel, A_log, dt_bias, lower_bound)
     h0 = None
     if initial_state is not None:
         h0 = as_float_array("initial_state", initial_state, copy=True)
         if h0.shape != (B, HV, K, V):
             raise ValueError(f"initial_state: shape {h0.shape} does not match [B, HV, K, V] = {(B, HV, K, V)}")
-    return FamilyCall(fam, **arrays, scale=check_scale(scale, K), initial_state=h0, **flags, **gate)
+    return FamilyCall(fam, **arrays, scale=check_scale(scale, K), initial_state=h0, **flags, **gate_params)
 
 
 def _check_shapes(fam, arrays):

@@ -102,7 +102,8 @@ def _preprocessed(call, x):
     if call.qk_l2norm:
         arrays["q"], arrays["k"] = (preprocess.l2norm(x.raw[n], x.eps) for n in ("q", "k"))
     if call.gate_in_kernel:
-        arrays["g"] = preprocess.gate(x.raw["g"], x.params["A_log"], x.params["dt_bias"], x.lower_bound, x.one)
+        arrays["g"] = preprocess.gated_log_decay(x.raw["g"], x.params["A_log"], x.params["dt_bias"], x.lower_bound,
+                                                 x.one)
     return tuple(arrays[n] for n in INPUTS)
 
 

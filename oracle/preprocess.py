@@ -46,7 +46,7 @@ def _gate_argument(g_raw, dt_bias):
     return g_raw if dt_bias is None else g_raw + dt_bias.reshape(g_raw.shape[-2:])
 
 
-def gate(g_raw, A_log, dt_bias, lower_bound, one):
+def gated_log_decay(g_raw, A_log, dt_bias, lower_bound, one):
     """Log-decay ``g = -exp(A_log) softplus(x)``, or with ``lower_bound``: ``g = lower_bound sigmoid(A x)``.
 
     ``x = g_raw + dt_bias``; ``A = exp(A_log)``, or ``A = one`` when ``A_log`` is None (bounded form
@@ -103,7 +103,7 @@ def call_log_decay(call):
     """The log-decay the core sees for an ``oracle.call.Call``: its ``g``, through the gate when it has one."""
     if not call.gate_in_kernel:
         return call.g
-    return gate(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0)
+    return gated_log_decay(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0)
 
 
 def envelopes(call, inner):

@@ -12,7 +12,8 @@ A :class:`ModeCase` is one :class:`oracle.Call` (packed sequences, in-kernel gat
 * ``e_cum`` (precision-loss bound): the pipeline with every sequence run by the float32 cumulative-sum
   chunked algorithm (``oracle/chunked32.py``) on the pre-processed inputs, rounded likewise;
 * grades: per result the grading rule of ``ci/grading/rule.py`` (``judge_results``, ``agree_results``),
-  generalised from the nine dense results to the set a call has: ``o, final_state, dq ... dh0`` plus ``intermediate_states``, ``dA_log``, ``ddt_bias`` when present.
+  generalised from the nine dense results to the set a call has: ``o, final_state, dq ... dh0`` plus
+  ``intermediate_states``, ``dA_log``, ``ddt_bias`` when present.
 
 Envelopes (docs/DESIGN.md §4, "The dg envelope"), from the float64 reference's core view (the pre-processed
 ``q^, k^, b`` and the gradients w.r.t. them): ``E = |q^ dq^| + |k^ dk^| + |b db|``; ``dg`` is judged on ``E``

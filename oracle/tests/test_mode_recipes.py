@@ -74,7 +74,7 @@ def test_inner_view_holds_the_preprocessed_inputs_and_core_gradients():
     _, grads = modes.forward_and_vjp_modes(call, do, dfs, inner=inner)
     x = inner["inputs"]
     assert np.allclose(x["q"], preprocess.l2norm(call.q, preprocess.L2NORM_EPS))
-    assert np.allclose(x["g"], preprocess.gate(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0))
+    assert np.allclose(x["g"], preprocess.gated_log_decay(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0))
     dg_raw, _, _ = preprocess.gate_vjp(call.g, call.A_log, call.dt_bias, call.lower_bound, 1.0, inner["grads"]["dg"])
     assert np.array_equal(dg_raw, grads.dg)
     assert np.array_equal(np.swapaxes(inner["grads"]["dh0"], -1, -2), grads.dh0)  # [K, V] inside, [V, K] out
