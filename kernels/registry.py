@@ -18,6 +18,11 @@ BUILTIN = {
     # the serving kernel (state pool, slot indices; docs/DESIGN.md §2 "Decode contract"); without a pool it
     # is a token-by-token contract kernel
     "decode": "gdn2_oracle.kernels.decode:decode_kernel",
+    # FLA's families (docs/DESIGN.md §2 "Families in FLA"): called like chunk_gated_delta_rule / chunk_kda
+    # (q, k, v, g, beta, ...), not with the GDN-2 contract; their ``family`` attribute says which
+    **{f"{fam}-{core}": f"gdn2_oracle.kernels.families:{fam}_{core}"
+       for fam in ("gdn", "kda") for core in ("factorized", "pairwise")},
+    "gdn-scalar": "gdn2_oracle.kernels.gdn_scalar:gdn_scalar",
 }
 # Peer kernels of the optional extras `peers` (atomic-ops) and `fla` (FLA through the torch bridge).
 OPTIONAL = {
@@ -26,7 +31,8 @@ OPTIONAL = {
     **{name: f"gdn2_oracle.kernels.fla_peers:{attr}" for name, attr in (
         ("fla-gdn2-naive-recurrent", "gdn2_naive_recurrent"), ("fla-gdn2-naive-chunk", "gdn2_naive_chunk"),
         ("fla-gdn2-chunk", "gdn2_chunk"), ("fla-kda-naive-recurrent", "kda_naive_recurrent"),
-        ("fla-kda-naive-chunk", "kda_naive_chunk"), ("fla-kda-chunk", "kda_chunk"))},
+        ("fla-kda-naive-chunk", "kda_naive_chunk"), ("fla-kda-chunk", "kda_chunk"),
+        ("fla-gdn-naive-recurrent", "gdn_naive_recurrent"), ("fla-gdn-naive-chunk", "gdn_naive_chunk"))},
 }
 # ``torch:package.module:attr[options]``: a PyTorch callable behind the contract (kernels/torch_bridge.py).
 TORCH_PREFIX = "torch:"
