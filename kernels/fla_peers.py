@@ -10,12 +10,18 @@ torch bridge's, ``kernels/torch_bridge.py``, e.g. ``device=cpu``, plus ``chunk_s
 * ``fla-gdn2-chunk``           -- ``fla.ops.gdn2.chunk_gdn2`` (Triton: a CUDA device, or ``interpret=1``);
 * ``fla-kda-naive-recurrent``  -- ``fla.ops.kda.naive.naive_recurrent_kda``;
 * ``fla-kda-naive-chunk``      -- ``fla.ops.kda.naive.naive_chunk_kda`` (``chunk_size``, default 64);
-* ``fla-kda-chunk``            -- ``fla.ops.kda.chunk_kda`` (Triton: a CUDA device, or ``interpret=1``).
+* ``fla-kda-chunk``            -- ``fla.ops.kda.chunk_kda`` (Triton: a CUDA device, or ``interpret=1``);
+* ``fla-gdn-naive-recurrent``  -- ``fla.ops.gated_delta_rule.naive.naive_recurrent_gated_delta_rule``;
+* ``fla-gdn-naive-chunk``      -- ``fla.ops.gated_delta_rule.naive.naive_chunk_gated_delta_rule`` (``chunk_size``).
 
 FLA's GDN-2 signature is the suite's (``q, k, v, g, b, w, scale, initial_state, output_final_state``),
-so the GDN-2 peers are ``torch:`` kernels with ``output_final_state=True`` and nothing else. The KDA
-peers take one gate ``beta`` per head and token: they cover the suite's KDA problems, ``b = w = beta *
-1`` (:data:`KDA_NOTE`), and refuse other cases by name.
+so the GDN-2 peers are ``torch:`` kernels with ``output_final_state=True`` and nothing else.
+The naive KDA and GDN references are family kernels (kernels/families.py: called like ``chunk_kda`` /
+``chunk_gated_delta_rule``, ``family`` "kda" / "gdn"; :class:`torch_bridge.FamilyTorchKernel`), with FLA's
+beta sigmoid, L2 norm and gate transcribed in torch around them (:data:`FAMILY_NOTE`); GDN's have no GVA, so the
+adapter repeats q, k to the value heads. ``fla-kda-naive-*[signature=gdn2]`` and ``fla-kda-chunk`` take the
+GDN-2 contract instead: one gate ``beta`` per head and token, so they cover the suite's KDA problems, ``b = w =
+beta * 1`` (:data:`KDA_NOTE`), and refuse other cases by name.
 
 Loading: importing ``fla.ops`` or ``fla.ops.<model>`` runs their ``__init__.py``, which import the
 Triton kernels (and so Triton, and a GPU). The naive references need only torch and einops, so we
@@ -34,8 +40,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from . import triton_interpret
-from .torch_bridge import TorchKernel, import_torch
+from .torch_bridge import FamilyTorchKernel, TorchKernel, import_torch
 
 _EXTRA = "install the fla extra: pip install 'gdn2-oracle[fla]' (fla-core, torch)"
 
@@ -46,6 +54,7 @@ KDA_NOTE = ("KDA peer: takes one gate beta per head and token, so it covers b = 
             "are comparable")
 INTERPRET_NOTE = ("run in Triton's interpreter on the CPU (interpret=1; kernels/triton_interpret.py): float32 "
                   "only, bfloat16 calls are refused: " + triton_interpret.BF16_DOT_NOTE)
+SIGNATURES = ("kda", "gdn2")  # the KDA references' signatures: FLA's chunk_kda (the default), or the GDN-2 contract
 CHUNK_NOTE = ("naive_chunk_kda needs T % chunk_size == 0: the adapter pads T with identity tokens "
               "(q=k=v=0, g=0, beta=0), exact")
 
@@ -191,17 +200,31 @@ def _chunk(model, attr, name, interpret, options):
             tuple(m for m in modules if isinstance(m, str) and m in sys.modules))
 
 
-def kda_naive_recurrent(**options):
-    """``fla-kda-naive-recurrent``: FLA's token-by-token KDA reference, on b = w = beta * 1."""
-    fn = kda_as_gdn2(load_naive("kda").naive_recurrent_kda)
-    return TorchKernel(fn, name="fla-kda-naive-recurrent", options={"output_final_state": True, **options},
-                       note=KDA_NOTE, modules=_naive_modules("kda"))
+def _signature_option(signature, name):
+    if signature not in SIGNATURES:
+        raise ValueError(f"signature: {signature!r} not one of {SIGNATURES} ({name}: 'kda' is FLA's chunk_kda "
+                         f"signature, 'gdn2' the GDN-2 contract on b = w = beta * 1)")
+    return signature
 
 
-def kda_naive_chunk(chunk_size=64, **options):
-    """``fla-kda-naive-chunk``: FLA's chunked KDA reference, on b = w = beta * 1 (T padded to the chunk)."""
-    fn = kda_as_gdn2(load_naive("kda").naive_chunk_kda, pad_to=chunk_size)
-    return TorchKernel(fn, name="fla-kda-naive-chunk",
+def kda_naive_recurrent(signature="kda", **options):
+    """``fla-kda-naive-recurrent``: FLA's token-by-token KDA reference in the kda family's signature
+    (``signature="gdn2"``: in the GDN-2 contract, on b = w = beta * 1 only)."""
+    naive = load_naive("kda").naive_recurrent_kda
+    if _signature_option(signature, "fla-kda-naive-recurrent") == "kda":
+        return _family_peer("fla-kda-naive-recurrent", "kda", naive, options, FAMILY_NOTE)
+    return TorchKernel(kda_as_gdn2(naive), name="fla-kda-naive-recurrent",
+                       options={"output_final_state": True, **options}, note=KDA_NOTE, modules=_naive_modules("kda"))
+
+
+def kda_naive_chunk(chunk_size=64, signature="kda", **options):
+    """``fla-kda-naive-chunk``: FLA's chunked KDA reference (T padded to the chunk) in the kda family's signature
+    (``signature="gdn2"``: in the GDN-2 contract, on b = w = beta * 1 only)."""
+    naive = load_naive("kda").naive_chunk_kda
+    if _signature_option(signature, "fla-kda-naive-chunk") == "kda":
+        return _family_peer("fla-kda-naive-chunk", "kda", naive, {"chunk_size": chunk_size, **options},
+                            f"{FAMILY_NOTE}; {CHUNK_NOTE}", pad_to=chunk_size)
+    return TorchKernel(kda_as_gdn2(naive, pad_to=chunk_size), name="fla-kda-naive-chunk",
                        options={"output_final_state": True, "chunk_size": chunk_size, **options},
                        note=f"{KDA_NOTE}; {CHUNK_NOTE}", modules=_naive_modules("kda"))
 
@@ -212,3 +235,78 @@ def kda_chunk(interpret=False, **options):
     fn, options, note, modules = _chunk("kda", "chunk_kda", "fla-kda-chunk", interpret, options)
     return TorchKernel(kda_as_gdn2(fn), name="fla-kda-chunk", options={"output_final_state": True, **options},
                        note=KDA_NOTE + (f"; {note}" if note else ""), modules=modules or (__name__,))
+
+
+# --- FLA's naive references in their families' signatures (kernels/families.py) ------------------------------
+
+FAMILY_NOTE = ("FLA's naive reference in its family's signature; FLA fuses the beta sigmoid, the q/k L2 norm and "
+               "the in-kernel gate into its Triton kernels only, so the adapter transcribes them in torch "
+               "(s * sigmoid(beta); x * rsqrt(sum x^2 + float32(1e-6)); -exp(A_log) softplus(g + dt_bias), KDA's "
+               "bounded lower_bound * sigmoid(exp(A_log) (g + dt_bias))) before calling it; it computes in float32")
+GDN_NOTE = "naive_*_gated_delta_rule have no GVA: the adapter repeats q, k to the value heads (repeat_interleave)"
+L2NORM_EPS = 1e-6
+
+
+def family_adapter(naive, family, *, gva=True, pad_to=None, beta_first=False):
+    """A torch function in the family signature (``q, k, v, g, beta``, FLA's flags and gate keywords) around
+    FLA's naive reference ``naive``: the activations in torch (:data:`FAMILY_NOTE`), then ``naive``; without
+    ``gva`` it repeats q, k to the value heads; ``pad_to`` pads T with identity tokens (exact);
+    ``beta_first``: ``naive`` takes ``(q, k, v, beta, g)``."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True,
+               use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+               use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, **kwargs):
+        torch = import_torch()
+        nn = importlib.import_module("torch.nn.functional")
+        if use_qk_l2norm_in_kernel:  # l2norm_fwd: eps inside the square root, in float32
+            eps = float(np.float32(L2NORM_EPS))
+            q, k = (x.float() * torch.rsqrt((x.float() ** 2).sum(-1, keepdim=True) + eps) for x in (q, k))
+        if use_beta_sigmoid_in_kernel:  # fused_beta_sigmoid
+            beta = (2.0 if allow_neg_eigval else 1.0) * torch.sigmoid(beta.float())
+        if use_gate_in_kernel:
+            HV = v.shape[2]
+            x = g.float()
+            if dt_bias is not None:
+                x = x + dt_bias.float().reshape(HV, -1).reshape(x.shape[2:])
+            A = None if A_log is None else A_log.float().exp().reshape((HV,) + (1,) * (x.ndim - 3))
+            if lower_bound is None:
+                g = -A * nn.softplus(x)
+            else:
+                g = lower_bound * torch.sigmoid(x if A is None else A * x)
+        G = v.shape[2] // q.shape[2]
+        if not gva and G > 1:
+            q, k = q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2)
+        T = q.shape[1]
+        pad = (-T) % pad_to if pad_to else 0
+        if pad:
+            q, k, v = (nn.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
+            g = nn.pad(g, (0, 0) * (g.ndim - 2) + (0, pad))
+            beta = nn.pad(beta, (0, 0, 0, pad))
+        args = (q, k, v, beta, g) if beta_first else (q, k, v, g, beta)
+        o, state = naive(*args, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                         **kwargs)
+        return o[:, :T], state
+
+    kernel.__name__ = f"{naive.__name__}_{family}"
+    return kernel
+
+
+def _family_peer(name, family, naive, options, note, **adapter):
+    return FamilyTorchKernel(family_adapter(naive, family, **adapter), name=name, family=family, options=options,
+                             note=note, modules=_naive_modules("gated_delta_rule" if family == "gdn" else family))
+
+
+def gdn_naive_recurrent(**options):
+    """``fla-gdn-naive-recurrent``: FLA's token-by-token Gated DeltaNet reference
+    (``naive_recurrent_gated_delta_rule(q, k, v, beta, g)``: beta before g), in the gdn family's signature."""
+    fn = load_naive("gated_delta_rule").naive_recurrent_gated_delta_rule
+    return _family_peer("fla-gdn-naive-recurrent", "gdn", fn, options, f"{FAMILY_NOTE}; {GDN_NOTE}", gva=False,
+                        beta_first=True)
+
+
+def gdn_naive_chunk(chunk_size=64, **options):
+    """``fla-gdn-naive-chunk``: FLA's chunked Gated DeltaNet reference (``chunk_size``, default 64; it pads T
+    itself), in the gdn family's signature."""
+    fn = load_naive("gated_delta_rule").naive_chunk_gated_delta_rule
+    return _family_peer("fla-gdn-naive-chunk", "gdn", fn, {"chunk_size": chunk_size, **options},
+                        f"{FAMILY_NOTE}; {GDN_NOTE}", gva=False)

@@ -28,6 +28,7 @@ import numpy as np
 
 from .adapt import LAYOUTS, TENSORS, parse_order
 from .contract import check_finite_values, check_inputs
+from .families import FAMILIES, check_family_call, check_family_values
 from .modes import check_cu_seqlens, check_gate, check_state
 from .spec import resolve
 
@@ -464,3 +465,69 @@ def _module_names(fn):
 def torch_kernel(target, **options):
     """The ``torch:`` spec: ``target`` is ``package.module:attr``, a torch callable; options as documented."""
     return TorchKernel(resolve(target), name=f"torch:{target}", options=options)
+
+
+class FamilyTorchKernel(TorchKernel):
+    """A torch function in the signature of an FLA family (``gdn`` / ``kda``; kernels/families.py) behind JAX:
+    ``fn(q, k, v, g, beta, scale=, initial_state=, output_final_state=True, **flags)`` called with the family
+    call's flags (``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``,
+    ``use_gate_in_kernel``, and ``lower_bound``) and, differentiated like the other inputs, ``A_log`` and
+    ``dt_bias``. ``order``: the positional order of the five tensors as names separated by ``,`` or a tuple
+    (default ``q,k,v,g,beta``; FLA's naive GDN recurrence takes ``q,k,v,beta,g``). Options as
+    :class:`TorchKernel`'s (``device``, keywords passed through); ``family`` is the kernel's attribute."""
+
+    TENSORS = ("q", "k", "v", "g", "beta")
+
+    def __init__(self, fn, *, name, family, options=None, note=None, modules=None):
+        if family not in FAMILIES:
+            raise ValueError(f"family: {family!r} not one of {FAMILIES}")
+        options = dict(options or {})
+        order = options.pop("order", self.TENSORS)
+        order = tuple(order.split(",")) if isinstance(order, str) else tuple(order)
+        if sorted(order) != sorted(self.TENSORS):
+            raise ValueError(f"order: {order!r} is not the five tensors {self.TENSORS} in some order")
+        super().__init__(fn, name=name, options=options, note=note, modules=modules, mode_keywords=())
+        self.family, self.order = family, order
+        self.__signature__ = inspect.signature(type(self).__call__)
+
+    def mapping(self):
+        return {"order": ",".join(self.order), "family": getattr(self, "family", None), **self.kwargs}
+
+    def __call__(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                 use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                 use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, check_values=False):
+        flags = dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                     use_gate_in_kernel=use_gate_in_kernel)
+        _, scale, lb = check_family_call(self.family, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                         flags=dict(flags, output_final_state=output_final_state), A_log=A_log,
+                                         dt_bias=dt_bias, lower_bound=lower_bound)
+        if check_values:
+            check_family_values(use_gate_in_kernel, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                                A_log=A_log, dt_bias=dt_bias)
+        named = dict(q=q, k=k, v=v, g=g, beta=beta)
+        if initial_state is not None:
+            named["h0"] = initial_state
+        for p, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is not None:
+                named[p] = x
+        static = tuple(sorted({**{n: bool(f) for n, f in flags.items()}, **({} if lb is None else
+                                                                            {"lower_bound": lb})}.items()))
+        names, arrays = tuple(named), tuple(named.values())
+        key = (names, tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in arrays), scale, static)
+        if key not in self._calls:
+            self._calls[key] = self._build(names, arrays, scale, static)
+        o, final = self._calls[key](*arrays)
+        return o, (final if output_final_state else None)
+
+    def invoke(self, names, ts, scale, static=()):
+        """Call the torch function: the five tensors in ``order``, the scale, the state, the flags and the gate
+        parameters as keywords, ``output_final_state=True``."""
+        given = dict(zip(names, ts))
+        kwargs = {**self.kwargs, **dict(static), "scale": scale, "output_final_state": True}
+        if "h0" in given:
+            kwargs["initial_state"] = given["h0"]
+        for name in PARAMS:
+            if name in given:
+                kwargs[name] = given[name]
+        return self.results(self.fn(*(given[n] for n in self.order), **kwargs))

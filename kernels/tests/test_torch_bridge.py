@@ -231,10 +231,10 @@ def test_fla_kda_reference_on_kda_golden_case():
     equals the sum of the golden's per-channel db and dw."""
     gd = golden.load("kda_strong_h0")
     p, (do, dfs), ref = gd.problem(), gd.cotangents(), gd.reference()
-    report = harness.validate(kernels.get("fla-kda-naive-recurrent"), p, do, dfs, ref=ref)
+    report = harness.validate(kernels.get("fla-kda-naive-recurrent[signature=gdn2]"), p, do, dfs, ref=ref)
     failed = {v.name for v in report.verdicts if not v.passed}
     assert failed == {"db", "dw"}, report.format()
-    got = harness.kernel_results(kernels.get("fla-kda-naive-recurrent"), p, do, dfs)
+    got = harness.kernel_results(kernels.get("fla-kda-naive-recurrent[signature=gdn2]"), p, do, dfs)
     dbeta = ref["db"].sum(-1) + ref["dw"].sum(-1)
     np.testing.assert_allclose(got["db"][..., 0], dbeta, rtol=1e-4, atol=1e-5 * np.abs(dbeta).max())
     assert not got["db"][..., 1:].any() and not got["dw"].any()
@@ -242,7 +242,7 @@ def test_fla_kda_reference_on_kda_golden_case():
 
 def test_fla_kda_peer_refuses_cases_outside_kda():
     with pytest.raises(harness.KernelError, match="outside the KDA peer's domain"):
-        validate("fla-kda-naive-recurrent", recipe())
+        validate("fla-kda-naive-recurrent[signature=gdn2]", recipe())
 
 
 @pytest.mark.parametrize("name", ["fla-gdn2-chunk", "fla-kda-chunk"])

@@ -141,10 +141,11 @@ def test_signature_declares_the_mode_keywords_the_torch_function_takes(kernel):
 @pytest.mark.parametrize("factory", ["gdn2_naive_recurrent", "gdn2_naive_chunk", "kda_naive_recurrent",
                                      "kda_naive_chunk"])
 def test_fla_naive_references_accept_no_mode(factory):
-    """FLA's pure-torch references take the dense call only (the KDA ones behind a **kwargs GDN-2 wrapper)."""
+    """FLA's pure-torch references take the dense call only (the KDA ones, in the GDN-2 contract, behind a
+    **kwargs GDN-2 wrapper)."""
     fla_peers = pytest.importorskip("gdn2_oracle.kernels.fla_peers")
     try:
-        fn = getattr(fla_peers, factory)(device="cpu")
+        fn = getattr(fla_peers, factory)(device="cpu", **({"signature": "gdn2"} if "kda" in factory else {}))
     except ValueError as exc:
         pytest.skip(str(exc))
     assert running.accepted_modes(fn) == ()

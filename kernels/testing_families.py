@@ -1,0 +1,99 @@
+"""Test support: deliberately wrong family kernels (``gdn`` / ``kda``, kernels/families.py), JAX only.
+
+Each is the family kernel over the pairwise chunked kernel (chunk 16) with one planted bug in the map onto
+GDN-2, in both families: ``gdn_NAME`` and ``kda_NAME`` (use them as ``gdn2_oracle.kernels.testing_families:
+kda_gva_modulo``), each a complete kernel in the family signature with its ``family``. A call that does not
+reach the bug (``G = 1``, no beta sigmoid, no gate) is the correct kernel's.
+
+* ``gva_modulo``: value head ``hv`` reads key head ``hv % H`` instead of ``hv // G`` (``jnp.tile`` for
+  ``jnp.repeat``; the same when ``G = 1`` or ``H = 1``);
+* ``beta_write_only``: beta gates the write only, the erase gate is ``1_K`` instead of ``beta 1_K``
+  (``u = beta v - Sbar^T k``);
+* ``read_before_decay``: the erase reads the state before the decay, ``r = S_{t-1}^T (beta k)`` instead of
+  ``Sbar_t^T (beta k)`` (a token-by-token scan: no chunked kernel can express it);
+* ``dt_bias_after_softplus``: the in-kernel gate adds ``dt_bias`` after the softplus,
+  ``-exp(A_log) (softplus(g) + dt_bias)`` instead of ``-exp(A_log) softplus(g + dt_bias)`` (KDA's bounded gate
+  is left correct);
+* ``sigmoid_twice``: beta's sigmoid applied twice, ``s sigmoid(sigmoid(beta))``;
+* ``no_neg_eigval``: ``allow_neg_eigval`` ignored, ``sigmoid(beta)`` instead of ``2 sigmoid(beta)``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .contract import ACC_DTYPE, MATMUL_PRECISION, floor_log_decay
+from .families import FamilyKernel
+from .kernel import pairwise
+from .modes import gate as kda_gate
+
+_CORE = pairwise(chunk_size=16)
+
+
+class GvaModulo(FamilyKernel):
+    def heads(self, x, G):
+        return jnp.tile(x, (1, 1, G, 1))
+
+
+class BetaWriteOnly(FamilyKernel):
+    def gates(self, beta, K, V):
+        b, w = super().gates(beta, K, V)
+        return jnp.ones_like(b), w
+
+
+class ReadBeforeDecay(FamilyKernel):
+    def run_core(self, q, k, v, g, b, w, scale, h0):
+        """Token by token: ``S_t = D_t S_{t-1} + k (w v - S_{t-1}^T (b k))^T`` (the read skips the decay)."""
+        B, T, HV, K = q.shape
+        V = v.shape[-1]
+        S = jnp.zeros((B, HV, K, V), ACC_DTYPE) if h0 is None else h0.astype(ACC_DTYPE)
+        g = floor_log_decay(g)
+
+        def step(S, x):
+            qt, kt, vt, gt, bt, wt = x
+            r = jnp.einsum("bhkv,bhk->bhv", S, bt * kt, precision=MATMUL_PRECISION)
+            S = jnp.exp(gt)[..., None] * S + kt[..., None] * (wt * vt - r)[..., None, :]
+            return S, scale * jnp.einsum("bhkv,bhk->bhv", S, qt, precision=MATMUL_PRECISION)
+
+        xs = tuple(jnp.moveaxis(x.astype(ACC_DTYPE), 1, 0) for x in (q, k, v, g, b, w))
+        S, o = jax.lax.scan(step, S, xs)
+        return jnp.moveaxis(o, 0, 1), S
+
+
+class DtBiasAfterSoftplus(FamilyKernel):
+    def log_decay(self, g, A_log, dt_bias, lower_bound, use_gate):
+        if not use_gate or dt_bias is None or lower_bound is not None:
+            return super().log_decay(g, A_log, dt_bias, lower_bound, use_gate)
+        bias = dt_bias.astype(ACC_DTYPE).reshape(g.shape[2:])
+        return kda_gate(g[..., None] if self.family == "gdn" else g, A_log, None, None).reshape(g.shape) - jnp.exp(
+            A_log.astype(ACC_DTYPE)).reshape((-1,) + (1,) * (g.ndim - 3)) * bias
+
+
+class SigmoidTwice(FamilyKernel):
+    def activate_beta(self, beta, sigmoid, neg):
+        return super().activate_beta(jax.nn.sigmoid(beta) if sigmoid else beta, sigmoid, neg)
+
+
+class NoNegEigval(FamilyKernel):
+    def activate_beta(self, beta, sigmoid, neg):
+        return super().activate_beta(beta, sigmoid, False)
+
+
+MUTANTS = {"gva_modulo": GvaModulo, "beta_write_only": BetaWriteOnly, "read_before_decay": ReadBeforeDecay,
+           "dt_bias_after_softplus": DtBiasAfterSoftplus, "sigmoid_twice": SigmoidTwice,
+           "no_neg_eigval": NoNegEigval}
+
+
+def mutant(name, family):
+    """The mutant ``name`` (:data:`MUTANTS`) of ``family`` ("gdn" / "kda")."""
+    return MUTANTS[name](f"{family}_{name}", family, _CORE)
+
+
+gdn_gva_modulo, kda_gva_modulo = mutant("gva_modulo", "gdn"), mutant("gva_modulo", "kda")
+gdn_beta_write_only, kda_beta_write_only = mutant("beta_write_only", "gdn"), mutant("beta_write_only", "kda")
+gdn_read_before_decay, kda_read_before_decay = mutant("read_before_decay", "gdn"), mutant("read_before_decay", "kda")
+gdn_dt_bias_after_softplus = mutant("dt_bias_after_softplus", "gdn")
+kda_dt_bias_after_softplus = mutant("dt_bias_after_softplus", "kda")
+gdn_sigmoid_twice, kda_sigmoid_twice = mutant("sigmoid_twice", "gdn"), mutant("sigmoid_twice", "kda")
+gdn_no_neg_eigval, kda_no_neg_eigval = mutant("no_neg_eigval", "gdn"), mutant("no_neg_eigval", "kda")
