@@ -29,21 +29,24 @@ import argparse
 import functools
 import time
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 
 from gdn2_oracle import oracle
 from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe, call_modes, serving_recipes
 
+from ..grading import families as family_grading
 from ..grading import modes as mode_grading
 from ..grading import reference_cache
 from ..grading.diagnose import diagnose_kernel
 from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict, run_grade
 from ..grading.modes import ALL_MODES, MODE_RESULTS
 from ..grading.result import INPUT_ERROR, CaseResult
+from ..running import families as family_running
 from ..running import modes as mode_running
 from ..running import multihost
 from ..running import serving as serving_running
 from ..running.ahead import Ahead
-from ..running.cases import CallCase, DenseCase
+from ..running.cases import CallCase, DenseCase, FamilyRunCase
 from ..running.fingerprint import source_sha256
 from ..running.mesh import format_mesh
 from . import args as cli_args
@@ -70,8 +73,12 @@ SERVING_MODES = call_modes.names("serving")
 VALIDATE_MODES = ALL_MODES + SERVING_MODES
 PLAIN = call_modes.BASE.name  # the dense contract: every kernel is judged on its cases
 TRAINING = call_modes.names("training")
-SCHEMA = "gdn2-oracle/validate/3"  # 2: + modes; per kernel accepted_modes, modes, not_accepted_cases;
-# 3: grades EMPTY and INTERRUPTED, outcome "empty" (a kernel judged on no case is not a pass)
+SCHEMA = "gdn2-oracle/validate/4"  # 2: + modes; per kernel accepted_modes, modes, not_accepted_cases;
+# 3: grades EMPTY and INTERRUPTED, outcome "empty" (a kernel judged on no case is not a pass);
+# 4: + families (the families of the run's kernels); per kernel family, other_family_cases; a family case's "family"
+# The families a kernel may be (docs/DESIGN.md §2, "Families in FLA"): gdn2 is the plain contract.
+FAMILIES = tuple(oracle.families.FAMILIES)
+GDN2 = family_grading.GDN2
 
 # quick: a handful of regimes on two shapes (two compilations per kernel and dtype).
 QUICK = (
@@ -114,15 +121,38 @@ def generated(kind):
     return gen
 
 
-def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=None):
+def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=None, families=(GDN2,)):
     """The cases of a case set, restricted to ``dtypes`` (and to the names in ``only``, if given).
 
     ``modes`` (default: :data:`VALIDATE_MODES`): the dense cases when it has ``dense``, the training-call mode cases
     (:func:`ci.grading.modes.cases`) whose modes it all has, and the serving sessions of its serving modes.
+    ``families`` (default: ``gdn2`` only): the GDN-2 cases above when it has ``gdn2``; with ``dense`` in ``modes``, the
+    family cases (:func:`ci.grading.families.cases`: dense calls in FLA's signature) of its other families.
     """
     if kind not in CASE_SETS:
         raise ValueError(f"cases: {kind!r} not one of {CASE_SETS}")
     modes = VALIDATE_MODES if modes is None else tuple(modes)
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"families: {unknown} not in {FAMILIES}")
+    cases = []
+    if GDN2 in families:
+        cases = gdn2_cases(kind, dtypes, seed, modes)
+    mapped = [f for f in oracle.families.MAPPED if f in families]
+    if PLAIN in modes and mapped:
+        cases += family_grading.cases(kind, dtypes, seed=seed, families_selected=mapped, case_type=FamilyRunCase)
+    if only:
+        unknown = sorted(set(only) - {c.name for c in cases})
+        if unknown:
+            raise UsageError(f"--case: unknown case(s) {unknown} in set {kind!r} with dtypes {list(dtypes)}"
+                             f" and modes {list(modes)}" + (f" and families {list(families)}"
+                                                           if list(families) != [GDN2] else ""))
+        cases = [c for c in cases if c.name in set(only)]
+    return cases
+
+
+def gdn2_cases(kind, dtypes, seed, modes):
+    """The GDN-2 cases of a case set (dense, training-call and serving, as ``modes`` selects)."""
     cases = []
     if PLAIN in modes:
         from gdn2_oracle import golden  # the corpus is read only when validating
@@ -137,12 +167,6 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     if serving and kind != "golden":
         cases += serving_running.serving_cases(dtypes, seed, serving,
                                                 serving_recipes.QUICK if kind == "quick" else None)
-    if only:
-        unknown = sorted(set(only) - {c.name for c in cases})
-        if unknown:
-            raise UsageError(f"--case: unknown case(s) {unknown} in set {kind!r} with dtypes {list(dtypes)}"
-                             f" and modes {list(modes)}")
-        cases = [c for c in cases if c.name in set(only)]
     return cases
 
 
@@ -157,13 +181,26 @@ def run_case(fn, case, mesh=None, *, capture=False, program=None):
     return case.run(fn, mesh, capture=capture, program=program)
 
 
-def takes_part(case, accepted):
-    """Whether a kernel accepting the modes ``accepted`` is judged on ``case`` (a dense case, using none: always)."""
-    return set(case.modes) <= set(accepted)
+def takes_part(case, accepted, family=GDN2, flags=None):
+    """Whether a kernel of ``family`` accepting the modes ``accepted`` (and, for a family kernel, FLA's keywords
+    ``flags``; None: every one) is judged on ``case``: a case of its family only (a GDN-2 case's family is ``gdn2``),
+    a dense case always, a mode case when it accepts every mode the case uses, a family case when it accepts every
+    flag the case sets."""
+    if case_family(case) != family:
+        return False
+    return set(case.modes) <= set(accepted) and (flags is None or set(getattr(case, "flags", ())) <= set(flags))
 
 
-def accepted_modes(fn):
-    """The modes other than dense that kernel ``fn`` accepts: training-call keywords, a state pool."""
+def case_family(case):
+    """The family of a case: a family case's, else ``gdn2``."""
+    return getattr(case, "family", GDN2)
+
+
+def accepted_modes(fn, family=GDN2):
+    """The modes other than dense that kernel ``fn`` accepts: training-call keywords, a state pool (a family kernel:
+    none, the modes are GDN-2's)."""
+    if family != GDN2:
+        return []
     serving = SERVING_MODES if serving_running.accepts_serving(fn) else ()
     return [*mode_running.accepted_modes(fn), *serving]
 
@@ -219,6 +256,7 @@ class ValidationReport:
     grade: str
     kernels: list = field(default_factory=list)
     modes: list = field(default_factory=lambda: list(VALIDATE_MODES))  # the modes selected (``--modes``)
+    families: list = field(default_factory=lambda: [GDN2])  # the families of the run's kernels
 
     def to_json(self):
         """The JSON report (schema :data:`SCHEMA`)."""
@@ -265,7 +303,8 @@ def run_validation(specs, options=ValidateOptions(), *, dump=None, on_stop=None)
     loop = RunLoop(run.report, "cases", total=len(run.built) * len(run.case_list), desc="validate", unit_name="case",
                    show_progress=options.show_progress, case_timeout=options.case_timeout,
                    on_timeout=run.timed_out, on_stop=on_stop)
-    ahead = compile_ahead(run.built, run.case_list, options.mesh, options.compile_workers, options.program_cache)
+    ahead = compile_ahead(run.built, run.case_list, options.mesh, options.compile_workers, options.program_cache,
+                          run.families)
     return loop.run(functools.partial(run.judge_all, loop), ahead)
 
 
@@ -276,15 +315,29 @@ class ValidationRun:
         self.options, self.dump = options, dump
         self.dump_ok = True  # after a failed dump write, the dump is not tried again (one message)
         self.modes = VALIDATE_MODES if options.modes is None else tuple(options.modes)
-        self.built = [(spec, cli_args.build(spec)) for spec in specs]
+        self.built, self.families = [], []
+        for spec in specs:
+            build_spec, option = family_running.spec_family(spec)
+            fn = cli_args.build(build_spec)
+            try:
+                family = family_running.kernel_family(fn, option, label=spec.spec)
+            except ValueError as exc:
+                raise UsageError(f"--kernel {spec.spec}: {exc}") from None
+            self.built.append((spec, fn))
+            self.families.append(family)
+        run_families = [f for f in FAMILIES if f in self.families]
         self.case_list = build_cases(options.cases, options.dtypes, seed=options.seed, only=options.only,
-                                     modes=self.modes)
+                                     modes=self.modes, families=run_families)
         # Group by shape and dtype so each kernel compiles once per group while the arrays are warm.
         self.case_list.sort(key=lambda c: (c.dtype, c.shape))
         self.kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
                              "source": source_sha256(fn), "notes": kernel_notes(fn), "cases": [],
-                             "accepted_modes": accepted_modes(fn), "not_accepted_cases": []}
-                            for spec, fn in self.built]
+                             "family": family, "accepted_modes": accepted_modes(fn, family),
+                             "not_accepted_cases": [], "other_family_cases": []}
+                            for (spec, fn), family in zip(self.built, self.families)]
+        # FLA's keywords each family kernel takes (a family case setting another one is not run on it)
+        self.flags = [None if family == GDN2 else family_running.accepted_flags(fn)
+                      for (_, fn), family in zip(self.built, self.families)]
         self.t0 = time.perf_counter()
         self.cache_before = reference_cache.snapshot()  # the report counts what this run read from the cache
 
@@ -292,16 +345,19 @@ class ValidationRun:
         """Judge every kernel on each case in turn, each kernel call a unit of ``loop``; a case's arrays are
         released once every kernel was judged on it."""
         for case in self.case_list:
-            for (spec, fn), kout in zip(self.built, self.kernels_out):
+            for (spec, fn), kout, flags in zip(self.built, self.kernels_out, self.flags):
                 with loop.unit(f"{spec.label()} {case.name}", kout=kout, case=case):
-                    self.judge_one(loop, ahead, spec, fn, kout, case)
+                    self.judge_one(loop, ahead, spec, fn, kout, case, flags)
             case.release()
 
-    def judge_one(self, loop, ahead, spec, fn, kout, case):
-        """Judge kernel ``fn`` on ``case`` (a case its signature does not take is only listed) into ``kout``."""
+    def judge_one(self, loop, ahead, spec, fn, kout, case, flags=None):
+        """Judge kernel ``fn`` on ``case`` (a case of another family, or one its signature does not take, is only
+        listed) into ``kout``."""
         mesh, dump = self.options.mesh, self.dump
         loop.note(f"{spec.label()} {case.name}")
-        if not takes_part(case, kout["accepted_modes"]):
+        if case_family(case) != kout["family"]:
+            kout["other_family_cases"].append(case.name)
+        elif not takes_part(case, kout["accepted_modes"], kout["family"], flags):
             kout["not_accepted_cases"].append(case.name)
         else:
             key = (fn, id(case))
@@ -340,7 +396,8 @@ class ValidationRun:
             kout["diagnosis"] = [f.as_dict() for f in diagnose_kernel(results)]
             judged = {m for r in results for m in r.modes} | ({PLAIN} if any(not r.modes for r in results) else set())
             kout["modes"] = {"judged": [m for m in modes if m in judged],
-                             "not_accepted": [m for m in modes if m != PLAIN and m not in kout["accepted_modes"]]}
+                             "not_accepted": [m for m in modes if m != PLAIN and m not in kout["accepted_modes"]]
+                             if kout["family"] == GDN2 else []}
         kernels_out, mesh, only = self.kernels_out, options.mesh, options.only
         return ValidationReport(cases=options.cases, dtypes=list(options.dtypes), seed=options.seed,
                                 only=list(only) if only else None,
@@ -353,16 +410,18 @@ class ValidationRun:
                                 outcome=outcome(kernels_out, interrupted),
                                 grade=report_grade([k["grade"] for k in kernels_out], interrupted),
                                 kernels=kernels_out,
-                                modes=list(modes))
+                                modes=list(modes),
+                                families=[f for f in FAMILIES if f in self.families])
 
 
-def compile_ahead(built, case_list, mesh, workers, program_cache=True):
+def compile_ahead(built, case_list, mesh, workers, program_cache=True, families=None):
     """An :class:`Ahead` over the dense cases' programs of every kernel in the run's order (``workers`` 0, or a
     mesh: none -- each program compiles on its first call), through the program cache unless ``program_cache``
     is false."""
     jobs = [] if workers == 0 or mesh is not None else [
         ((fn, id(case)), functools.partial(case.ahead, fn, program_cache))
-        for case in case_list if case.compiles_ahead for _, fn in built]
+        for case in case_list if case.compiles_ahead for (_, fn), family in zip(built, families or repeat(GDN2))
+        if case_family(case) == family]
     return Ahead(jobs, workers or None)
 
 
@@ -424,9 +483,14 @@ def format_validation(report, *, max_failures=60):
         lines += ["", f"WARNING: {n_prec} case(s) graded PRECISION: over the working-precision tolerance but within "
                       "the precision-loss bound (docs/DESIGN.md §4): the algorithm is right, precision is lost of a "
                       "known kind. Not a failure (exit 0) unless --strict."]
-    mode_lines = [format_modes(k, modes) for k in report.kernels if set(modes) - {PLAIN}]
+    mode_lines = [format_modes(k, modes) for k in report.kernels
+                  if set(modes) - {PLAIN} and k.get("family", GDN2) == GDN2]
     if mode_lines:
         lines += ["", "Call modes (docs/modes.md, docs/serving.md):"] + mode_lines
+    family_lines = [format_family(k) for k in report.kernels
+                    if k.get("family", GDN2) != GDN2 or k.get("other_family_cases")]
+    if family_lines:
+        lines += ["", "Families (docs/DESIGN.md §2, \"Families in FLA\"):"] + family_lines
     notes = [(k["name"], n) for k in report.kernels for n in k["notes"]]
     if notes:
         lines += ["", "Notes:"] + [f"  {name}: {n}" for name, n in notes]
@@ -513,7 +577,8 @@ def kernel_line(k, interrupted):
     n_pass = k["n_cases"] - n_f - n_p - n_in
     if not k["n_cases"]:
         skipped = len(k.get("not_accepted_cases") or [])
-        why = (" before the interrupt" if interrupted else f": {skipped} case(s) of the set need modes it does not "
+        what = "modes" if k.get("family", GDN2) == GDN2 else "flags"
+        why = (" before the interrupt" if interrupted else f": {skipped} case(s) of the set need {what} it does not "
                "accept" if skipped else ": the selection has no case it takes")
         return f"{k['name']}: {INTERRUPTED if interrupted else EMPTY} (no case judged{why})"
     word = k.get("grade", FAIL) if interrupted else ("PASS" if k["passed"] else VERDICT[outcome([k])])
@@ -521,6 +586,21 @@ def kernel_line(k, interrupted):
             f"{f', {n_p} graded PRECISION' if n_p else ''}"
             f"{f', {n_f} FAIL' if n_f else ''}"
             f"{f', {n_in} not judged: input error' if n_in else ''})")
+
+
+def format_family(k):
+    """One line: a kernel's family, the cases of other families (not run on it) and the family cases that set a flag
+    the kernel does not take."""
+    fam = k.get("family", GDN2)
+    line = f"  {k['name']}: family {fam}" + (" (the plain contract)" if fam == GDN2 else " (FLA's signature)")
+    other = k.get("other_family_cases") or []
+    if other:
+        line += f"; {len(other)} case(s) of other families not run"
+    skipped = k.get("not_accepted_cases") or []
+    if fam != GDN2 and skipped:
+        line += (f"; {len(skipped)} case(s) set a flag its signature does not take (not run): "
+                 f"{', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
+    return line
 
 
 def format_modes(k, selected):

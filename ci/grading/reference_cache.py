@@ -59,7 +59,7 @@ MAX_BYTES = 2 * 2**30
 # The modules whose code computes or shapes a cached value (besides the whole oracle package); what they import
 # from the package is added (:func:`source_closure`).
 VALUE_MODULES = ("ci.grading.references", "ci.grading.tolerance", "ci.grading.case", "ci.grading.modes",
-                 "ci.grading.reference_cache", "golden.load")
+                 "ci.grading.families", "ci.grading.reference_cache", "golden.load")
 # Environment variables that change how NumPy's BLAS rounds a float64 product.
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
             "MKL_CBWR")

@@ -79,7 +79,7 @@ class CaseResult:
 
     def to_dict(self):
         """The JSON record: the case's identity, then ``passed, outcome, grade, verdicts, error, diagnosis,
-        seconds`` (``validate/3``'s case keys)."""
+        seconds`` (``validate/4``'s case keys)."""
         return {**self.case, "passed": self.passed, "outcome": self.outcome, "grade": self.grade,
                 "verdicts": self.verdict_dicts(), "error": self.error, "diagnosis": self.diagnosis_dicts(),
                 "seconds": self.seconds}

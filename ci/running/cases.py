@@ -1,8 +1,9 @@
 """A case put to work: ``case.run(kernel, mesh) -> CaseResult``, the running floor's half of the case protocol.
 
 Every case kind the judge has -- :class:`DenseCase` (the plain contract), :class:`CallCase` (a training call in
-its modes), ``serving.ServingCase`` (a serving session) -- has the same small interface: ``name``, ``dtype``,
-``shape``, ``modes``, ``describe()``, ``release()`` and ``run(kernel, mesh=None, *, capture=False, program=None)``
+its modes), :class:`FamilyRunCase` (a KDA or Gated DeltaNet call in FLA's signature), ``serving.ServingCase`` (a
+serving session) -- has the same small interface: ``name``, ``dtype``, ``shape``, ``modes``, ``describe()``,
+``release()`` and ``run(kernel, mesh=None, *, capture=False, program=None)``
 returning a :class:`ci.grading.result.CaseResult`. The oracle's side of a case (data, reference, baselines, the
 judgement) is the grading floor's (``ci/grading/case.py``, ``ci/grading/modes.py``, ``ci/grading/serving.py``); this
 module only runs the kernel on the case's data and hands its results to the case's judge.
@@ -15,9 +16,10 @@ import time
 from gdn2_oracle import oracle
 
 from ..grading.case import Case
+from ..grading.families import FamilyCase
 from ..grading.modes import ModeCase
 from ..grading.result import INPUT_ERROR, CaseResult
-from . import harness, modes
+from . import families, harness, modes
 
 
 class Runs:
@@ -102,3 +104,25 @@ class CallCase(Runs, ModeCase):
             if x is not None and not callable(x):
                 out[name] = x
         return {**out, "do": do, "dfinal_state": dfs}
+
+
+class FamilyRunCase(Runs, FamilyCase):
+    """A family case (:class:`ci.grading.families.FamilyCase`) run through ``families.family_results``: the kernel in
+    FLA's signature with the flags the case sets."""
+
+    def results(self, fn, data, mesh, program):
+        fcall, do, dfs = data
+        families.check_representable(fcall, self.dtype)
+        return families.family_results(fn, fcall, do, dfs, dtype=self.dtype, flags=self.flags)
+
+    def graded(self, fn, got):
+        return self.judge(got)
+
+    def exact(self, fn):
+        return self.reference()
+
+    @staticmethod
+    def inputs(fcall, do, dfs):
+        """The arrays of a family call (q, k, v, g, beta, h0) and its cotangents."""
+        h0 = {} if fcall.initial_state is None else {"h0": fcall.initial_state}
+        return {**families.inputs(fcall), **h0, "do": do, "dfinal_state": dfs}

@@ -11,13 +11,15 @@ from gdn2_oracle.ci.commands import bench, domain, validate
 CHANGES = {
     # /2 added modes (per kernel accepted_modes, modes, not_accepted_cases); /3 only new values: the grades EMPTY
     # and INTERRUPTED, the outcome "empty"
-    "gdn2-oracle/validate/3": {"added": set(), "added per kernel": set(),
-                               "values": {"grade": {"EMPTY", "INTERRUPTED"}, "outcome": {"empty"}}},
+    # /4 added families (the run's kernels' families) and per kernel family, other_family_cases; a family case's
+    # record has a dense case's keys and "family"
+    "gdn2-oracle/validate/4": {"added": {"families"}, "added per kernel": {"family", "other_family_cases"}},
     "gdn2-oracle/domain/3": {"added": {"modes", "not_accepted_modes"}},  # /2 added interrupted
 }
 VALIDATE = {"schema", "command", "cases", "dtypes", "seed", "only", "mesh", "environment", "n_cases", "seconds",
-            "passed", "interrupted", "outcome", "grade", "kernels", "modes"}
-VALIDATE_KERNEL = {"name", "spec", "options", "source", "notes", "cases", "accepted_modes", "not_accepted_cases",
+            "passed", "interrupted", "outcome", "grade", "kernels", "modes", "families"}
+VALIDATE_KERNEL = {"name", "spec", "options", "source", "notes", "cases", "family", "accepted_modes",
+                   "not_accepted_cases", "other_family_cases",
                    "passed", "n_cases", "n_failed", "n_input_errors", "n_precision", "grade", "summary", "diagnosis",
                    "modes"}
 VALIDATE_CASE = {"case", "source", "dtype", "shape", "passed", "outcome", "grade", "verdicts", "error", "diagnosis",

@@ -1,0 +1,162 @@
+"""Family kernels: KDA and Gated DeltaNet in FLA's signature, run with their VJP (docs/DESIGN.md §2, "Families in
+FLA"; §4, "Family kernels").
+
+A family kernel is called like FLA's ``chunk_kda`` / ``chunk_gated_delta_rule``::
+
+    o, final_state = fn(q, k, v, g, beta, scale=..., initial_state=h0, output_final_state=True, [flags])
+
+``q, k: [B, T, H, K]``, ``v: [B, T, HV, V]``, ``beta: [B, T, HV]``, ``g: [B, T, HV, K]`` (kda) or ``[B, T, HV]``
+(gdn), ``h0`` and the final state ``[B, HV, K, V]`` float32, ``o: [B, T, HV, V]`` in v's dtype; the flags
+(``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``) are passed only when a case
+sets them, so a kernel that does not take one is not judged on the cases that need it (:func:`takes_flags`).
+
+Which family a kernel is (:func:`kernel_family`): the ``family`` spec option, else the kernel's ``family``
+attribute (through partials and wrappers), else its signature: a kernel whose signature names ``beta`` and neither
+``b`` nor ``w`` is a family kernel whose family must be given (``[family=gdn]`` or ``[family=kda]``: a name is no
+proof of the parametrisation, so it is never guessed); any other kernel is ``gdn2``, the plain contract.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+from gdn2_oracle.kernels import spec as spec_lib
+from gdn2_oracle.kernels.spec import KernelSpec, accepts_keywords, keyword_names
+from gdn2_oracle.oracle import families
+
+from ..grading.families import FAMILY_RESULTS, GDN2
+from . import harness
+from .per_kernel import per_kernel
+
+FAMILY_OPTION = "family"
+# FLA's keywords a family case may set (oracle.family_recipes.FamilyRecipe.flags).
+FLAGS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval")
+
+
+def _attribute(fn):
+    """The ``family`` attribute of ``fn`` or of what it wraps (partials, ``__wrapped__``); None if none."""
+    seen = set()
+    while fn is not None and id(fn) not in seen:
+        seen.add(id(fn))
+        fam = getattr(fn, FAMILY_OPTION, None)
+        if isinstance(fam, str):
+            return fam
+        fn = fn.func if isinstance(fn, functools.partial) else getattr(fn, "__wrapped__", None)
+    return None
+
+
+def beta_signature(fn):
+    """Whether ``fn``'s signature is a family kernel's: it names ``beta`` and neither ``b`` nor ``w``."""
+    found = keyword_names(fn)
+    return found is not None and "beta" in found[0] and not {"b", "w"} & found[0]
+
+
+def kernel_family(fn, option=None, *, label=None):
+    """The family of kernel ``fn``: ``option`` (the spec's ``family``), else its ``family`` attribute, else
+    ``gdn2`` unless its signature is a family kernel's (:func:`beta_signature`), which is a ValueError naming
+    ``family``. ``label``: the kernel's name in the message."""
+    fam = option if option is not None else _attribute(fn)
+    if fam is not None:
+        if fam not in families.FAMILIES:
+            raise ValueError(f"family: {fam!r} not one of {tuple(families.FAMILIES)}")
+        return fam
+    if beta_signature(fn):
+        name = label or getattr(fn, "__name__", type(fn).__name__)
+        raise ValueError(f"family: kernel {name!r} takes beta (FLA's KDA / Gated DeltaNet signature) but says not "
+                         f"which family it is: give the spec option family=kda or family=gdn (e.g. "
+                         f"'module:fn[family=gdn]') or set fn.family")
+    return GDN2
+
+
+def spec_family(spec: KernelSpec):
+    """``(spec to build, family option)``: the ``family`` option taken out of the spec, unless the kernel's factory
+    (a registered name) declares a ``family`` parameter itself, where it stays to build the kernel."""
+    fam = spec.options.get(FAMILY_OPTION)
+    if fam is None:
+        return spec, None
+    if ":" not in spec.name:
+        found = keyword_names(spec_lib.factory(spec.name))
+        if found is not None and FAMILY_OPTION in found[0]:
+            return spec, fam
+    rest = {k: v for k, v in spec.options.items() if k != FAMILY_OPTION}
+    return KernelSpec(spec.spec, spec.name, rest), fam
+
+
+def takes_flags(fn, flags):
+    """Whether ``fn`` can be called with FLA's keywords ``flags`` (its signature names them, or ``**kwargs``)."""
+    return accepts_keywords(fn, tuple(flags), unknown=True)
+
+
+def accepted_flags(fn):
+    """The flags of :data:`FLAGS` kernel ``fn`` accepts."""
+    return [f for f in FLAGS if takes_flags(fn, (f,))]
+
+
+def check_results(out, q, v, o_dtype=None):
+    """``harness.ContractError`` unless ``out`` is ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype (or the
+    kernel's ``o_dtype``), the final state ``[B, HV, K, V]`` float32 (``harness.check_results`` with the value
+    heads: its shapes are v's heads)."""
+    B, T, H, K = q.shape
+    HV = v.shape[2]
+    harness.check_results(out, _Shape((B, T, HV, K)), v, o_dtype)
+
+
+class _Shape:
+    """Something with ``q``'s shape as :func:`harness.check_results` reads it (the value heads in place of H)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+
+@per_kernel
+def runner(fn):
+    """A jitted ``(inputs, h0, do, dfs, scale, flags) -> results`` for kernel ``fn``: ``jax.vjp`` of the family
+    call w.r.t. ``q, k, v, g, beta, initial_state``; a result that breaks the contract raises ContractError while
+    tracing."""
+
+    def run(inputs, h0, do, dfs, scale, flags):
+        def call(q, k, v, g, beta, h0):
+            out = fn(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True, **dict(flags))
+            check_results(out, q, v, getattr(fn, "o_dtype", None))
+            return tuple(out)
+
+        (o, S), pullback = jax.vjp(call, *inputs, h0)
+        return (o, S) + tuple(pullback((do.astype(o.dtype), dfs)))
+
+    return jax.jit(run, static_argnames=("scale", "flags"))
+
+
+def inputs(fcall: families.FamilyCall):
+    """The family call's per-token inputs by name (q, k, v, g, beta) as passed to the kernel."""
+    return {n: getattr(fcall, n) for n in ("q", "k", "v", "g", "beta")}
+
+
+def check_representable(fcall: families.FamilyCall, dtype):
+    """ValueError if the call's inputs are not exactly representable in ``dtype``."""
+    jdt = harness.check_dtype(dtype)
+    for name, x in inputs(fcall).items():
+        if not np.array_equal(harness.host_cast(x, jdt).astype(np.float64), x):
+            raise ValueError(f"{name}: values are not exactly representable in {dtype}")
+
+
+def family_results(fn, fcall: families.FamilyCall, do, dfinal_state, *, dtype="float32", flags=()):
+    """``{name: np.ndarray}`` over ``o, final_state, dq, dk, dv, dg, dbeta, dh0``, in the dtypes the kernel returned,
+    of kernel ``fn`` on the family call (``flags``: FLA's keywords passed as True). Runs without a mesh."""
+    jdt = harness.check_dtype(dtype)
+    B, _, _, HV, K, V = fcall.shape
+    h0 = np.zeros((B, HV, K, V)) if fcall.initial_state is None else fcall.initial_state
+    xs = tuple(harness.to_device(x, jdt) for x in inputs(fcall).values())
+    args = (xs, harness.to_device(h0, np.float32), harness.to_device(do, jdt),
+            harness.to_device(dfinal_state, np.float32))
+    try:
+        with harness.quiet_callback_failures(), harness.guarded():
+            out = jax.block_until_ready(runner(fn)(*args, fcall.scale, tuple(sorted((f, True) for f in flags))))
+    except Exception as exc:
+        line = harness.host_callback_error(exc)
+        if line is None:
+            raise
+        raise harness.KernelError(line) from None
+    return {name: np.asarray(x) for name, x in zip(FAMILY_RESULTS, out)}

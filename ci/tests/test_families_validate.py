@@ -1,0 +1,236 @@
+"""``validate`` judges KDA and Gated DeltaNet kernels in FLA's signature (ci/grading/families.py,
+ci/running/families.py; docs/DESIGN.md §4, "Family kernels"): a correct token-by-token kernel of each family passes the
+quick set, each small mutant here fails it, a kernel is judged only on its family's cases, and a kernel in FLA's
+signature that does not say its family is a usage error.
+
+The kernels are written here in plain jax.numpy (a ``lax.scan`` over tokens, FLA's signature and flags) so that the
+judge is tested against nothing of kernels/.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gdn2_oracle import oracle
+from gdn2_oracle.ci.commands import validate
+from gdn2_oracle.ci.grading import families as grading
+from gdn2_oracle.ci.grading import tolerance
+from gdn2_oracle.ci.grading.grades import FAIL, PASS
+from gdn2_oracle.ci.running import families as running
+from gdn2_oracle.ci.running.cases import FamilyRunCase
+from gdn2_oracle.oracle import families, family_recipes, recurrence
+
+HERE = __name__  # the CLI resolves "module:attr" specs of this module by this name
+
+
+def family_kernel(family, mutant=None):
+    """A kernel of ``family`` in FLA's signature, token by token in float32; ``mutant``: ``beta_write_only`` (beta
+    scales the write, not the erase), ``gva_mod`` (value head ``hv`` reads key head ``hv % H``), ``no_neg_eigval``
+    (beta = sigmoid(logits) with allow_neg_eigval too)."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+               use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
+        B, T, H, K = q.shape
+        HV, V = v.shape[2:]
+        f32 = jnp.float32
+        q, k, v, g, beta = (x.astype(f32) for x in (q, k, v, g, beta))
+        if use_qk_l2norm_in_kernel:
+            q, k = (x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-6) for x in (q, k))
+        if use_beta_sigmoid_in_kernel:
+            beta = (2.0 if allow_neg_eigval and mutant != "no_neg_eigval" else 1.0) * jax.nn.sigmoid(beta)
+        heads = np.arange(HV) % H if mutant == "gva_mod" else np.arange(HV) // (HV // H)
+        q, k = q[:, :, heads], k[:, :, heads]
+        if family == "gdn":
+            g = jnp.broadcast_to(g[..., None], (B, T, HV, K))
+        scale = K ** -0.5 if scale is None else scale
+        S0 = jnp.zeros((B, HV, K, V), f32) if initial_state is None else initial_state.astype(f32)
+
+        def step(S, x):
+            qt, kt, vt, gt, bt = x
+            S = S * jnp.exp(gt)[..., None]
+            r = jnp.einsum("bhkv,bhk->bhv", S, kt)
+            u = bt[..., None] * vt - r if mutant == "beta_write_only" else bt[..., None] * (vt - r)
+            S = S + kt[..., :, None] * u[..., None, :]
+            return S, scale * jnp.einsum("bhkv,bhk->bhv", S, qt)
+
+        S, o = jax.lax.scan(step, S0, tuple(jnp.swapaxes(x, 0, 1) for x in (q, k, v, g, beta)))
+        return jnp.swapaxes(o, 0, 1).astype(v.dtype), (S if output_final_state else None)
+
+    kernel.__name__ = f"{family}_{mutant or 'correct'}"
+    return kernel
+
+
+gdn_correct = family_kernel("gdn")
+kda_correct = family_kernel("kda")
+gdn_beta_write_only = family_kernel("gdn", "beta_write_only")
+kda_gva_mod = family_kernel("kda", "gva_mod")
+gdn_no_neg_eigval = family_kernel("gdn", "no_neg_eigval")
+
+
+def plain_beta_kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    return None
+
+
+def minimal_gdn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    """A GDN kernel that takes no flag: the cases setting one are not run on it."""
+    return gdn_correct(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state)
+
+
+# --- which family a kernel is ---------------------------------------------------------------------------------
+
+
+def test_kernel_family_from_option_attribute_and_signature():
+    assert running.kernel_family(gdn_correct, "gdn") == "gdn"
+    assert running.kernel_family(jax.jit(kda_correct), "kda") == "kda"
+
+    def gdn2(q, k, v, g, b, w, *, scale=None, initial_state=None):
+        return None
+
+    assert running.kernel_family(gdn2) == "gdn2"
+    assert running.kernel_family(lambda *a, **kw: None) == "gdn2"  # no beta in the signature: the plain contract
+
+    def tagged(*a, **kw):
+        return None
+
+    tagged.family = "kda"
+    import functools
+
+    assert running.kernel_family(functools.partial(tagged, x=1)) == "kda"  # through a partial
+    assert running.kernel_family(tagged, "gdn") == "gdn"  # the option wins
+    with pytest.raises(ValueError, match="family=kda or family=gdn"):
+        running.kernel_family(plain_beta_kernel)
+    with pytest.raises(ValueError, match="family: 'gla'"):
+        running.kernel_family(gdn_correct, "gla")
+
+
+def test_a_beta_kernel_without_a_family_is_a_usage_error(cli):
+    code, out, err = cli("validate", "--kernel", f"{HERE}:plain_beta_kernel", "--cases", "quick", "--dtype",
+                         "float32", "--no-progress")
+    assert code == 2
+    assert "family=kda or family=gdn" in err and "plain_beta_kernel" in err
+
+
+# --- the judge --------------------------------------------------------------------------------------------------
+
+
+def test_reference_is_the_family_oracle_bit_for_bit_with_envelopes():
+    for name in ("kda_gva2_mixed_logits", "gdn_gva4_strong_neg_eigval", "gdn_gva2_l2norm_h0"):
+        fcall, do, dfs = family_recipes.get(name).build()
+        ref, env = grading.reference_and_envelopes(fcall, do, dfs)
+        want = grading.named(*families.forward_and_vjp(fcall, do, dfs, np.float64))
+        for n in grading.FAMILY_RESULTS:
+            assert np.array_equal(ref[n], want[n]), (name, n)
+        assert env["dg"].shape == ref["dg"].shape and np.all(env["dg"] >= 0)
+    # without grouped value heads, KDA's envelope is the dense one (tolerance.envelope) of its GDN-2 problem
+    fcall, do, dfs = family_recipes.FamilyRecipe("kda", 1, 20, 2, 2, 8, 8, decay="strong", seed=3).build()
+    problem = fcall.to_gdn2()
+    dense = oracle.named_results(*recurrence.forward_and_vjp(problem, do, dfs, np.float64))
+    _, env = grading.reference_and_envelopes(fcall, do, dfs)
+    assert np.array_equal(env["dg"], tolerance.envelope("dg", problem, dense))
+    gdn = family_recipes.FamilyRecipe("gdn", 1, 20, 2, 2, 8, 8, decay="strong", seed=3).build()
+    _, env_gdn = grading.reference_and_envelopes(*gdn)
+    assert np.allclose(env_gdn["dg"], np.sum(tolerance.envelope("dg", gdn[0].to_gdn2(), oracle.named_results(
+        *recurrence.forward_and_vjp(gdn[0].to_gdn2(), *gdn[1:], np.float64))), axis=-1))
+
+
+def test_recipes_rebuild_bit_for_bit_and_cover_the_regimes():
+    recipes = [family_recipes.get(n) for n in family_recipes.names("quick")]
+    for r in recipes:
+        (a, do1, dfs1), (b, do2, dfs2) = r.build(), r.build()
+        for n in ("q", "k", "v", "g", "beta"):
+            assert np.array_equal(getattr(a, n), getattr(b, n))
+        assert np.array_equal(do1, do2) and np.array_equal(dfs1, dfs2)
+    for fam in families.MAPPED:
+        mine = [r for r in recipes if r.family == fam]
+        assert {r.HV // r.H for r in mine} == {2, 4} and min(r.H for r in mine) >= 2
+        assert {"weak", "resets", "mixed"} <= {r.decay for r in mine}
+        assert {"small", "near_one", "near_two", "logits"} <= {r.beta for r in mine}
+        assert any(r.neg_eigval for r in mine) and any(r.qk_l2norm for r in mine)
+    with pytest.raises(ValueError, match="neg_eigval"):
+        family_recipes.FamilyRecipe("gdn", 1, 4, 1, 1, 4, 4, neg_eigval=True)
+
+
+@pytest.mark.parametrize("name,kernel,grade", [
+    ("gdn_gva2_moderate_h0", gdn_correct, PASS),
+    ("gdn_gva2_moderate_h0", gdn_beta_write_only, FAIL),
+    ("kda_gva4_weak_beta_one", kda_gva_mod, FAIL),
+    ("gdn_gva4_strong_neg_eigval", gdn_no_neg_eigval, FAIL),
+])
+def test_the_case_grades_a_kernel(name, kernel, grade):
+    case = FamilyRunCase.named(name)
+    result = case.run(kernel)
+    assert result.grade == grade, [v.as_dict() for v in result.verdicts]
+    assert case.describe()["family"] == name.split("_")[0]
+
+
+def test_a_result_breaking_the_contract_is_an_error():
+    def wrong_state(q, k, v, g, beta, **kw):
+        o, S = gdn_correct(q, k, v, g, beta, **kw)
+        return o, S.astype(jnp.bfloat16)
+
+    result = FamilyRunCase.named("gdn_gva2_moderate_h0").run(wrong_state)
+    assert result.outcome == "error" and "final_state of dtype bfloat16" in result.error
+
+
+# --- validate ----------------------------------------------------------------------------------------------------
+
+
+def run_validate(cli, tmp_path, *kernels, dtype="float32"):
+    path = tmp_path / "v.json"
+    argv = ["validate", "--cases", "quick", "--dtype", dtype, "--no-progress", "--json", path]
+    for k in kernels:
+        argv += ["--kernel", k]
+    code, out, _ = cli(*argv)
+    return code, out, json.loads(path.read_text())
+
+
+def test_correct_family_kernels_pass_the_quick_set(cli, tmp_path):
+    code, out, report = run_validate(cli, tmp_path, f"{HERE}:gdn_correct[family=gdn]",
+                                     f"{HERE}:kda_correct[family=kda,output_final_state=True]")
+    assert code == 0, out
+    assert report["families"] == ["kda", "gdn"]
+    gdn, kda = report["kernels"]
+    assert (gdn["family"], kda["family"]) == ("gdn", "kda")
+    n = len(family_recipes.names("quick")) // 2
+    assert gdn["n_cases"] == kda["n_cases"] == n and gdn["passed"] and kda["passed"]
+    assert {c["case"] for c in gdn["cases"]} == {x for x in family_recipes.names("quick") if x.startswith("gdn_")}
+    assert len(gdn["other_family_cases"]) == n and not gdn["not_accepted_cases"]
+    case = gdn["cases"][0]
+    assert case["family"] == "gdn" and {v["name"] for v in case["verdicts"]} == set(grading.FAMILY_RESULTS)
+    assert set(case) - {"regime"} == {"case", "source", "dtype", "shape", "family", "passed", "outcome", "grade",
+                                      "verdicts", "error", "diagnosis", "seconds"}  # a dense case's keys + family
+    assert "family gdn (FLA's signature)" in out
+
+
+@pytest.mark.parametrize("kernel,bad", [
+    ("gdn_beta_write_only[family=gdn]", None),
+    ("kda_gva_mod[family=kda]", None),
+    ("gdn_no_neg_eigval[family=gdn]", {"gdn_gva4_strong_neg_eigval"}),
+])
+def test_wrong_family_kernels_fail(cli, tmp_path, kernel, bad):
+    code, out, report = run_validate(cli, tmp_path, f"{HERE}:{kernel}")
+    assert code == 1, out
+    [k] = report["kernels"]
+    failed = {c["case"] for c in k["cases"] if c["grade"] == FAIL}
+    assert failed and (bad is None or failed == bad), failed
+
+
+def test_kernels_are_judged_only_on_their_family(cli, tmp_path):
+    code, out, report = run_validate(cli, tmp_path, "gdn2_oracle.kernels.testing:correct",
+                                     f"{HERE}:minimal_gdn[family=gdn]")
+    assert code == 0, out
+    assert report["families"] == ["gdn2", "gdn"]
+    gdn2, gdn = report["kernels"]
+    assert gdn2["family"] == "gdn2" and not any("family" in c for c in gdn2["cases"])
+    assert set(gdn2["other_family_cases"]) == {n for n in family_recipes.names("quick") if n.startswith("gdn_")}
+    assert {c["case"] for c in gdn2["cases"]}.isdisjoint(gdn2["other_family_cases"])
+    # the flag-free kernel is not run on the cases that set a flag
+    flagged = {n for n in family_recipes.names("quick") if n.startswith("gdn_") and family_recipes.get(n).flags()}
+    assert set(gdn["not_accepted_cases"]) == flagged and flagged
+    assert not any(validate.case_family(c) != "gdn2" for c in validate.build_cases("quick", ("float32",)))
