@@ -20,7 +20,8 @@ What is checked, and what is not:
   an optional extra), and so are ``--distributed`` ones (ci/tests/test_multihost.py runs that option with
   two processes as two hosts) and those with an environment other than ``PYTHONPATH`` (``XLA_FLAGS`` must
   be set before JAX starts; ci/tests/test_mesh.py runs the 8-device mesh commands). The docs' placeholder
-  ``mypkg.gdn:kernel`` is provided as a module wrapping our pairwise kernel, in the working directory (for
+  ``mypkg.gdn:kernel`` is provided as a module wrapping our pairwise kernel (and ``chunk_gated_delta_rule``, our
+  ``gdn-factorized``, for the family example), in the working directory (for
   ``PYTHONPATH=.``) and on ``sys.path``.
 * ``make X``: ``X`` is a target of the Makefile and ``make -n X`` (a dry run, with the command's
   environment) succeeds; the targets themselves are what CI runs.
@@ -172,8 +173,9 @@ def user_pkg(tmp_path_factory):
     (root / "mypkg").mkdir()
     (root / "mypkg" / "__init__.py").write_text("")
     (root / "mypkg" / "gdn.py").write_text(
-        '"""A user\'s kernel module (README placeholder): our pairwise kernel."""\n'
-        "from gdn2_oracle import kernels\n\nkernel = kernels.get('pairwise')\n")
+        '"""A user\'s kernel module (README placeholders): our pairwise kernel, a Gated DeltaNet kernel."""\n'
+        "from gdn2_oracle import kernels\n\nkernel = kernels.get('pairwise')\n"
+        "chunk_gated_delta_rule = kernels.get('gdn-factorized')\n")
     (root / "mypkg" / "gdn_torch.py").write_text(
         '"""A user\'s PyTorch kernels (README placeholders): FLA\'s signature and a remapped one."""\n'
         "from gdn2_oracle.kernels.testing_torch import head_major_base2 as head_major\n"
@@ -250,11 +252,14 @@ def _runnable(command):
 
 def _first_case(argv):
     """The case a validate command is capped to: ``len_1``, or with ``--modes`` lacking ``dense`` the first case
-    of its set and modes."""
+    of its set and modes, or for a family kernel (``[family=...]``) the first case of its family."""
     modes = argv[argv.index("--modes") + 1] if "--modes" in argv else "dense"
+    kind = argv[argv.index("--cases") + 1] if "--cases" in argv else "quick"
+    families = [KernelSpec.parse(a).options.get("family") for a in argv if "family=" in a]
+    if families:
+        return validate.build_cases(kind, ("float32",), families=families)[0].name
     if "dense" in modes.split(","):
         return "len_1"
-    kind = argv[argv.index("--cases") + 1] if "--cases" in argv else "quick"
     return validate.build_cases(kind, ("float32",), modes=validate.modes_arg(modes))[0].name
 
 
