@@ -17,7 +17,8 @@ The map onto GDN-2, in JAX before our chunked core (so ``jax.vjp`` gives the fam
 through it, the core keeping its hand-written backward): ``q, k`` L2-normalised when asked (kernels/modes.py's
 ``l2norm``: FLA's eps inside the square root) and repeated to the value heads (``jnp.repeat(x, G, axis=2)``);
 ``beta`` through ``s * sigmoid`` (``s = 2`` with ``allow_neg_eigval``) when ``use_beta_sigmoid_in_kernel``;
-``g`` through the in-kernel gate when asked (kernels/modes.py's ``gate``; GDN's on the ``[B, T, HV, 1]`` view);
+``g`` through the in-kernel gate when asked (kernels/modes.py's ``gated_log_decay``; GDN's on the
+``[B, T, HV, 1]`` view);
 GDN's scalar log-decay broadcast over K; ``b = beta 1_K``, ``w = beta 1_V``. Each step is a method of
 :class:`FamilyKernel`, so a deliberately wrong kernel (kernels/testing_families.py) overrides exactly one.
 
@@ -35,8 +36,7 @@ import numpy as np
 
 from . import kernel as gdn2
 from .contract import ACC_DTYPE, CHUNK_SIZE, INPUT_DTYPES, STATE_DTYPE
-from .modes import gate as kda_gate
-from .modes import l2norm
+from .modes import gated_log_decay, l2norm
 
 FAMILIES = ("gdn", "kda")
 FLAGS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
@@ -189,8 +189,8 @@ class FamilyKernel:
         if not use_gate:
             return g
         if self.family == "kda":
-            return kda_gate(g, A_log, dt_bias, lower_bound)
-        return kda_gate(g[..., None], A_log, dt_bias, None)[..., 0]  # dt_bias [HV] = [HV * 1]
+            return gated_log_decay(g, A_log, dt_bias, lower_bound)
+        return gated_log_decay(g[..., None], A_log, dt_bias, None)[..., 0]  # dt_bias [HV] = [HV * 1]
 
     def gates(self, beta, K, V):
         """GDN-2's erase and write gates from the per-head ``beta [B, T, HV]``: ``b = beta 1_K``, ``w = beta 1_V``."""

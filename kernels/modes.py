@@ -66,7 +66,7 @@ def l2norm(x):
     return x * (1.0 / jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + L2NORM_EPS))
 
 
-def gate(g, A_log, dt_bias, lower_bound):
+def gated_log_decay(g, A_log, dt_bias, lower_bound):
     """FLA's in-kernel gate on the raw ``g [B, T, H, K]``, in float32 (module docstring)."""
     H, K = g.shape[-2:]
     x = g.astype(ACC_DTYPE)
@@ -103,7 +103,7 @@ def _run(cfg, spec, q, k, v, g, b, w, h0, A_log, dt_bias, cu, chunk_starts):
     if spec.l2norm:
         q, k = l2norm(q), l2norm(k)
     if spec.gate:
-        g = gate(g, A_log, dt_bias, spec.lower_bound)
+        g = gated_log_decay(g, A_log, dt_bias, spec.lower_bound)
     if spec.state_v_first:
         h0 = _swap(h0)
     if cu is None:

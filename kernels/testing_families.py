@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from .contract import ACC_DTYPE, MATMUL_PRECISION, floor_log_decay
 from .families import FamilyKernel
 from .kernel import pairwise
-from .modes import gate as kda_gate
+from .modes import gated_log_decay
 
 _CORE = pairwise(chunk_size=16)
 
@@ -66,8 +66,9 @@ class DtBiasAfterSoftplus(FamilyKernel):
         if not use_gate or dt_bias is None or lower_bound is not None:
             return super().log_decay(g, A_log, dt_bias, lower_bound, use_gate)
         bias = dt_bias.astype(ACC_DTYPE).reshape(g.shape[2:])
-        return kda_gate(g[..., None] if self.family == "gdn" else g, A_log, None, None).reshape(g.shape) - jnp.exp(
-            A_log.astype(ACC_DTYPE)).reshape((-1,) + (1,) * (g.ndim - 3)) * bias
+        softplus_part = gated_log_decay(g[..., None] if self.family == "gdn" else g, A_log, None, None)
+        rate = jnp.exp(A_log.astype(ACC_DTYPE)).reshape((-1,) + (1,) * (g.ndim - 3))
+        return softplus_part.reshape(g.shape) - rate * bias
 
 
 class SigmoidTwice(FamilyKernel):
