@@ -234,3 +234,13 @@ def test_kernels_are_judged_only_on_their_family(cli, tmp_path):
     flagged = {n for n in family_recipes.names("quick") if n.startswith("gdn_") and family_recipes.get(n).flags()}
     assert set(gdn["not_accepted_cases"]) == flagged and flagged
     assert not any(validate.case_family(c) != "gdn2" for c in validate.build_cases("quick", ("float32",)))
+
+
+@pytest.mark.parametrize("kernel", ["gdn_read_before_decay", "kda_sigmoid_twice"])
+def test_the_suites_family_mutants_fail_validate(cli, tmp_path, kernel):
+    """Two of the suite's own family mutants (kernels/testing_families.py; their family is their attribute, so the
+    spec needs no option): the erase read taken before the decay, and beta's sigmoid applied twice."""
+    code, out, report = run_validate(cli, tmp_path, f"gdn2_oracle.kernels.testing_families:{kernel}")
+    assert code == 1, out
+    [k] = report["kernels"]
+    assert k["family"] == kernel.split("_")[0] and k["n_failed"] >= 1, k["n_failed"]
