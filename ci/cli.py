@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from gdn2_oracle.golden.processes import TERMINATED, signal_status, signalled, terminate_as_interrupt
+from gdn2_oracle.golden.processes import TERMINATED, is_interrupt, signal_status, signalled, terminate_as_interrupt
 
 from .commands.output import EXIT, PROG, UsageError
 from .grading.grades import INTERRUPTED
@@ -221,7 +221,9 @@ def _main(argv):
             msg = f"{PROG}: error: {msg}"
         print(msg, file=sys.stderr)
         return EXIT["usage"]
-    except KeyboardInterrupt:  # before the command's own interrupt handling (start-up) or after it
+    except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - only a signal's interrupt (else re-raised)
+        if not is_interrupt(exc):  # before the command's own interrupt handling (start-up) or after it
+            raise
         written = _report_interrupt(args or _raw_args(argv), started)
         print(f"{PROG}: interrupted{'' if written is None else f'; nothing judged ({written} marked interrupted)'}",
               file=sys.stderr)

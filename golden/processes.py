@@ -112,8 +112,17 @@ def by_signal():
 
 
 def exit_status(exc):
-    """The exit status of an interrupt: 143 for SIGTERM, 130 for Ctrl-C."""
-    return TERMINATED if isinstance(exc, Terminated) else INTERRUPTED
+    """The exit status of an interrupt: 143 for SIGTERM, 130 for Ctrl-C (an interrupt's echo: the signal recorded)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return TERMINATED if isinstance(exc, Terminated) else INTERRUPTED
+    return signal_status(signalled()) if signalled() is not None else INTERRUPTED
+
+
+def is_interrupt(exc):
+    """Whether ``exc`` ends a run as a signal's interrupt: a KeyboardInterrupt, or an exception raised after a recorded
+    signal (its KeyboardInterrupt struck library internals -- an mpmath C call, an executor starting its thread --
+    and came out as a SystemError or RuntimeError)."""
+    return isinstance(exc, KeyboardInterrupt) or (isinstance(exc, Exception) and signalled() is not None)
 
 
 def signal_status(signum):

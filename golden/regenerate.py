@@ -56,7 +56,7 @@ from .load import (
     read_manifest,
     sha256,
 )
-from .processes import default_jobs, exit_status, terminate_as_interrupt, terminate_workers
+from .processes import default_jobs, exit_status, is_interrupt, terminate_as_interrupt, terminate_workers
 from .progress import Progress
 
 PROG = "gdn2-oracle golden regenerate"
@@ -370,7 +370,9 @@ def regenerate(names, *, root: Path, jobs=1, force=False, prune=False, out=None)
             # after every case: an interrupted run keeps its work
             manifest = update_manifest(manifest_path, add, fresh_if_corrupt=force)
             fresh[name] = entry
-    except KeyboardInterrupt as exc:
+    except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - only a signal's interrupt (else re-raised)
+        if not is_interrupt(exc):
+            raise
         print(f"{PROG}: interrupted; {len(fresh)} of {len(todo)} case(s) were finished and written "
               f"(files and manifest entries): {', '.join(fresh) or 'none'}", file=sys.stderr)
         return exit_status(exc)
@@ -390,7 +392,9 @@ def check(names, *, root: Path, jobs=1, full=False, out=None) -> int:
     problems = []
     try:
         return _check(names, manifest, problems, data_dir=data_dir, jobs=jobs, full=full, out=out)
-    except KeyboardInterrupt as exc:
+    except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - only a signal's interrupt (else re-raised)
+        if not is_interrupt(exc):
+            raise
         for p in problems:
             print(f"DIFFERENCE {p}", file=out)
         print(f"{PROG.replace('regenerate', 'check')}: interrupted; {len(problems)} difference(s) found "
@@ -506,7 +510,9 @@ def main(argv=None, prog=PROG) -> int:
     except OSError as exc:  # an unwritable or unreadable corpus directory
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as exc:
+    except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - only a signal's interrupt (else re-raised)
+        if not is_interrupt(exc):
+            raise
         print(f"{prog}: interrupted", file=sys.stderr)
         return exit_status(exc)
 

@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gdn2_oracle.golden.processes import signalled
+from gdn2_oracle.golden.processes import is_interrupt, signalled
 
 from ..running.watchdog import Watchdog
 from .output import UsageError, progress, stop_run
@@ -73,7 +73,9 @@ class RunLoop:
                 entered = [stack.enter_context(c) for c in contexts]
                 self._dog = stack.enter_context(Watchdog(self.case_timeout, self._stop))
                 work(*entered)
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as KeyboardInterrupt: report what was finished
+        except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - only a signal's interrupt (else re-raised)
+            if not is_interrupt(exc):  # Ctrl-C, SIGTERM, or their echo in library internals: report what was finished
+                raise
             self.interrupted = True
         return self.finish()
 
