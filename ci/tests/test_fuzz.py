@@ -242,7 +242,12 @@ def argvs(sandbox):
 @given(data=st.data())
 def test_fuzzed_command_lines_exit_with_a_documented_status_and_a_message(sandbox, no_heavy_work, capsys, data):
     argv = data.draw(argvs(sandbox), label="argv")
-    code = cli.main(argv)  # any exception escaping here fails the test
+    here = os.getcwd()
+    os.chdir(sandbox)  # a junk relative path (an --out, a --json) lands in the sandbox, never in the working tree
+    try:
+        code = cli.main(argv)  # any exception escaping here fails the test
+    finally:
+        os.chdir(here)
     out, err = capsys.readouterr()
     event(f"{argv[0]} exit {code}")
     assert code in set(EXIT.values()) - {EXIT["interrupted"]}, (argv, code, out, err)  # documented, no interrupt
