@@ -36,7 +36,7 @@ import numpy as np
 
 from . import kernel as gdn2
 from .contract import ACC_DTYPE, CHUNK_SIZE, INPUT_DTYPES, STATE_DTYPE
-from .modes import gated_log_decay, l2norm
+from .modes import check_gate_param, check_lower_bound, gated_log_decay, l2norm
 
 FAMILIES = ("gdn", "kda")
 FLAGS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
@@ -111,21 +111,8 @@ def _check_gate(family, use_gate, A_log, dt_bias, lower_bound, HV, K):
                                                                              if family == "kda" else ""))
     shapes = dict(A_log=(HV,), dt_bias=(HV * K,) if family == "kda" else (HV,))
     for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
-        if x is None:
-            continue
-        if not hasattr(x, "shape") or tuple(x.shape) != shapes[name]:
-            raise ValueError(f"{name}: shape {tuple(getattr(x, 'shape', ()))} != {shapes[name]} ({family})")
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{name}: dtype {x.dtype} is not floating-point")
-    if lower_bound is None:
-        return None
-    try:
-        lb = float(lower_bound)
-    except (TypeError, ValueError):
-        raise ValueError(f"lower_bound: expected a real number, got {lower_bound!r}") from None
-    if not (np.isfinite(lb) and lb < 0):
-        raise ValueError(f"lower_bound: must be finite and < 0 (a bound on the log-decay), got {lb}")
-    return lb
+        check_gate_param(name, x, shapes[name], f" ({family})")
+    return check_lower_bound(lower_bound)
 
 
 def check_family_values(use_gate, **arrays):

@@ -158,14 +158,24 @@ def check_gate(use_gate, A_log, dt_bias, lower_bound, H, K):
     if A_log is None and lower_bound is None:
         raise ValueError("A_log: required with use_gate_in_kernel=True unless lower_bound is set")
     for name, x, shape in (("A_log", A_log, (H,)), ("dt_bias", dt_bias, (H * K,))):
-        if x is None:
-            continue
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise ValueError(f"{name}: expected an array, got {type(x).__name__}")
-        if tuple(x.shape) != shape:
-            raise ValueError(f"{name}: shape {tuple(x.shape)} != {shape}")
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{name}: dtype {x.dtype} is not floating-point")
+        check_gate_param(name, x, shape)
+    return check_lower_bound(lower_bound)
+
+
+def check_gate_param(name, x, shape, what=""):
+    """ValueError naming ``name`` unless the gate parameter ``x`` (None: absent) is a floating array of ``shape``."""
+    if x is None:
+        return
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name}: expected an array, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name}: shape {tuple(x.shape)} != {shape}{what}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name}: dtype {x.dtype} is not floating-point")
+
+
+def check_lower_bound(lower_bound):
+    """``lower_bound`` as a float (None: the softplus form); ValueError unless finite and < 0."""
     if lower_bound is None:
         return None
     try:
