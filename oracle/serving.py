@@ -6,7 +6,10 @@ Exact references (float32 / float64 / longdouble and mpmath) of one decode call 
 fla-core 0.6.0). The arithmetic is :mod:`oracle.recurrence`'s ``_token`` / ``_read_out``, token by token;
 only the bookkeeping of which slot is read and written is new here.
 
-* ``state_pool: [P, H, K, V]``: P state slots. Inputs in the layout of docs/DESIGN.md §2, ``[B, T, H, dim]``.
+* ``state_pool: [P, HV, K, V]``: P state slots. Inputs in the layout of docs/DESIGN.md §2 with grouped value heads
+  (§1, "Grouped value heads"): ``q, k: [B, T, H, K]``, ``g, b: [B, T, HV, K]``, ``v, w: [B, T, HV, V]``, ``HV = G H``,
+  value head ``hv`` reading key head ``hv // G``; ``HV == H`` is the plain layout. ``q, k`` are repeated to the value
+  heads (``problem.repeat_heads``) and every value head runs on its own.
 * Sequences: without ``cu_seqlens`` each of the B rows is one sequence of T tokens; with ``cu_seqlens``
   (``[N+1]``, ``0 = cu[0] <= ... <= cu[N] = T``) B must be 1 and sequence n is tokens ``cu[n]:cu[n+1]``.
 * ``state_indices: [N]`` (one slot per sequence): sequence n starts from ``pool[idx[n]]`` and its final
@@ -48,15 +51,16 @@ from typing import NamedTuple
 import mpmath
 import numpy as np
 
-from . import call_modes, mp, recurrence
+from . import call_modes, families, mp, recurrence
 from .generate import round_to_bfloat16
-from .problem import EXTENSION_FLOATS, INPUTS, check_layout, check_scale
+from .problem import EXTENSION_FLOATS, INPUTS, check_grouped_layout, check_layout, check_scale, repeat_heads
 
 PAD_SLOT = -1
 STATE_DTYPES = ("float32", "bfloat16", "float16")  # what a pool may be stored in (store_dtype / carry_dtype)
 MODES = call_modes.names("serving")  # the registry's serving modes: what a scripted session may be
 DECODE_MODE = call_modes.get("decode").name  # calls chained on a pool, one slot per sequence (or speculative ones)
 SPECULATIVE_MODE = call_modes.get("speculative").name  # draft slots and accepted counts on a pool
+GDN2 = families.GDN2.name  # a session's family: GDN-2's own gates, or one of families.MAPPED (FLA's signatures)
 
 
 class Sequence(NamedTuple):
@@ -74,7 +78,7 @@ class Sequence(NamedTuple):
 class Plan(NamedTuple):
     """The validated bookkeeping of one decode call (shared by every precision)."""
 
-    shape: tuple  # (B, T, H, K, V)
+    shape: tuple  # (B, T, HV, K, V): the value heads (q, k repeated to them)
     P: int
     speculative: bool  # state_indices has a draft axis ([N, S])
     sequences: tuple
@@ -91,8 +95,8 @@ class Plan(NamedTuple):
 
 
 class DecodeResult(NamedTuple):
-    """One decode call: ``o [B, T, H, V]`` (0 for padding rows), the new ``pool [P, H, K, V]``, ``states``
-    ``[B, T, H, K, V]`` (the state after every token, 0 for padding rows), all in the working precision;
+    """One decode call: ``o [B, T, HV, V]`` (0 for padding rows), the new ``pool [P, HV, K, V]``, ``states``
+    ``[B, T, HV, K, V]`` (the state after every token, 0 for padding rows), all in the working precision;
     ``read_slots [N]`` and ``written_slots`` (sorted) of the call."""
 
     o: np.ndarray
@@ -141,15 +145,21 @@ def _ints(name, x, ndims):
 
 
 def _check_shapes(arrays, pool):
-    """The inputs' layout (``problem.check_layout``) and the pool's ``[P >= 1, H, K, V]``."""
-    B, T, H, K, V = check_layout(arrays)
-    if pool.ndim != 4 or pool.shape[1:] != (H, K, V) or pool.shape[0] == 0:
-        raise ValueError(f"state_pool: expected shape [P >= 1, H, K, V] = [P, {H}, {K}, {V}], got {pool.shape}")
-    return B, T, H, K, V
+    """The inputs' layout (``problem.check_layout``, or ``check_grouped_layout`` when v has more heads than q) and
+    the pool's ``[P >= 1, HV, K, V]``; returns ``(B, T, H, K, V, HV)``."""
+    if arrays["v"].ndim == 4 and arrays["q"].ndim == 4 and arrays["v"].shape[2] != arrays["q"].shape[2]:
+        B, T, H, K, V, HV = check_grouped_layout(arrays)
+    else:
+        B, T, H, K, V = check_layout(arrays)
+        HV = H
+    if pool.ndim != 4 or pool.shape[1:] != (HV, K, V) or pool.shape[0] == 0:
+        heads = "H" if HV == H else "HV"
+        raise ValueError(f"state_pool: expected shape [P >= 1, {heads}, K, V] = [P, {HV}, {K}, {V}], got {pool.shape}")
+    return B, T, H, K, V, HV
 
 
 def plan(shape, P, state_indices, cu_seqlens=None, num_accepted_tokens=None):
-    """Validate the bookkeeping arguments of a decode call of ``shape = (B, T, H, K, V)`` on a pool of P slots.
+    """Validate the bookkeeping arguments of a decode call of ``shape = (B, T, heads, K, V)`` on a pool of P slots.
 
     Returns a :class:`Plan`; ValueError naming the argument for anything invalid (see the module docstring).
     """
@@ -226,7 +236,10 @@ def _check_values(p, arrays, pool):
 def _prepare(q, k, v, g, b, w, state_pool, state_indices, cu_seqlens, num_accepted_tokens, scale):
     arrays = {name: _floats(name, x) for name, x in zip(INPUTS, (q, k, v, g, b, w))}
     pool = _floats("state_pool", state_pool)
-    shape = _check_shapes(arrays, pool)
+    B, T, H, K, V, HV = _check_shapes(arrays, pool)
+    for name in ("q", "k"):  # value head hv reads key head hv // G
+        arrays[name] = repeat_heads(arrays[name], HV // H)
+    shape = (B, T, HV, K, V)
     p = plan(shape, pool.shape[0], state_indices, cu_seqlens, num_accepted_tokens)
     _check_values(p, arrays, pool)
     return p, arrays, pool, check_scale(scale, shape[3])
@@ -296,8 +309,9 @@ def decode(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_
            scale=None, dtype=np.float64, store_dtype=None, carry_dtype=None) -> DecodeResult:
     """One decode call in working precision ``dtype`` (float32, float64 or longdouble).
 
-    Inputs ``q, k, g, b: [B, T, H, K]``, ``v, w: [B, T, H, V]`` (any float dtype, upcast exactly);
-    ``state_pool: [P, H, K, V]``; ``state_indices: [N]`` or ``[N, S]``; ``cu_seqlens: [N+1]`` (then B = 1);
+    Inputs ``q, k: [B, T, H, K]``, ``g, b: [B, T, HV, K]``, ``v, w: [B, T, HV, V]`` (any float dtype, upcast
+    exactly; ``HV`` a multiple of ``H``, value head ``hv`` reading key head ``hv // (HV // H)``);
+    ``state_pool: [P, HV, K, V]``; ``state_indices: [N]`` or ``[N, S]``; ``cu_seqlens: [N+1]`` (then B = 1);
     ``num_accepted_tokens: [N]`` (speculative, with ``[N, S]`` indices). Semantics: module docstring.
     Returns :class:`DecodeResult`; the pool is the input pool converted to ``dtype`` with the written slots
     replaced (so in float64 every other slot keeps its exact value, NaN included).
@@ -360,7 +374,7 @@ def read_slots(state_indices, num_accepted_tokens=None):
 
 
 def committed_state(pool, state_indices, num_accepted_tokens=None):
-    """The committed state of every sequence, ``[N, H, K, V]`` (zeros for padding rows): the slot its next
+    """The committed state of every sequence, ``[N, HV, K, V]`` (zeros for padding rows): the slot its next
     call reads, i.e. after a speculative call with ``a_n`` accepted tokens the state after the accepted prefix."""
     pool = np.asarray(pool)
     slots = read_slots(state_indices, num_accepted_tokens)
@@ -401,8 +415,28 @@ class DecodeCall:
 
     @property
     def shape(self):
-        """``(B, T, H, K, V)`` of the call."""
+        """``(B, T, H, K, V)`` of the call (``H``: the key heads, q's)."""
         return self.q.shape[:3] + (self.q.shape[3], self.v.shape[3])
+
+    @property
+    def HV(self):
+        """The value heads (v's): a multiple of ``H`` (docs/DESIGN.md §1, "Grouped value heads")."""
+        return self.v.shape[2]
+
+    def family_inputs(self, family):
+        """FLA's inputs ``{q, k, v, g, beta}`` of this call in ``family``'s signature (docs/DESIGN.md §1,
+        "Families"): ``beta [B, T, HV]`` with ``b = beta 1_K``, ``w = beta 1_V``; ``g [B, T, HV, K]`` (kda) or
+        ``[B, T, HV]`` (gdn, ``g = g_gdn 1_K``). ValueError naming the input the family cannot express."""
+        if family not in families.MAPPED:
+            raise ValueError(f"family: {family!r} not one of {families.MAPPED}")
+        beta = self.b[..., 0]
+        g = self.g[..., 0] if family == "gdn" else self.g
+        for name, x, y in (("b", self.b, beta), ("w", self.w, beta), ("g", self.g, g)):
+            if not np.array_equal(x, np.broadcast_to(y[..., None], x.shape) if y.ndim < x.ndim else y,
+                                  equal_nan=True):
+                raise ValueError(f"{name}: not expressible in the {family} family (b = beta 1_K, w = beta 1_V"
+                                 f"{', g = g_gdn 1_K' if family == 'gdn' else ''})")
+        return {"q": self.q, "k": self.k, "v": self.v, "g": g, "beta": beta}
 
     def apply(self, pool, **options):
         """The oracle's :class:`DecodeResult` of this call on ``pool`` (:func:`decode`'s options: ``dtype``,
@@ -410,16 +444,19 @@ class DecodeCall:
         return decode(*self.inputs(), state_pool=pool, **self.bookkeeping(), **options)
 
     def plan(self, P):
-        """The validated :class:`Plan` of this call on a pool of ``P`` slots."""
-        return plan(self.shape, P, self.state_indices, self.cu_seqlens, self.num_accepted_tokens)
+        """The validated :class:`Plan` of this call on a pool of ``P`` slots (its shape with the value heads)."""
+        B, T, _, K, V = self.shape
+        return plan((B, T, self.HV, K, V), P, self.state_indices, self.cu_seqlens, self.num_accepted_tokens)
 
 
 @dataclass(frozen=True, eq=False)
 class SessionScript:
-    """A scripted serving session: ``calls`` (:class:`DecodeCall`) chained from the initial ``pool [P, H, K, V]``,
+    """A scripted serving session: ``calls`` (:class:`DecodeCall`) chained from the initial ``pool [P, HV, K, V]``,
     inputs exact in ``dtype``; ``mode`` (one of :data:`MODES`), ``regime`` and ``purpose`` describe it. What a
     recipe (``oracle/serving_recipes.py``) builds and the judge's session (``ci/grading/serving.py``) is built
-    from."""
+    from. ``family``: :data:`GDN2`, or a family of ``families.MAPPED`` whose kernels are called in FLA's signature
+    (``q, k, v, g, beta``): every call is then a GDN-2 call that family expresses (:meth:`DecodeCall.family_inputs`),
+    so the oracle and the judge run it as GDN-2."""
 
     name: str
     calls: tuple
@@ -428,10 +465,14 @@ class SessionScript:
     mode: str = DECODE_MODE
     regime: dict = field(default_factory=dict)
     purpose: str = ""
+    family: str = GDN2
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode: {self.mode!r} not one of the serving modes {MODES}")
+        if self.family != GDN2:
+            for c in self.calls:
+                c.family_inputs(self.family)
 
 
 # --- the replay identity ----------------------------------------------------------------------------------

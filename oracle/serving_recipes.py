@@ -16,13 +16,22 @@ registry's (``oracle/call_modes.py``):
   256 tokens, so a state kept in 16 bits inside the token loop (which stalls the decay) is told apart from a 16-bit
   pool (which does not at 256 tokens a store).
 
-:data:`QUICK` names the few cheap ones of ``validate``'s ``quick`` set (the horizons run in ``full`` only). The
-runner side (``case.run(fn)``, ``serving_cases``, ``accepts_serving``) is ``ci/running/serving.py``.
+:data:`QUICK` names the few cheap ones of ``validate``'s ``quick`` set (the horizons run in ``full`` only).
+
+Family sessions (:data:`FAMILY_RECIPES`, :func:`family_sessions`): the sessions of a ``gdn`` / ``kda`` kernel called
+in FLA's signature (``q, k, v, g, beta``), with grouped value heads (G = 2 in the decode kind, G = 4 in the
+speculative one) and ``b = beta 1_K``, ``w = beta 1_V`` (for ``gdn`` one log-decay per head and token broadcast
+over K): GDN-2 sessions their family expresses (``SessionScript.family``), so the oracle and the judge run them as
+GDN-2. Small: every one is in the quick set.
+
+The runner side (``case.run(fn)``, ``serving_cases``, ``accepts_serving``) is ``ci/running/serving.py``.
 
 NumPy only (docs/DESIGN.md §3): no JAX, no kernels, no judge.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -44,9 +53,10 @@ def pool_values(P, H, K, V, seed, nan_slots=()):
     return x
 
 
-def tokens(B, T, dtype, seed, *, decay="moderate", gates="uniform", h=H, k=K, v=V):
-    """Six inputs ``[B, T, h, dim]`` (float64 values exact in ``dtype``), writable copies."""
-    return [x.copy() for x in make_problem(B, T, h, k, v, decay=decay, gates=gates, precision=dtype,
+def tokens(B, T, dtype, seed, *, decay="moderate", gates="uniform", h=H, k=K, v=V, hv=None):
+    """Six inputs ``[B, T, h, dim]`` (``hv`` value heads for v, w, g, b; float64 values exact in ``dtype``),
+    writable copies."""
+    return [x.copy() for x in make_problem(B, T, h, k, v, HV=hv, decay=decay, gates=gates, precision=dtype,
                                            seed=seed).inputs()]
 
 
@@ -201,6 +211,78 @@ def large_outputs(dtype="float32", seed=0):
                    regime={"seed": seed}, purpose="outputs beyond float16's range (an fp16 output buffer overflows)")
 
 
+def family_tokens(B, T, dtype, seed, family, G, *, decay="moderate"):
+    """Six GDN-2 inputs of a ``family`` call with ``G`` value heads per key head: ``q, k [B, T, H, K]``, ``g, b
+    [B, T, G H, K]``, ``v, w [B, T, G H, V]`` with ``b = beta 1_K``, ``w = beta 1_V`` (beta: the drawn ``b``'s first
+    channel) and, for ``gdn``, ``g`` constant over K (its first channel); values exact in ``dtype``."""
+    q, k, v, g, b, w = tokens(B, T, dtype, seed, decay=decay, hv=G * H)
+    beta = b[..., :1]
+    b, w = np.repeat(beta, K, axis=-1), np.repeat(beta, V, axis=-1)
+    if family == "gdn":
+        g = np.repeat(g[..., :1], K, axis=-1)
+    return [q, k, v, g, b, w]
+
+
+def _family_packed(lengths, dtype, seed, family, G, nan_seqs=()):
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    xs = family_tokens(1, int(cu[-1]), dtype, seed, family, G)
+    for n in nan_seqs:
+        for x in xs:
+            x[0, cu[n]:cu[n + 1]] = np.nan
+    return xs, cu
+
+
+def family_pool_steps(family, G, dtype="float32", seed=0):
+    """A ``family`` kernel's decode calls with ``G`` value heads per key head on an 8-slot pool: a packed call
+    (prefill chunks, an empty sequence, a NaN padding sequence), a batched step with a NaN padding row, a packed call
+    of the same sequences in another order; slots 6 (finite) and 7 (NaN) are never addressed."""
+    calls = []
+    xs, cu = _family_packed([3, 0, 2, 1], dtype, seed + 50, family, G, nan_seqs=(3,))
+    calls.append(_call(xs, [4, 1, 0, -1], cu))
+    xs = family_tokens(4, 1, dtype, seed + 51, family, G)
+    for x in xs:
+        x[2] = np.nan
+    calls.append(_call(xs, [0, 4, -1, 2]))
+    xs, cu = _family_packed([1, 2, 3], dtype, seed + 52, family, G)
+    calls.append(_call(xs, [2, 0, 4], cu))
+    pool = pool_values(8, G * H, K, V, seed + 53, nan_slots=(7,))
+    return SessionScript(f"serving_{family}_pool_g{G}{_suffix(dtype)}", calls, pool, dtype=dtype, mode=DECODE_MODE,
+                         regime={"seed": seed, "value_heads_per_key_head": G}, family=family,
+                         purpose=f"{family} decode calls on a pool, grouped value heads (G = {G})")
+
+
+def family_drafts(family, G, dtype="float32", seed=0, drafts=3):
+    """A ``family`` kernel's speculative calls with ``G`` value heads per key head: 3 draft slots for each of 2 live
+    rows and a padding row, every accept count over the calls, NaN rejected drafts and draft slots, and a final
+    packed call with fewer tokens than draft slots."""
+    S, live = drafts, 2
+    idx = np.full((live + 1, S), -1, np.int64)
+    for n in range(live):
+        idx[n] = np.arange(n * S, (n + 1) * S)
+    P = live * S + 1  # the last slot is never addressed
+
+    def accepted(c):
+        return np.array([1 if c == 0 else (n + c) % S + 1 for n in range(live)] + [1], np.int64)
+
+    calls = []
+    for c in range(S):
+        xs = family_tokens(live + 1, S, dtype, seed + 60 + c, family, G)
+        nxt = accepted(c + 1)
+        for x in xs:
+            for n in range(live):
+                x[n, nxt[n]:] = np.nan  # drafts the next call rejects
+            x[live] = np.nan  # padding row
+        calls.append(_call(xs, idx, acc=accepted(c)))
+    xs, cu = _family_packed([2, 1, 0], dtype, seed + 60 + S, family, G)
+    calls.append(_call(xs, idx, cu, accepted(S)))
+    pool = pool_values(P, G * H, K, V, seed + 61, nan_slots=[s for n in range(live) for s in idx[n, 1:]])
+    return SessionScript(f"serving_{family}_drafts_g{G}{_suffix(dtype)}", calls, pool, dtype=dtype,
+                         mode=SPECULATIVE_MODE, regime={"seed": seed, "drafts": S, "value_heads_per_key_head": G},
+                         family=family,
+                         purpose=f"{family} speculative calls, every accept count 1..{S}, grouped value heads "
+                                 f"(G = {G})")
+
+
 def _suffix(dtype):
     """A session name's dtype suffix: none for float32, ``_bf16`` otherwise."""
     return "" if dtype == "float32" else "_bf16"
@@ -217,6 +299,27 @@ RECIPES = {
     "single_token_steps": (DECODE_MODE, single_token_steps),
 }
 QUICK = ("pool_gather_scatter", "chunked_prefill", "speculative_accept")  # the quick set's (the horizons: full only)
+
+
+# name -> (family, mode, G, builder(dtype, seed)): the family sessions
+FAMILY_RECIPES = {
+    f"{family}_{kind}": (family, mode, G, functools.partial(build, family, G))
+    for family in ("gdn", "kda")
+    for kind, mode, G, build in (("pool_steps", DECODE_MODE, 2, family_pool_steps),
+                                 ("drafts", SPECULATIVE_MODE, 4, family_drafts))}
+
+
+def family_sessions(families, dtypes=("float32", "bfloat16"), seed=0, modes=MODES):
+    """The family sessions of ``families`` (some of ``gdn``, ``kda``) for each input dtype, restricted to
+    ``modes``."""
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        raise ValueError(f"modes: unknown serving mode(s) {unknown}; expected some of {MODES}")
+    bad = sorted(set(families) - {f for f, *_ in FAMILY_RECIPES.values()})
+    if bad:
+        raise ValueError(f"families: no serving sessions for {bad}")
+    return [build(dtype, seed) for dtype in dtypes for family, mode, _, build in FAMILY_RECIPES.values()
+            if family in families and mode in modes]
 
 
 def sessions(dtypes=("float32", "bfloat16"), seed=0, modes=MODES, only=None):
