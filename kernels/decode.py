@@ -7,7 +7,10 @@ The serving contract (docs/DESIGN.md, "Decode contract (serving)"; pinned from F
     o, new_pool = decode(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None,
                          num_accepted_tokens=None, scale=None)
 
-* ``state_pool: [P, H, K, V]`` in the kernel's ``state_dtype`` (float32; ``decode_kernel(state_dtype=
+* Grouped value heads (docs/DESIGN.md §1): ``q, k: [B, T, H, K]``, ``g, b: [B, T, HV, K]``, ``v, w: [B, T, HV, V]``
+  with ``HV = G H``; value head ``hv`` reads key head ``hv // G`` (:meth:`DecodeKernel.key_heads`). ``HV == H`` is
+  the plain layout.
+* ``state_pool: [P, HV, K, V]`` in the kernel's ``state_dtype`` (float32; ``decode_kernel(state_dtype=
   "bfloat16" | "float16")`` stores the state in that dtype between calls: read and upcast at the start of a
   call, carried in float32 through the call's tokens, rounded at every store, as FLA does with a bf16 pool).
 * Without ``cu_seqlens`` every batch row is a sequence of T tokens; with ``cu_seqlens [N+1]`` (B = 1) sequence
@@ -36,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .contract import ACC_DTYPE, MATMUL_PRECISION, check_inputs, floor_log_decay
+from .contract import ACC_DTYPE, MATMUL_PRECISION, Shape, check_inputs, floor_log_decay
 
 STATE_DTYPES = ("float32", "bfloat16", "float16")
 PAD_SLOT = -1
@@ -64,8 +67,8 @@ def _is_int_array(x):
 class DecodeKernel:
     """The decode kernel with the serving contract (module docstring); options fixed at construction.
 
-    The methods :meth:`read_slots`, :meth:`address` and :meth:`carry` are the bookkeeping steps that
-    ``kernels/testing_decode.py`` overrides to build deliberately wrong kernels.
+    The methods :meth:`read_slots`, :meth:`address`, :meth:`carry` and :meth:`key_heads` are the bookkeeping steps
+    that ``kernels/testing_decode.py`` overrides to build deliberately wrong kernels.
     """
 
     name = "decode"
@@ -97,11 +100,16 @@ class DecodeKernel:
         """The running state between tokens of one call: float32 (FLA keeps it in registers)."""
         return S
 
+    def key_heads(self, x, G):
+        """Key-head tokens ``[..., H, K]`` to the value heads ``[..., G H, K]``: value head ``hv`` reads key head
+        ``hv // G`` (FLA: ``i_h = i_hv // (HV // H)``)."""
+        return x if G == 1 else jnp.repeat(x, G, axis=-2)
+
     # --- calls --------------------------------------------------------------------------------------------
     def __call__(self, q, k, v, g, b, w, *, state_pool=None, state_indices=None, cu_seqlens=None,
                  num_accepted_tokens=None, scale=None, initial_state=None, check_values=False):
-        """Serving call ``-> (o [B, T, H, V] in v.dtype, new_pool)``; without ``state_pool`` the training
-        contract ``-> (o, final_state [B, H, K, V] float32)`` (module docstring)."""
+        """Serving call ``-> (o [B, T, HV, V] in v.dtype, new_pool)``; without ``state_pool`` the training
+        contract ``-> (o, final_state [B, HV, K, V] float32)`` (module docstring)."""
         if state_pool is None:
             return self._contract_call(q, k, v, g, b, w, state_indices, cu_seqlens, num_accepted_tokens, scale,
                                        initial_state, check_values)
@@ -121,9 +129,9 @@ class DecodeKernel:
                         ("num_accepted_tokens", num_accepted_tokens)):
             if x is not None:
                 raise ValueError(f"{name}: needs state_pool (without it the call is the training contract)")
-        (B, T, H, K, V), scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
-                                              check_values=check_values)
-        h0 = jnp.zeros((B, H, K, V), ACC_DTYPE) if initial_state is None else initial_state
+        (B, T, _, K, V), HV, scale = check_grouped(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
+                                                   check_values=check_values)
+        h0 = jnp.zeros((B, HV, K, V), ACC_DTYPE) if initial_state is None else initial_state
         pool = h0.astype(self.state_dtype)
         o, pool = _run(self, scale, T, q, k, v, g, b, w, pool, jnp.arange(B, dtype=jnp.int32), None, None)
         return o, pool.astype(ACC_DTYPE)
@@ -131,12 +139,13 @@ class DecodeKernel:
     def check(self, q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_accepted_tokens=None,
               scale=None):
         """Static checks of a serving call: ``(Shape, scale, lmax)`` (lmax: static token-loop bound or None)."""
-        shape, scale = check_inputs(q, k, v, g, b, w, scale=scale)
+        shape, HV, scale = check_grouped(q, k, v, g, b, w, scale=scale)
         B, T, H, K, V = shape
         if not hasattr(state_pool, "shape") or not hasattr(state_pool, "dtype"):
             raise ValueError(f"state_pool: expected an array, got {type(state_pool).__name__}")
-        if state_pool.ndim != 4 or tuple(state_pool.shape[1:]) != (H, K, V) or state_pool.shape[0] == 0:
-            raise ValueError(f"state_pool: expected shape [P >= 1, H, K, V] = [P, {H}, {K}, {V}], "
+        if state_pool.ndim != 4 or tuple(state_pool.shape[1:]) != (HV, K, V) or state_pool.shape[0] == 0:
+            heads = "H" if HV == H else "HV"
+            raise ValueError(f"state_pool: expected shape [P >= 1, {heads}, K, V] = [P, {HV}, {K}, {V}], "
                              f"got {tuple(state_pool.shape)}")
         if jnp.dtype(state_pool.dtype).name != self.state_dtype:
             raise ValueError(f"state_pool: dtype {state_pool.dtype} is not the kernel's state_dtype "
@@ -173,15 +182,39 @@ class DecodeKernel:
         return shape, scale, lmax
 
 
+def check_grouped(q, k, v, g, b, w, *, scale=None, initial_state=None, check_values=False):
+    """``contract.check_inputs`` with grouped value heads: ``q, k [B, T, H, K]``, the rest and the state with
+    ``HV`` (v's) heads, a multiple of ``H``. Returns ``((B, T, H, K, V), HV, scale)``; ValueError naming the
+    argument."""
+    for name, x in (("q", q), ("v", v)):
+        if not hasattr(x, "shape") or len(x.shape) != 4:
+            raise ValueError(f"{name}: expected rank 4 [B, T, heads, dim], got {tuple(getattr(x, 'shape', ()))}")
+    H, HV = q.shape[2], v.shape[2]
+    if H == 0 or HV % H:
+        raise ValueError(f"v: {HV} value heads is not a positive multiple of q's {H} key heads")
+    G = HV // H
+    if G > 1:
+        if not hasattr(k, "shape") or tuple(k.shape) != tuple(q.shape):
+            raise ValueError(f"k: shape {tuple(getattr(k, 'shape', ()))} != q's {tuple(q.shape)}")
+        grouped = tuple(q.shape[:2]) + (HV, q.shape[3])
+        # the contract's checks on the value heads (values repeated only when they are checked)
+        q, k = ((jnp.repeat(x, G, axis=2) if check_values else jax.ShapeDtypeStruct(grouped, x.dtype))
+                for x in (q, k))
+    (B, T, _, K, V), scale = check_inputs(q, k, v, g, b, w, scale=scale, initial_state=initial_state,
+                                          check_values=check_values)
+    return Shape(B, T, H, K, V), HV, scale
+
+
 @partial(jax.jit, static_argnums=(0, 1, 2))
 def _run(kern, scale, lmax, q, k, v, g, b, w, pool, indices, cu, accepted):
     """All sequences in parallel, one token position per loop step (``lmax`` static, else max T_n)."""
     B, T, H, K = q.shape
-    V = v.shape[-1]
+    HV, V = v.shape[2:]
     P = pool.shape[0]
     N = indices.shape[0]
     g = floor_log_decay(g)
-    xs = [x.astype(ACC_DTYPE).reshape(B * T, H, x.shape[-1]) for x in (q, k, v, g, b, w)]
+    xs = [x.astype(ACC_DTYPE).reshape(B * T, x.shape[2], x.shape[-1]) for x in (q, k, v, g, b, w)]
+    xs[0], xs[1] = kern.key_heads(xs[0], HV // H), kern.key_heads(xs[1], HV // H)
     if cu is None:
         bos = jnp.arange(N, dtype=jnp.int32) * T
         length = jnp.full((N,), T, jnp.int32)
@@ -192,7 +225,7 @@ def _run(kern, scale, lmax, q, k, v, g, b, w, pool, indices, cu, accepted):
     start = kern.address(kern.read_slots(indices, accepted), P)
     live = (length > 0) & (start < P)
     S = jnp.where(live[:, None, None, None], pool[jnp.minimum(start, P - 1)].astype(ACC_DTYPE), 0.0)
-    o = jnp.zeros((B * T, H, V), ACC_DTYPE)
+    o = jnp.zeros((B * T, HV, V), ACC_DTYPE)
 
     def body(t, carry):
         S, o, pool = carry
@@ -214,7 +247,7 @@ def _run(kern, scale, lmax, q, k, v, g, b, w, pool, indices, cu, accepted):
     S, o, pool = jax.lax.fori_loop(0, stop, body, (S, o, pool))
     if indices.ndim == 1:  # one slot per sequence: its final state goes back to it
         pool = pool.at[jnp.where(live, kern.address(indices, P), P)].set(S.astype(pool.dtype), mode="drop")
-    return o.reshape(B, T, H, V).astype(v.dtype), pool
+    return o.reshape(B, T, HV, V).astype(v.dtype), pool
 
 
 def check_values_host(shape, q, k, v, g, b, w, state_pool, state_indices, cu_seqlens=None,
@@ -281,6 +314,6 @@ _DEFAULT = DecodeKernel()
 
 def decode(q, k, v, g, b, w, *, state_pool, state_indices, cu_seqlens=None, num_accepted_tokens=None, scale=None,
            check_values=False):
-    """One decode call with a float32 state pool: ``(o [B, T, H, V] in v.dtype, new_pool [P, H, K, V])``."""
+    """One decode call with a float32 state pool: ``(o [B, T, HV, V] in v.dtype, new_pool [P, HV, K, V])``."""
     return _DEFAULT(q, k, v, g, b, w, state_pool=state_pool, state_indices=state_indices, cu_seqlens=cu_seqlens,
                     num_accepted_tokens=num_accepted_tokens, scale=scale, check_values=check_values)

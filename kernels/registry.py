@@ -18,6 +18,10 @@ BUILTIN = {
     # the serving kernel (state pool, slot indices; docs/DESIGN.md §2 "Decode contract"); without a pool it
     # is a token-by-token contract kernel
     "decode": "gdn2_oracle.kernels.decode:decode_kernel",
+    # the same for FLA's families, in its fused recurrent signature (q, k, v, g, beta, initial_state=pool,
+    # ssm_state_indices, ...; kernels/family_decode.py)
+    "gdn-decode": "gdn2_oracle.kernels.family_decode:gdn_decode",
+    "kda-decode": "gdn2_oracle.kernels.family_decode:kda_decode",
     # FLA's families (docs/DESIGN.md §2 "Families in FLA"): called like chunk_gated_delta_rule / chunk_kda
     # (q, k, v, g, beta, ...), not with the GDN-2 contract; their ``family`` attribute says which
     **{f"{fam}-{core}": f"gdn2_oracle.kernels.families:{fam}_{core}"

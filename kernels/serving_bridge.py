@@ -37,6 +37,7 @@ import inspect
 import numpy as np
 
 from .decode import PAD_SLOT, STATE_DTYPES
+from .family_decode import V_FIRST
 from .fla_peers import load_naive
 from .torch_bridge import import_torch, numpy_dtype, resolve_device, to_numpy, to_torch
 
@@ -118,12 +119,12 @@ class TorchDecode:
 
 
 def fla_naive_decode(q, k, v, g, b, w, A_log=None, dt_bias=None, initial_state=None, scale=None,
-                     output_final_state=False, inplace_final_state=False, state_v_first=False, cu_seqlens=None,
+                     output_final_state=False, inplace_final_state=False, cu_seqlens=None,
                      ssm_state_indices=None, num_accepted_tokens=None, use_qk_l2norm_in_kernel=False,
                      use_gate_in_kernel=False, lower_bound=None, out=None, **kwargs):
     """FLA's ``naive_recurrent_gdn2`` with ``fused_recurrent_gdn2_fwd``'s serving arguments (module docstring).
 
-    Not covered (ValueError naming the argument): the in-kernel gate, q/k L2 normalisation, ``state_v_first``,
+    Not covered (ValueError naming the argument): the in-kernel gate, q/k L2 normalisation, the ``[V, K]`` pool,
     ``out``, continuous batching without ``inplace_final_state``. -1 slots are padding (serving engines'
     ``PAD_SLOT_ID``); ``[N]`` indices write a sequence's final state back to its slot (docs/DESIGN.md §2).
     """
@@ -132,7 +133,7 @@ def fla_naive_decode(q, k, v, g, b, w, A_log=None, dt_bias=None, initial_state=N
     for name, value in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", lower_bound), ("out", out)):
         if value is not None:
             raise ValueError(f"{name}: not covered by the naive decode peer")
-    for name, value in (("use_gate_in_kernel", use_gate_in_kernel), ("state_v_first", state_v_first),
+    for name, value in (("use_gate_in_kernel", use_gate_in_kernel), (V_FIRST, kwargs.get(V_FIRST, False)),
                         ("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)):
         if value:
             raise ValueError(f"{name}: not covered by the naive decode peer")

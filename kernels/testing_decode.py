@@ -8,6 +8,17 @@
 * ``wrong_slot``: starts from the slot numbered like the sequence (``pool[n]``) instead of ``pool[idx[n]]``.
 * ``padding_writes_slot0``: clamps the padding index -1 to 0, so a padding row reads and writes slot 0.
 * ``bf16_in_loop``: a float32-pool kernel whose running state is rounded to bfloat16 after every token.
+
+:class:`KeyHeadModulo` (not in :data:`MUTANTS`: with ``HV == H`` it is the correct kernel): with grouped value heads,
+value head ``hv`` reads key head ``hv % H`` instead of ``hv // G``.
+
+Family serving kernels (kernels/family_decode.py), :func:`family_mutant`:
+
+* ``gva_modulo``: over the ``key_head_modulo`` core;
+* ``kv_in_vk_pool``: ignores the ``[V, K]`` layout: reads and writes the pool's memory as ``[K, V]`` states (a
+  reshape, not a transpose), as a kernel indexing the pool with ``[K, V]`` strides does.
+Module-level instances (``gdn_gva_modulo``, ``kda_gva_modulo``, ``gdn_kv_in_vk_pool``, ``kda_kv_in_vk_pool``) serve
+as ``module:attr`` kernel specs.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from .decode import DecodeKernel
+from .family_decode import FamilyDecodeKernel
 
 
 class RejectedCommitted(DecodeKernel):
@@ -55,7 +67,29 @@ class Bf16InLoop(DecodeKernel):
         return S.astype(jnp.bfloat16).astype(S.dtype)
 
 
+class KeyHeadModulo(DecodeKernel):
+    name = "key_head_modulo"
+
+    def key_heads(self, x, G):
+        return jnp.concatenate([x] * G, axis=-2)  # head hv = j H + h reads key head h = hv % H
+
+
 MUTANTS = {cls.name: cls for cls in (RejectedCommitted, AcceptOffByOne, WrongSlot, PaddingWritesSlot0, Bf16InLoop)}
+
+
+class KvInVkPool(FamilyDecodeKernel):
+    """Reads and writes a ``[V, K]`` pool's memory as ``[K, V]`` states."""
+
+    def pool_to_kv(self, pool, v_first):
+        *lead, a, b = pool.shape
+        return pool.reshape(*lead, b, a) if v_first else pool
+
+    def pool_from_kv(self, pool, v_first):
+        *lead, a, b = pool.shape
+        return pool.reshape(*lead, b, a) if v_first else pool
+
+
+FAMILY_MUTANTS = ("gva_modulo", "kv_in_vk_pool")
 
 
 def mutant(name, state_dtype="float32"):
@@ -63,3 +97,19 @@ def mutant(name, state_dtype="float32"):
     if name not in MUTANTS:
         raise ValueError(f"name: {name!r} not one of {tuple(MUTANTS)}")
     return MUTANTS[name](state_dtype)
+
+
+def family_mutant(name, family, state_dtype="float32"):
+    """A wrong family serving kernel by name (one of FAMILY_MUTANTS), ``family`` ``gdn`` or ``kda``."""
+    label = f"{family}-decode-{name}"
+    if name == "gva_modulo":
+        return FamilyDecodeKernel(label, family, decoder=KeyHeadModulo(state_dtype))
+    if name == "kv_in_vk_pool":
+        return KvInVkPool(label, family, state_dtype=state_dtype)
+    raise ValueError(f"name: {name!r} not one of {FAMILY_MUTANTS}")
+
+
+gdn_gva_modulo = family_mutant("gva_modulo", "gdn")
+kda_gva_modulo = family_mutant("gva_modulo", "kda")
+gdn_kv_in_vk_pool = family_mutant("kv_in_vk_pool", "gdn")
+kda_kv_in_vk_pool = family_mutant("kv_in_vk_pool", "kda")
