@@ -30,6 +30,22 @@ list, :data:`MODE_ARRAY_ORDER` (a member is present only when the call has it):
 
 The flags a file does not hold (``qk_l2norm``, ``state_v_first``, ``intermediate_chunk_size``, whether the
 gate is in the kernel) come from the recipe, which the manifest entry's ``recipe_sha256`` pins.
+
+Family goldens (KDA and Gated DeltaNet calls, ``golden/family_catalogue.py``) use the same byte rules with their own
+member list, :data:`FAMILY_ARRAY_ORDER` (a member is present only when the call has it), and one manifest section
+per family (:data:`FAMILY_SECTIONS`):
+
+* inputs: the call's arguments as passed, ``q k`` ``[B,T,H,K]``, ``v`` ``[B,T,HV,V]``, ``g`` (``[B,T,HV,K]`` for
+  KDA, ``[B,T,HV]`` for Gated DeltaNet; the raw pre-activation with the in-kernel log-decay), ``beta`` ``[B,T,HV]``
+  (logits with the sigmoid), ``scale`` (0-d), ``A_log``, ``dt_bias``, ``lower_bound`` (0-d) when the call has
+  them, ``initial_state`` ``[B,HV,K,V]`` when it has one;
+* cotangents: ``do``, ``dfinal_state``;
+* results: ``o, final_state, dq, dk, dv, dg, dbeta, dh0`` (gradients w.r.t. the arguments as passed) and, when
+  present, ``dA_log``, ``ddt_bias``;
+* error estimates: ``err_<result>`` for each result present.
+
+The family and FLA's flags (``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``,
+``use_gate_in_kernel``) come from the case, which the manifest entry's ``recipe_sha256`` pins.
 """
 
 from __future__ import annotations
@@ -38,17 +54,18 @@ import hashlib
 import io
 import json
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle import GRADS, RESULTS
+from gdn2_oracle.oracle import GRADS, RESULTS, families
 from gdn2_oracle.oracle.call import Call
 from gdn2_oracle.oracle.modes import MODE_GRADS
 
-from . import catalogue, mode_catalogue
+from . import catalogue, family_catalogue, mode_catalogue
 
 ROOT = Path(__file__).resolve().parent
 DATA_DIR = ROOT / "data"
@@ -70,8 +87,19 @@ MODE_ERROR_ARRAYS = tuple(f"err_{r}" for r in MODE_RESULT_ARRAYS)
 MODE_ARRAY_ORDER = MODE_INPUT_ARRAYS + COTANGENT_ARRAYS + MODE_RESULT_ARRAYS + MODE_ERROR_ARRAYS
 MODE_OPTIONAL_ARRAYS = MODE_OPTIONAL_INPUTS + MODE_EXTRA_RESULTS + tuple(f"err_{r}" for r in MODE_EXTRA_RESULTS)
 
-# The manifest's sections: dense cases, mode cases.
+# Family goldens: the call's arguments (those it has), cotangents, results (dA_log, ddt_bias when present), estimates.
+FAMILY_OPTIONAL_INPUTS = ("A_log", "dt_bias", "lower_bound", "initial_state")
+FAMILY_INPUT_ARRAYS = ("q", "k", "v", "g", "beta", "scale") + FAMILY_OPTIONAL_INPUTS
+FAMILY_RESULT_ARRAYS = family_catalogue.RESULTS
+FAMILY_EXTRA_RESULTS = ("dA_log", "ddt_bias")
+FAMILY_ERROR_ARRAYS = tuple(f"err_{r}" for r in FAMILY_RESULT_ARRAYS)
+FAMILY_ARRAY_ORDER = FAMILY_INPUT_ARRAYS + COTANGENT_ARRAYS + FAMILY_RESULT_ARRAYS + FAMILY_ERROR_ARRAYS
+FAMILY_OPTIONAL_ARRAYS = (FAMILY_OPTIONAL_INPUTS + FAMILY_EXTRA_RESULTS
+                          + tuple(f"err_{r}" for r in FAMILY_EXTRA_RESULTS))
+
+# The manifest's sections: dense cases, mode cases, and one per mapped family (family cases).
 SECTION, MODE_SECTION = "cases", "mode_cases"
+FAMILY_SECTIONS = {f: f"{f}_cases" for f in families.MAPPED}
 
 
 class GoldenError(ValueError):
@@ -141,9 +169,9 @@ def read_manifest(path=None) -> dict:
                           f"{manifest_recovery()}") from None
     if not isinstance(manifest, dict) or not all(
             isinstance(manifest.get(s, {}), dict) and all(isinstance(e, dict) for e in manifest.get(s, {}).values())
-            for s in (SECTION, MODE_SECTION)):
+            for s in (SECTION, MODE_SECTION, *FAMILY_SECTIONS.values())):
         raise GoldenError(f"golden manifest {path} is corrupt (not an object with a 'cases' object of entries "
-                          f"and, optionally, a 'mode_cases' one); {manifest_recovery()}")
+                          f"and, optionally, 'mode_cases' and family ones); {manifest_recovery()}")
     return manifest
 
 
@@ -155,6 +183,11 @@ def names() -> list[str]:
 def mode_names() -> list[str]:
     """The mode golden cases (training calls), in catalogue order."""
     return mode_catalogue.names()
+
+
+def family_names(family=None) -> list[str]:
+    """The family golden cases (of one family, ``"gdn"`` or ``"kda"``, when given), in catalogue order."""
+    return family_catalogue.names(family)
 
 
 class _Stored(Mapping):
@@ -241,6 +274,42 @@ class ModeGolden(_Stored):
         return {n: float(self[f"err_{n}"]) for n in MODE_RESULT_ARRAYS if n in self}
 
 
+class FamilyGolden(_Stored):
+    """One loaded family golden (a KDA or Gated DeltaNet call): the arrays of :data:`FAMILY_ARRAY_ORDER` it has,
+    plus helpers."""
+
+    @property
+    def shape(self):
+        """``(B, T, H, HV, K, V)``."""
+        return self.case.shape
+
+    @property
+    def family(self) -> str:
+        """``"gdn"`` or ``"kda"``."""
+        return self.case.family
+
+    def flags(self) -> dict:
+        """FLA's keywords the call sets (only those that are True)."""
+        return self.case.flags()
+
+    def call(self) -> families.FamilyCall:
+        """The exact ``oracle.families.FamilyCall`` the golden was computed from (flags from the case)."""
+        get = self._arrays.get
+        lower_bound = get("lower_bound")
+        return families.call(self.family, *(self[n] for n in ("q", "k", "v", "g", "beta")), scale=float(self["scale"]),
+                             initial_state=get("initial_state"), A_log=get("A_log"), dt_bias=get("dt_bias"),
+                             lower_bound=None if lower_bound is None else float(lower_bound), **self.flags())
+
+    def reference(self) -> dict[str, np.ndarray]:
+        """The exact results by name: ``o, final_state, dq, dk, dv, dg, dbeta, dh0`` and ``dA_log``, ``ddt_bias``
+        when the call has them."""
+        return {n: self[n] for n in FAMILY_RESULT_ARRAYS if n in self}
+
+    def errors(self) -> dict[str, float]:
+        """Largest absolute error estimate of each result."""
+        return {n: float(self[f"err_{n}"]) for n in FAMILY_RESULT_ARRAYS if n in self}
+
+
 def load(name: str, *, data_dir=None, manifest=None) -> Golden:
     """Load case ``name`` after checking its sha256 against the manifest.
 
@@ -257,6 +326,13 @@ def load_mode(name: str, *, data_dir=None, manifest=None) -> ModeGolden:
     ``mode_cases`` section, with the checks and messages of :func:`load`."""
     case = mode_catalogue.get(name)
     return ModeGolden(name, case, *_verified(name, case, MODE_SECTION, data_dir, manifest))
+
+
+def load_family(name: str, *, data_dir=None, manifest=None) -> FamilyGolden:
+    """Load family case ``name`` (``golden/family_catalogue.py``) after checking it against its family's manifest
+    section (:data:`FAMILY_SECTIONS`), with the checks and messages of :func:`load`."""
+    case = family_catalogue.get(name)
+    return FamilyGolden(name, case, *_verified(name, case, FAMILY_SECTIONS[case.family], data_dir, manifest))
 
 
 def _verified(name, case, section, data_dir, manifest):
@@ -302,3 +378,38 @@ def problem(name: str, **kw) -> oracle.Problem:
 def cotangents(name: str, **kw):
     """``load(name, **kw).cotangents()``: ``(do, dfinal_state)``."""
     return load(name, **kw).cotangents()
+
+
+class FamilyJudgedCase(NamedTuple):
+    """What a judge needs of one family golden: ``build()`` -> ``(fcall, do, dfinal_state)`` and ``reference()`` ->
+    the stored mpmath results by name (:data:`FAMILY_RESULT_ARRAYS` the call has), both from the verified file;
+    ``flags``: FLA's keywords the call sets; ``regime``: the case as a report describes it."""
+
+    name: str
+    dtype: str
+    shape: tuple
+    family: str
+    flags: tuple
+    build: Callable
+    reference: Callable
+    regime: dict
+
+
+def family_judged_cases(families_selected=families.MAPPED, dtypes=("float32", "bfloat16")) -> list[FamilyJudgedCase]:
+    """A :class:`FamilyJudgedCase` per family golden of the selected families and input dtypes, in catalogue order
+    (a file is read and hash-checked only when its ``build`` or ``reference`` is called)."""
+    out = []
+    for c in family_catalogue.CASES:
+        if c.family not in families_selected or c.precision not in dtypes:
+            continue
+
+        def build(name=c.name):
+            g = load_family(name)
+            return (g.call(), *g.cotangents())
+
+        def reference(name=c.name):
+            return load_family(name).reference()
+
+        out.append(FamilyJudgedCase(c.name, c.precision, c.shape, c.family, tuple(sorted(c.flags())), build,
+                                    reference, c.regime()))
+    return out

@@ -1,6 +1,7 @@
 """Regenerate (or check) the golden corpus from the mpmath oracle: the dense cases (``golden/catalogue.py``,
-manifest section ``cases``) and the training-call mode cases (``golden/mode_catalogue.py``, section
-``mode_cases``), one command for both; ``--case NAME`` takes a name of either.
+manifest section ``cases``), the training-call mode cases (``golden/mode_catalogue.py``, section
+``mode_cases``) and the family cases (``golden/family_catalogue.py``, sections ``gdn_cases`` and ``kda_cases``),
+one command for all; ``--case NAME`` takes a name of any.
 
     gdn2-oracle golden regenerate [--case NAME ...] [--jobs N] [--check] [--force] [--root DIR]
 
@@ -39,12 +40,18 @@ from pathlib import Path
 import mpmath
 import numpy as np
 
-from gdn2_oracle.oracle import GRADS, INPUTS, RESULTS, mp
+from gdn2_oracle.oracle import GRADS, INPUTS, RESULTS, families_mp, mp
 from gdn2_oracle.oracle.modes import mp_forward_and_vjp_modes
 
-from . import catalogue, mode_catalogue
+from . import catalogue, family_catalogue, mode_catalogue
 from .catalogue import GENERATOR_VERSION, PRECISION_BITS
 from .load import (
+    FAMILY_ARRAY_ORDER,
+    FAMILY_INPUT_ARRAYS,
+    FAMILY_OPTIONAL_ARRAYS,
+    FAMILY_OPTIONAL_INPUTS,
+    FAMILY_RESULT_ARRAYS,
+    FAMILY_SECTIONS,
     MODE_ARRAY_ORDER,
     MODE_OPTIONAL_ARRAYS,
     MODE_RESULT_ARRAYS,
@@ -65,24 +72,33 @@ FORMAT = ("zip (stored) of .npy v1.0 float64 members in fixed order, dated 1980-
           "err_<result> = max per-element |x_prec - x_2prec| (absolute); see golden/load.py")
 MODE_FORMAT = ("as format, members in the order of golden/load.py MODE_ARRAY_ORDER, only those the call has "
                "(cu_seqlens, gate parameters, initial_state, intermediate_states, dA_log, ddt_bias)")
+FAMILY_FORMAT = ("as format, members in the order of golden/load.py FAMILY_ARRAY_ORDER, only those the call has "
+                 "(A_log, dt_bias, lower_bound, initial_state, dA_log, ddt_bias); results from oracle.families_mp")
 
 
-# --- the two catalogues -----------------------------------------------------------------------
+# --- the catalogues -----------------------------------------------------------------------
 
 def all_names() -> list[str]:
-    """Every case: the dense catalogue's, then the mode catalogue's."""
-    return catalogue.names() + mode_catalogue.names()
+    """Every case: the dense catalogue's, then the mode catalogue's, then the family catalogue's."""
+    return catalogue.names() + mode_catalogue.names() + family_catalogue.names()
+
+
+def sections() -> dict:
+    """``{manifest section: the names of the cases it holds}``, every section."""
+    return {SECTION: catalogue.names(), MODE_SECTION: mode_catalogue.names(),
+            **{sec: family_catalogue.names(f) for f, sec in FAMILY_SECTIONS.items()}}
 
 
 def get_case(name):
-    """The dense (``catalogue.Case``) or mode (``mode_catalogue.ModeGoldenCase``) case called ``name``."""
-    for cat in (catalogue, mode_catalogue):
+    """The dense (``catalogue.Case``), mode (``mode_catalogue.ModeGoldenCase``) or family
+    (``family_catalogue.FamilyGoldenCase``) case called ``name``."""
+    for cat in (catalogue, mode_catalogue, family_catalogue):
         try:
             return cat.get(name)
         except ValueError:
             pass
-    raise ValueError(f"golden: unknown case {name!r} ({len(catalogue.CASES)} cases and {len(mode_catalogue.CASES)} "
-                     f"mode cases; see `gdn2-oracle golden list`)")
+    raise ValueError(f"golden: unknown case {name!r} ({len(catalogue.CASES)} cases, {len(mode_catalogue.CASES)} "
+                     f"mode cases and {len(family_catalogue.CASES)} family cases; see `gdn2-oracle golden list`)")
 
 
 def is_mode(case) -> bool:
@@ -90,22 +106,34 @@ def is_mode(case) -> bool:
     return isinstance(case, mode_catalogue.ModeGoldenCase)
 
 
+def is_family(case) -> bool:
+    """Whether ``case`` is a family case (a KDA or Gated DeltaNet call)."""
+    return isinstance(case, family_catalogue.FamilyGoldenCase)
+
+
 def section(case) -> str:
     """The manifest section holding ``case``'s entry."""
+    if is_family(case):
+        return FAMILY_SECTIONS[case.family]
     return MODE_SECTION if is_mode(case) else SECTION
 
 
 def generator_version(case) -> str:
     """The generator version of ``case``'s catalogue."""
+    if is_family(case):
+        return family_catalogue.GENERATOR_VERSION
     return mode_catalogue.GENERATOR_VERSION if is_mode(case) else GENERATOR_VERSION
 
 
 # --- computing one case ---------------------------------------------------------------------
 
 def compute(case) -> tuple[bytes, dict]:
-    """``(file bytes, manifest entry)`` of one case (dense or mode), from the mpmath oracle at PRECISION_BITS."""
+    """``(file bytes, manifest entry)`` of one case (dense, mode or family), from the mpmath oracle at
+    PRECISION_BITS."""
     if is_mode(case):
         return compute_mode(case)
+    if is_family(case):
+        return compute_family(case)
     p, do, dfs = case.build()
     fwd, grads = mp.forward_and_vjp(p, do, dfs, prec=PRECISION_BITS)
     arrays = {n: getattr(p, n) for n in INPUTS}
@@ -137,6 +165,25 @@ def compute_mode(case: mode_catalogue.ModeGoldenCase) -> tuple[bytes, dict]:
     arrays.update({n: results[n] for n in present})
     errors = {**fwd.errors, **grads.errors}
     data = encode(_with_estimates(arrays, errors, present), MODE_ARRAY_ORDER, MODE_OPTIONAL_ARRAYS)
+    return data, _entry(case, data, arrays, errors, present)
+
+
+def compute_family(case: family_catalogue.FamilyGoldenCase) -> tuple[bytes, dict]:
+    """``(file bytes, manifest entry)`` of one family case, from ``oracle.families_mp.forward_and_vjp`` at
+    PRECISION_BITS."""
+    fcall, do, dfs = case.build()
+    fwd, grads = families_mp.forward_and_vjp(fcall, do, dfs, prec=PRECISION_BITS)
+    arrays = {n: getattr(fcall, n) for n in FAMILY_INPUT_ARRAYS if n not in FAMILY_OPTIONAL_INPUTS}
+    arrays["scale"] = np.float64(fcall.scale)
+    for n in FAMILY_OPTIONAL_INPUTS:
+        if getattr(fcall, n) is not None:
+            arrays[n] = np.asarray(getattr(fcall, n), np.float64)
+    arrays.update(do=do, dfinal_state=dfs)
+    results = {"o": fwd.o, "final_state": fwd.final_state, **grads._asdict()}
+    present = tuple(n for n in FAMILY_RESULT_ARRAYS if results[n] is not None)
+    arrays.update({n: results[n] for n in present})
+    errors = {**fwd.errors, **grads.errors}
+    data = encode(_with_estimates(arrays, errors, present), FAMILY_ARRAY_ORDER, FAMILY_OPTIONAL_ARRAYS)
     return data, _entry(case, data, arrays, errors, present)
 
 
@@ -271,6 +318,13 @@ def _write_manifest(path: Path, manifest: dict):
     else:  # a corpus without mode cases keeps the dense-only manifest
         manifest.pop(MODE_SECTION, None)
         manifest.pop("mode_format", None)
+    for sec in FAMILY_SECTIONS.values():  # likewise each family's section, and the family format with the last
+        if not manifest.get(sec):
+            manifest.pop(sec, None)
+    if any(sec in manifest for sec in FAMILY_SECTIONS.values()):
+        manifest["family_format"] = FAMILY_FORMAT
+    else:
+        manifest.pop("family_format", None)
     _write_atomic(path, manifest_text(manifest).encode("utf-8"))
 
 
@@ -306,8 +360,8 @@ def update_manifest(path: Path, change, *, fresh_if_corrupt=False) -> dict:
     atomic write inside it, so concurrent regenerations never lose an entry); returns the manifest."""
     with _locked(path.parent):
         manifest = _read_or_fresh(path, fresh_if_corrupt)
-        manifest.setdefault(SECTION, {})
-        manifest.setdefault(MODE_SECTION, {})
+        for sec in sections():
+            manifest.setdefault(sec, {})
         change(manifest)
         _write_manifest(path, manifest)
     return manifest
@@ -347,9 +401,9 @@ def regenerate(names, *, root: Path, jobs=1, force=False, prune=False, out=None)
                 cases[n]["description"] = case.purpose
         if prune:
             keep = set(all_names())
-            for sec, cat in ((SECTION, catalogue), (MODE_SECTION, mode_catalogue)):
+            for sec, in_catalogue in sections().items():
                 cases = manifest[sec]
-                for n in sorted(set(cases) - set(cat.names())):
+                for n in sorted(set(cases) - set(in_catalogue)):
                     del cases[n]
                     print(f"removed manifest entry of {n!r} (no longer in the catalogue)", file=out)
             if data_dir.exists():
@@ -376,12 +430,13 @@ def regenerate(names, *, root: Path, jobs=1, force=False, prune=False, out=None)
         print(f"{PROG}: interrupted; {len(fresh)} of {len(todo)} case(s) were finished and written "
               f"(files and manifest entries): {', '.join(fresh) or 'none'}", file=sys.stderr)
         return exit_status(exc)
-    entries = [e for sec in (SECTION, MODE_SECTION) for e in manifest.get(sec, {}).values()]
+    entries = [e for sec in sections() for e in manifest.get(sec, {}).values()]
     total = sum(e.get("bytes", 0) for e in entries)
     n_modes = len(manifest.get(MODE_SECTION, {}))
+    n_families = sum(len(manifest.get(sec, {})) for sec in FAMILY_SECTIONS.values())
     print(f"golden: {len(todo)} regenerated, {skipped} up to date, {time.perf_counter() - t0:.1f}s; "
-          f"corpus {len(entries) - n_modes} cases{f' + {n_modes} mode cases' if n_modes else ''}, "
-          f"{total / 1e6:.2f} MB", file=out)
+          f"corpus {len(entries) - n_modes - n_families} cases{f' + {n_modes} mode cases' if n_modes else ''}"
+          f"{f' + {n_families} family cases' if n_families else ''}, {total / 1e6:.2f} MB", file=out)
     return 0
 
 
@@ -404,9 +459,9 @@ def check(names, *, root: Path, jobs=1, full=False, out=None) -> int:
 
 def _check(names, manifest, problems, *, data_dir, jobs, full, out):
     if full:
-        for sec, cat in ((SECTION, catalogue), (MODE_SECTION, mode_catalogue)):
+        for sec, in_catalogue in sections().items():
             problems += [f"{n}: in the manifest but not in the catalogue"
-                         for n in sorted(set(manifest.get(sec, {})) - set(cat.names()))]
+                         for n in sorted(set(manifest.get(sec, {})) - set(in_catalogue))]
         keep = set(all_names())
         if data_dir.exists():
             problems += [f"{f.stem}: file {f} is not in the catalogue" for f in sorted(data_dir.glob("*.npz"))
@@ -485,6 +540,10 @@ def main(argv=None, prog=PROG) -> int:
             r = c.recipe
             print(f"{c.name:28s} {str(r.shape):22s} {r.decay:9s} {r.gates:11s} {r.precision:9s} "
                   f"modes {','.join(c.modes)}: {c.purpose}")
+        for c in family_catalogue.CASES:  # family calls: the family and FLA's flags
+            r = c.recipe
+            print(f"{c.name:28s} {str(r.shape):22s} {r.decay:9s} {r.beta:11s} {r.precision:9s} "
+                  f"family {c.family} {','.join(sorted(c.flags())) or '-'}: {c.purpose}")
         return 0
     if args.jobs < 1:
         print(f"{ap.format_usage()}{prog}: error: --jobs: expected a positive integer, got {args.jobs}",

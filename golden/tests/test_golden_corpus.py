@@ -14,7 +14,16 @@ from gdn2_oracle.ci.grading.tolerance import normalised_error
 from gdn2_oracle.ci.testing import DAMAGES
 from gdn2_oracle.ci.testing import damage as damage_file
 from gdn2_oracle.golden import catalogue
-from gdn2_oracle.golden.load import ARRAY_ORDER, DATA_DIR, MANIFEST, decode, encode, read_manifest
+from gdn2_oracle.golden.load import (
+    ARRAY_ORDER,
+    DATA_DIR,
+    FAMILY_SECTIONS,
+    MANIFEST,
+    decode,
+    encode,
+    family_names,
+    read_manifest,
+)
 from gdn2_oracle.golden.regenerate import main as regenerate_main
 from gdn2_oracle.oracle import RESULTS, recurrence, reductions
 from gdn2_oracle.oracle.generate import DECAYS
@@ -35,10 +44,11 @@ def test_manifest_lists_exactly_the_files_and_the_catalogue():
     files = sorted(p.stem for p in DATA_DIR.glob("*.npz"))
     others = sorted(p.name for p in DATA_DIR.iterdir() if p.suffix != ".npz")
     assert not others, f"unexpected files in {DATA_DIR}: {others}"
-    mode_names = golden.mode_names()  # the mode goldens share the folder (golden/tests/test_mode_goldens.py)
-    assert sorted([*MANIFEST_DATA["cases"], *MANIFEST_DATA.get("mode_cases", {})]) == files, \
-        "manifest vs golden/data/*.npz"
-    assert sorted(NAMES + mode_names) == files, "catalogues vs golden/data/*.npz"
+    # the mode and family goldens share the folder (golden/tests/test_mode_goldens.py, test_family_goldens.py)
+    shared = golden.mode_names() + family_names()
+    sections = ["cases", "mode_cases", *FAMILY_SECTIONS.values()]
+    assert sorted(n for s in sections for n in MANIFEST_DATA.get(s, {})) == files, "manifest vs golden/data/*.npz"
+    assert sorted(NAMES + shared) == files, "catalogues vs golden/data/*.npz"
     for name in NAMES:
         entry, case = MANIFEST_DATA["cases"][name], catalogue.get(name)
         assert entry["recipe"] == case.fields(), name

@@ -1,0 +1,180 @@
+"""The golden catalogue of FLA family calls: KDA and Gated DeltaNet in their own parametrisation (docs/DESIGN.md §1,
+"Families"; ``oracle/families.py``), their references from ``oracle/families_mp.py``.
+
+A :class:`FamilyGoldenCase` is a name, a free-text ``purpose``, an :class:`oracle.family_recipes.FamilyRecipe`
+(family, dimensions with grouped value heads, decay and beta regimes, FLA's beta and q/k flags, seed, precision) and
+the in-kernel log-decay (``use_gate_in_kernel``): ``decay_form`` None (``g`` is the recipe's log-decay),
+``"softplus"`` (``g = -exp(A_log) softplus(g_raw + dt_bias)``) or ``"bounded"`` (``g = lower_bound
+sigmoid(exp(A_log)(g_raw + dt_bias))``, KDA only). With a decay form, ``g_raw ~ N(0, 1)`` (rounded like the inputs),
+``A_log = log U[1, 16]`` per value head and ``dt_bias ~ N(0, 1)`` (``[HV]`` for Gated DeltaNet, ``[HV*K]`` for KDA),
+both float32 as FLA's parameters, each from its own seeded stream. :meth:`FamilyGoldenCase.build` rebuilds the exact
+``oracle.families.FamilyCall`` and cotangents bit for bit; :meth:`FamilyGoldenCase.checksum` is
+``golden.catalogue.recipe_checksum`` of :data:`RECIPE_FIELDS` (named, so a field added to ``FamilyRecipe`` later
+with a default leaves every checksum as it is).
+
+Files share ``golden/data/`` (names start with the family, unique across every catalogue and the family recipes),
+with their own member list (``golden/load.py``: :data:`FAMILY_ARRAY_ORDER`) and one manifest section per family
+(``gdn_cases``, ``kda_cases``), so the dense and mode files and entries stay byte-identical. Sizes are what the
+256-bit run (and its 512-bit estimate) affords in a few seconds a case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gdn2_oracle.oracle import families
+from gdn2_oracle.oracle.family_recipes import FamilyRecipe
+from gdn2_oracle.oracle.generate import round_to
+
+from .catalogue import recipe_checksum
+
+# Bump when anything that determines a family golden's bytes changes outside the recipes (oracle.families_mp,
+# the recipes' generators, the family file format, the mpmath precision). Separate from the other catalogues'.
+GENERATOR_VERSION = "1"
+# The in-kernel log-decay forms (None: the log-decay is given).
+DECAY_FORMS = ("softplus", "bounded")
+# The FamilyRecipe fields a case's checksum covers, then the case's own.
+RECIPE_FIELDS = ("family", "B", "T", "H", "HV", "K", "V", "decay", "beta", "neg_eigval", "qk_l2norm", "qk",
+                 "initial_state", "seed", "precision")
+CASE_FIELDS = ("decay_form", "lower_bound")
+# The reference's results by name: the family call's (oracle.families.FamilyGrads), dA_log / ddt_bias with A_log /
+# dt_bias.
+RESULTS = ("o", "final_state") + families.FAMILY_GRADS
+# Tags of the seeded streams (FamilyRecipe uses 11 and 12).
+_TAGS = {"g_raw": 21, "params": 22}
+
+
+@dataclass(frozen=True)
+class FamilyGoldenCase:
+    """One family golden: a name, what it is for, a :class:`FamilyRecipe` and the in-kernel log-decay form."""
+
+    name: str
+    recipe: FamilyRecipe
+    purpose: str = ""
+    decay_form: str | None = None
+    lower_bound: float | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.recipe, FamilyRecipe):
+            raise ValueError(f"{self.name}: recipe must be an oracle.family_recipes.FamilyRecipe, got {self.recipe!r}")
+        if self.decay_form is not None and self.decay_form not in DECAY_FORMS:
+            raise ValueError(f"{self.name}: decay_form: {self.decay_form!r} not one of {DECAY_FORMS} or None")
+        if (self.decay_form == "bounded") != (self.lower_bound is not None):
+            raise ValueError(f"{self.name}: lower_bound: given exactly with decay_form='bounded', got "
+                             f"{self.lower_bound!r} with decay_form={self.decay_form!r}")
+        if self.decay_form == "bounded" and self.recipe.family != families.KDA.name:
+            raise ValueError(f"{self.name}: decay_form: the bounded form is KDA's only "
+                             f"({dict(families.GDN.refused)['lower_bound']})")
+
+    @property
+    def family(self) -> str:
+        return self.recipe.family
+
+    @property
+    def shape(self):
+        """``(B, T, H, HV, K, V)``."""
+        return self.recipe.shape
+
+    @property
+    def precision(self) -> str:
+        """The input precision (``float32`` or ``bfloat16``): what to feed a kernel."""
+        return self.recipe.precision
+
+    def flags(self) -> dict:
+        """FLA's keywords the call sets (only those that are True)."""
+        return {**self.recipe.flags(), **({"use_gate_in_kernel": True} if self.decay_form else {})}
+
+    def fields(self) -> dict:
+        """The case as a JSON-ready dict: :data:`RECIPE_FIELDS` of the recipe, then :data:`CASE_FIELDS`."""
+        return {**{f: getattr(self.recipe, f) for f in RECIPE_FIELDS}, **{f: getattr(self, f) for f in CASE_FIELDS}}
+
+    def checksum(self) -> str:
+        """sha256 of the case's canonical JSON (:meth:`fields`)."""
+        return recipe_checksum(self.fields())
+
+    def cost(self) -> int:
+        """Rough relative cost of the mpmath run (token x state elements per value head), for scheduling."""
+        B, T, H, HV, K, V = self.shape
+        return B * HV * T * (K * V + K + V)
+
+    def regime(self) -> dict:
+        """The case's regime as a report describes it."""
+        return {**self.recipe.regime(), "decay_form": self.decay_form, "lower_bound": self.lower_bound,
+                "purpose": self.purpose}
+
+    def _rng(self, what):
+        return np.random.default_rng(np.random.SeedSequence([self.recipe.seed, _TAGS[what]]))
+
+    def build(self):
+        """``(fcall, do, dfinal_state)``: the exact family call (``oracle.families.call``) and its cotangents."""
+        fcall, do, dfs = self.recipe.build()
+        if self.decay_form is None:
+            return fcall, do, dfs
+        shapes = families.get(self.family).shapes(*self.shape)
+        g_raw = round_to(self._rng("g_raw").standard_normal(shapes["g"]), self.precision)
+        rng = self._rng("params")
+        A_log = round_to(np.log(rng.uniform(1.0, 16.0, shapes["A_log"])), "float32")
+        dt_bias = round_to(rng.standard_normal(shapes["dt_bias"]), "float32")
+        fcall = families.call(self.family, fcall.q, fcall.k, fcall.v, g_raw, fcall.beta,
+                              initial_state=fcall.initial_state, **self.flags(), A_log=A_log, dt_bias=dt_bias,
+                              lower_bound=self.lower_bound)
+        return fcall, do, dfs
+
+
+def _f(name, family, shape, purpose, decay_form=None, lower_bound=None, **kw):
+    try:
+        recipe = FamilyRecipe(family, *shape, **kw)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    return FamilyGoldenCase(name, recipe, purpose, decay_form, lower_bound)
+
+
+CASES: tuple[FamilyGoldenCase, ...] = (
+    # --- Gated DeltaNet: a scalar log-decay per value head ----------------------------------------------------
+    _f("gdn_gva2_softplus_logits_h0", "gdn", (1, 24, 2, 4, 16, 16),
+       "GVA G = 2, beta logits through the sigmoid, in-kernel softplus log-decay (A_log, dt_bias per head), "
+       "initial state", decay_form="softplus", beta="logits", initial_state=True, seed=1101),
+    _f("gdn_gva4_neg_eigval_softplus_qk_norm", "gdn", (1, 20, 2, 8, 8, 16),
+       "GVA G = 4, K != V, beta = 2 sigmoid near 2 (allow_neg_eigval), softplus log-decay, in-kernel q/k norm",
+       decay_form="softplus", beta="logits_high", neg_eigval=True, qk_l2norm=True, seed=1102),
+    _f("gdn_gva2_resets_beta_two_bf16", "gdn", (1, 33, 1, 2, 16, 16),
+       "GVA G = 2, bf16 inputs, given log-decay with hard resets, beta near 2", decay="resets", beta="near_two",
+       precision="bfloat16", initial_state=True, seed=1103),
+    # --- KDA: a log-decay per value head and key channel ------------------------------------------------------
+    _f("kda_gva2_bounded_logits_h0", "kda", (1, 24, 2, 4, 16, 16),
+       "GVA G = 2, beta logits through the sigmoid, in-kernel bounded log-decay lower_bound = -5 (A_log, dt_bias), "
+       "initial state", decay_form="bounded", lower_bound=-5.0, beta="logits", initial_state=True, seed=1201),
+    _f("kda_gva4_bounded_neg_eigval_qk_norm", "kda", (1, 20, 2, 8, 8, 16),
+       "GVA G = 4, K != V, bounded log-decay lower_bound = -5, beta = 2 sigmoid near 2 (allow_neg_eigval), "
+       "in-kernel q/k norm", decay_form="bounded", lower_bound=-5.0, beta="logits_high", neg_eigval=True,
+       qk_l2norm=True, seed=1202),
+    _f("kda_gva4_softplus_bf16", "kda", (1, 17, 1, 4, 16, 8),
+       "GVA G = 4, bf16 inputs, in-kernel softplus log-decay, beta U[0, 1], initial state", decay_form="softplus",
+       precision="bfloat16", initial_state=True, seed=1203),
+)
+
+_BY_NAME = {c.name: c for c in CASES}
+if len(_BY_NAME) != len(CASES):  # pragma: no cover - guards edits to the table above
+    raise AssertionError("duplicate case names in golden.family_catalogue.CASES")
+
+
+def names(family=None) -> list[str]:
+    """Family case names in catalogue order (of one family, ``"gdn"`` or ``"kda"``, when given)."""
+    if family is not None and family not in families.MAPPED:
+        raise ValueError(f"family: {family!r} not one of {families.MAPPED}")
+    return [c.name for c in CASES if family is None or c.family == family]
+
+
+def get(name: str) -> FamilyGoldenCase:
+    """The family case called ``name``; ValueError naming it if there is none."""
+    try:
+        return _BY_NAME[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"golden: unknown family case {name!r} ({len(CASES)} family cases; see "
+                         f"golden.family_catalogue.names())") from None
+
+
+__all__ = ["FamilyGoldenCase", "CASES", "GENERATOR_VERSION", "DECAY_FORMS", "RECIPE_FIELDS", "RESULTS", "names",
+           "get"]
