@@ -154,6 +154,7 @@ REGISTRY = (
     CallMode("speculative", "serving", help="speculative decoding on a state pool"),
 )
 BY_NAME = {m.name: m for m in REGISTRY}
+STATE_LAYOUT = BY_NAME["state_v_first"]  # the [V, K] state layout: also a family serving pool's (oracle/serving.py)
 BASE = REGISTRY[0]  # the plain dense call: every kernel takes part
 SWEEPS = {s.name: s for m in REGISTRY for s in m.sweeps}
 UNORDERED_SWEEPS = tuple(s.name for s in SWEEPS.values() if s.unordered)

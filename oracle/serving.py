@@ -60,6 +60,8 @@ STATE_DTYPES = ("float32", "bfloat16", "float16")  # what a pool may be stored i
 MODES = call_modes.names("serving")  # the registry's serving modes: what a scripted session may be
 DECODE_MODE = call_modes.get("decode").name  # calls chained on a pool, one slot per sequence (or speculative ones)
 SPECULATIVE_MODE = call_modes.get("speculative").name  # draft slots and accepted counts on a pool
+# FLA's keyword for the [V, K] layout of a family kernel's pool ([P, HV, V, K]; docs/DESIGN.md §2, "Decode contract")
+V_FIRST_KEYWORD = call_modes.STATE_LAYOUT.keywords[0]
 GDN2 = families.GDN2.name  # a session's family: GDN-2's own gates, or one of families.MAPPED (FLA's signatures)
 
 

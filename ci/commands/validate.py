@@ -141,6 +141,9 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     mapped = [f for f in oracle.families.MAPPED if f in families]
     if PLAIN in modes and mapped:
         cases += family_grading.cases(kind, dtypes, seed=seed, families_selected=mapped, case_type=FamilyRunCase)
+    serving = [m for m in SERVING_MODES if m in modes]
+    if mapped and serving and kind != "golden":  # the families' serving sessions, in both pool layouts
+        cases += serving_running.family_serving_cases(mapped, dtypes, seed, serving)
     if only:
         unknown = sorted(set(only) - {c.name for c in cases})
         if unknown:
@@ -199,9 +202,9 @@ def case_family(case):
 def accepted_modes(fn, family=GDN2):
     """The modes other than dense that kernel ``fn`` accepts: training-call keywords, a state pool (a family kernel:
     none, the modes are GDN-2's)."""
-    if family != GDN2:
-        return []
     serving = SERVING_MODES if serving_running.accepts_serving(fn) else ()
+    if family != GDN2:
+        return list(serving)  # a family kernel taking a pool: its family's serving sessions
     return [*mode_running.accepted_modes(fn), *serving]
 
 
@@ -336,7 +339,7 @@ class ValidationRun:
                              "not_accepted_cases": [], "other_family_cases": []}
                             for (spec, fn), family in zip(self.built, self.families)]
         # FLA's keywords each family kernel takes (a family case setting another one is not run on it)
-        self.flags = [None if family == GDN2 else family_running.accepted_flags(fn)
+        self.flags = [None if family == GDN2 else family_running.accepted_flags(fn) + serving_running.layout_flags(fn)
                       for (_, fn), family in zip(self.built, self.families)]
         self.t0 = time.perf_counter()
         self.cache_before = reference_cache.snapshot()  # the report counts what this run read from the cache

@@ -133,7 +133,7 @@ class _Metric:
 
 class Session(CachedCase):
     """A scripted serving session as the judge's case, built from an :class:`oracle.serving.SessionScript`:
-    ``calls`` (:class:`oracle.serving.DecodeCall`) chained from the initial ``pool`` ``[P, H, K, V]`` (float64
+    ``calls`` (:class:`oracle.serving.DecodeCall`) chained from the initial ``pool`` ``[P, HV, K, V]`` (float64
     values exact in float32; a kernel can be judged on it when they are exact in its pool dtype too: the recipes'
     pools are exact in bfloat16 and float16, so one reference serves every pool dtype), inputs exact in ``dtype``
     (the kernel's input dtype, float32 or bfloat16).
@@ -141,7 +141,8 @@ class Session(CachedCase):
     The float64 reference and the baselines are computed once (lazily) and shared by every kernel judged on it.
     ``mode`` (a serving mode of the registry; the script's default otherwise), ``regime`` and ``purpose``
     describe it in reports: ``Session(name, calls, pool, **fields)`` takes the script's fields,
-    :meth:`from_script` a script.
+    :meth:`from_script` a script. ``family``: the script's; a family session is judged as the GDN-2 session it is (a
+    runner hands a family kernel its inputs in FLA's signature, ``ci/running/serving.py``).
     """
 
     def __init__(self, name, calls, pool, **fields):
@@ -149,11 +150,12 @@ class Session(CachedCase):
         self.name, self.calls, self.dtype, self.mode = script.name, list(script.calls), script.dtype, script.mode
         self.modes = (self.mode,)
         self.regime, self.purpose = dict(script.regime or {}), script.purpose
+        self.family = script.family  # gdn2, or a family whose kernels are called in FLA's signature (same reference)
         self.pool = np.asarray(script.pool, np.float64)
         if not self.calls:
             raise ValueError("calls: a session needs at least one call")
         if self.pool.ndim != 4:
-            raise ValueError(f"pool: expected [P, H, K, V], got shape {self.pool.shape}")
+            raise ValueError(f"pool: expected [P, HV, K, V], got shape {self.pool.shape}")
         if not self.exact_in("float32"):
             raise ValueError("pool: values are not exact in float32")
         for i, c in enumerate(self.calls):
@@ -175,7 +177,7 @@ class Session(CachedCase):
     # -- identity --
     @property
     def shape(self):
-        """``(P, H, K, V)`` of the pool."""
+        """``(P, HV, K, V)`` of the pool."""
         return self.pool.shape
 
     def tokens(self):
@@ -184,6 +186,7 @@ class Session(CachedCase):
 
     def describe(self):
         return {"case": self.name, "source": "serving", "mode": self.mode, "dtype": self.dtype,
+                **({"family": self.family} if self.family != serving.GDN2 else {}),
                 "shape": list(self.pool.shape), "calls": len(self.calls), "tokens": self.tokens(),
                 **({"regime": self.regime} if self.regime else {}), **({"purpose": self.purpose} if self.purpose
                                                                         else {})}

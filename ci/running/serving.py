@@ -11,6 +11,19 @@ Which kernels take part (:func:`accepts_serving`), by the names their signature 
   ``initial_state`` and ``inplace_final_state=True``, and its pool is read back after the call (an in-place
   update). A JAX function with these names is called the same way and must return ``(o, new_pool)``.
 
+**Family kernels** (``gdn`` / ``kda``: :func:`ci.running.families.kernel_family`) take FLA's keywords and are called
+in FLA's fused recurrent family signature on the family sessions (``SessionScript.family``)::
+
+    o, new_pool = fn(q, k, v, g, beta, scale=..., initial_state=pool, ssm_state_indices=..., cu_seqlens=...,
+                     num_accepted_tokens=..., [inplace_final_state=True], [<V-first keyword>=True])
+
+``beta [.., HV]``, ``g [.., HV]`` (gdn) / ``[.., HV, K]`` (kda) from the session's GDN-2 call
+(``DecodeCall.family_inputs``). A kernel whose signature names FLA's ``[V, K]`` layout keyword
+(``oracle.serving.V_FIRST_KEYWORD``) is also judged with it (:func:`layout_flags`; a case with ``v_first``): the pool
+it reads and writes is then ``[P, HV, V, K]``, transposed from and back to the judge's ``[P, HV, K, V]`` (exact, so the
+untouched-slot check stays bit for bit). A kernel that does not say its family by an attribute or spec option but
+has FLA's family signature is run in its session's family (``validate`` runs it only on its own family's sessions).
+
 A ``**kwargs``-only signature does not take part: FLA's public ``fused_recurrent_gdn2`` has one, and silently
 drops the slot arguments. A kernel's pool dtype is its ``state_dtype`` attribute (``decode[state_dtype=bfloat16]``)
 or, for a ``torch:`` spec, its ``state_dtype`` option; float32 otherwise. Inputs are handed over in the session's
@@ -31,9 +44,11 @@ from gdn2_oracle.kernels.serving_bridge import TorchDecode, takes_fla_pool
 from gdn2_oracle.kernels.spec import accepts_keywords
 from gdn2_oracle.kernels.torch_bridge import TorchKernel
 from gdn2_oracle.oracle import serving_recipes as recipes
+from gdn2_oracle.oracle.serving import GDN2, V_FIRST_KEYWORD
 
 from ..grading.result import CaseResult
 from ..grading.serving import STATE_DTYPES, Session
+from .families import kernel_family
 from .harness import host_cast, to_device
 
 CONVENTIONS = ("pool", "fla")  # state_pool / FLA's initial_state + ssm_state_indices
@@ -59,6 +74,23 @@ def accepts_serving(fn) -> bool:
     return convention(fn) is not None
 
 
+def layout_flags(fn):
+    """``[V_FIRST_KEYWORD]`` when kernel ``fn``'s signature names FLA's ``[V, K]`` state layout keyword (then it is
+    judged in both pool layouts), else ``[]``."""
+    return [V_FIRST_KEYWORD] if _named(fn, V_FIRST_KEYWORD) else []
+
+
+def serving_family(fn, session_family=GDN2):
+    """The family kernel ``fn`` is run in: :func:`kernel_family` (an attribute, else its signature), or, for a
+    kernel in FLA's family signature that does not say it, ``session_family`` when that is a family."""
+    try:
+        return kernel_family(fn)
+    except ValueError:
+        if session_family == GDN2:
+            raise
+        return session_family
+
+
 def state_dtype(fn):
     """The dtype kernel ``fn`` stores its pool in: its ``state_dtype`` (attribute, or a ``torch:`` option)."""
     if isinstance(fn, TorchKernel):
@@ -72,14 +104,20 @@ def state_dtype(fn):
 
 
 class ServingRunner:
-    """One kernel's decode calls on NumPy arguments: :meth:`step` ``(call, pool, dtype) -> (o, new_pool)``."""
+    """One kernel's decode calls on NumPy arguments: :meth:`step` ``(call, pool, dtype) -> (o, new_pool)``; a family
+    kernel (``family``: gdn or kda) in FLA's family signature, with the ``[V, K]`` pool when ``v_first``."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, family=GDN2, v_first=False):
         conv = convention(fn)
         if conv is None:
             raise ValueError(f"kernel: {getattr(fn, '__name__', fn)!r} takes no state pool (neither state_pool nor "
                              "FLA's initial_state + ssm_state_indices by name): not a serving kernel")
-        self.fn, self.convention = fn, conv
+        if family != GDN2 and (conv != "fla" or isinstance(fn, TorchKernel)):
+            raise ValueError(f"kernel: a {family} serving kernel is a JAX function with FLA's initial_state + "
+                             "ssm_state_indices (torch family serving kernels are not covered)")
+        if v_first and not layout_flags(fn):
+            raise ValueError(f"{V_FIRST_KEYWORD}: kernel {getattr(fn, '__name__', fn)!r} does not take it")
+        self.fn, self.convention, self.family, self.v_first = fn, conv, family, bool(v_first)
         self.torch = None
         if isinstance(fn, TorchKernel):
             options = {k: v for k, v in fn.kwargs.items() if k != "output_final_state"}
@@ -97,7 +135,8 @@ class ServingRunner:
         if self.torch is not None:
             xs = [host_cast(x, dtype) for x in call.inputs()]
             return self.torch(*xs, state_pool=pool, **bk)
-        xs = [to_device(x, dtype) for x in call.inputs()]
+        inputs = call.inputs() if self.family == GDN2 else tuple(call.family_inputs(self.family).values())
+        xs = [to_device(x, dtype) for x in inputs]
         ints = {k: jnp.asarray(np.asarray(v).astype(np.int32)) for k, v in bk.items() if k != "scale"}
         scale = bk.get("scale")
         if self.convention == "pool":
@@ -105,16 +144,25 @@ class ServingRunner:
         else:
             ints["ssm_state_indices"] = ints.pop("state_indices")
             extra = {"inplace_final_state": True} if self._inplace else {}
+            if self.v_first:  # the kernel reads and writes [P, HV, V, K]; the judge sees [P, HV, K, V]
+                pool, extra = np.swapaxes(pool, -1, -2), {**extra, V_FIRST_KEYWORD: True}
             out = self.fn(*xs, initial_state=jnp.asarray(pool), scale=scale, **ints, **extra)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ValueError(f"o: a serving kernel returns (o, new_pool), got {type(out).__name__}")
-        return np.asarray(out[0]), np.asarray(out[1])
+        new_pool = np.asarray(out[1])
+        return np.asarray(out[0]), (np.swapaxes(new_pool, -1, -2) if self.v_first else new_pool)
 
 
-def run_session(fn, session: Session, *, keep=False):
+def run_session(fn, session: Session, *, keep=False, v_first=False):
     """Run kernel ``fn`` (or a :class:`ServingRunner`) on every call of ``session``, chained on its own pool, and
-    grade it (``ci/grading/serving.py``): the Report, or with ``keep`` ``(report, [(o, pool after), ...])``."""
-    runner = fn if isinstance(fn, ServingRunner) else ServingRunner(fn)
+    grade it (``ci/grading/serving.py``): the Report, or with ``keep`` ``(report, [(o, pool after), ...])``. A family
+    session runs a family kernel in FLA's family signature; ``v_first``: with the ``[V, K]`` pool."""
+    if isinstance(fn, ServingRunner):
+        runner = fn
+    else:
+        runner = ServingRunner(fn, serving_family(fn, session.family), v_first)
+    if runner.family != session.family:
+        raise ValueError(f"family: a {runner.family} kernel cannot run the {session.family} session {session.name!r}")
     judge = session.judge(runner.state_dtype)
     pool = runner.pool(session.initial_pool())
     kept = []
@@ -133,13 +181,16 @@ class ServingCase:
 
     compiles_ahead = False  # a kernel's decode calls compile as they run
 
-    def __init__(self, session: Session):
-        self.session = session
-        self.name, self.dtype, self.mode, self.modes = session.name, session.dtype, session.mode, session.modes
-        self.shape = session.shape
+    def __init__(self, session: Session, v_first=False):
+        self.session, self.v_first = session, bool(v_first)
+        self.name = session.name + ("_vk" if v_first else "")
+        self.dtype, self.mode, self.modes = session.dtype, session.mode, session.modes
+        self.shape, self.family = session.shape, session.family
+        self.flags = (V_FIRST_KEYWORD,) if v_first else ()  # FLA's keywords the case needs (validate's takes_part)
 
     def describe(self):
-        return self.session.describe()
+        d = self.session.describe()
+        return {**d, "case": self.name, "pool_layout": "[P, HV, V, K]"} if self.v_first else d
 
     def run(self, fn, mesh=None, *, capture=False, program=None) -> CaseResult:
         """Judge kernel ``fn`` on the session's calls chained on its own pool (no mesh: a decode call is not
@@ -148,7 +199,7 @@ class ServingCase:
         t0 = time.perf_counter()
         arrays = {} if capture else None
         try:
-            report = run_session(fn, self.session)
+            report = run_session(fn, self.session, v_first=self.v_first)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises (or is no serving kernel) fails this case
             return CaseResult.failed(self.describe(), exc, time.perf_counter() - t0, arrays=arrays)
         return CaseResult.judged(self.describe(), report, time.perf_counter() - t0, arrays=arrays)
@@ -160,3 +211,13 @@ class ServingCase:
 def serving_cases(dtypes=("float32", "bfloat16"), seed=0, modes=recipes.MODES, only=None):
     """The serving cases (:class:`ServingCase`) of ``oracle/serving_recipes.py`` for ``dtypes`` and ``modes``."""
     return [ServingCase(Session.from_script(s)) for s in recipes.sessions(dtypes, seed, modes, only)]
+
+
+def family_serving_cases(families, dtypes=("float32", "bfloat16"), seed=0, modes=recipes.MODES):
+    """The family sessions of ``families`` as cases, each in the ``[K, V]`` and the ``[V, K]`` pool layout (the
+    latter only for kernels that take FLA's layout keyword: its ``flags``)."""
+    out = []
+    for script in recipes.family_sessions(families, dtypes, seed, modes):
+        session = Session.from_script(script)
+        out += [ServingCase(session), ServingCase(session, v_first=True)]
+    return out
