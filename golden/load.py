@@ -61,7 +61,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gdn2_oracle import oracle
-from gdn2_oracle.oracle import GRADS, RESULTS, families
+from gdn2_oracle.oracle import GRADS, RESULTS, call_modes, families
 from gdn2_oracle.oracle.call import Call
 from gdn2_oracle.oracle.modes import MODE_GRADS
 
@@ -383,7 +383,8 @@ def cotangents(name: str, **kw):
 class FamilyJudgedCase(NamedTuple):
     """What a judge needs of one family golden: ``build()`` -> ``(fcall, do, dfinal_state)`` and ``reference()`` ->
     the stored mpmath results by name (:data:`FAMILY_RESULT_ARRAYS` the call has), both from the verified file;
-    ``flags``: FLA's keywords the call sets; ``regime``: the case as a report describes it."""
+    ``flags``: FLA's keywords the call sets (True), sorted; ``regime``: the case as a report describes it;
+    ``modes``: the registry's training modes (``oracle.call_modes``) whose FLA keywords the call sets."""
 
     name: str
     dtype: str
@@ -393,6 +394,7 @@ class FamilyJudgedCase(NamedTuple):
     build: Callable
     reference: Callable
     regime: dict
+    modes: tuple
 
 
 def family_judged_cases(families_selected=families.MAPPED, dtypes=("float32", "bfloat16")) -> list[FamilyJudgedCase]:
@@ -410,6 +412,8 @@ def family_judged_cases(families_selected=families.MAPPED, dtypes=("float32", "b
         def reference(name=c.name):
             return load_family(name).reference()
 
-        out.append(FamilyJudgedCase(c.name, c.precision, c.shape, c.family, tuple(sorted(c.flags())), build,
-                                    reference, c.regime()))
+        flags = tuple(sorted(c.flags()))
+        modes = tuple(m for m in call_modes.names("training") if set(call_modes.get(m).keywords) & set(flags))
+        out.append(FamilyJudgedCase(c.name, c.precision, c.shape, c.family, flags, build, reference, c.regime(),
+                                    modes))
     return out

@@ -32,7 +32,7 @@ from gdn2_oracle.golden.load import (
     load_family,
     read_manifest,
 )
-from gdn2_oracle.oracle import families, family_recipes
+from gdn2_oracle.oracle import call_modes, families, family_recipes
 
 NAMES = family_names()
 MANIFEST_DATA = read_manifest()
@@ -297,6 +297,10 @@ def test_the_judged_cases_hand_over_the_stored_call_and_reference(goldens):
         gd = goldens[c.name]
         assert (c.dtype, c.shape, c.family) == (gd.precision, gd.shape, gd.family)
         assert c.flags == tuple(sorted(gd.flags()))
+        for m in c.modes:  # a mode is listed exactly when the call sets one of its keywords
+            assert set(call_modes.get(m).keywords) & set(c.flags), (c.name, m)
+        assert ("use_gate_in_kernel" in c.flags) == any("use_gate_in_kernel" in call_modes.get(m).keywords
+                                                        for m in c.modes)
         fcall, do, dfs = c.build()
         assert isinstance(fcall, families.FamilyCall) and fcall.family.name == c.family
         np.testing.assert_array_equal(fcall.beta, gd["beta"])
