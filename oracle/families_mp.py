@@ -18,12 +18,12 @@ import mpmath
 import numpy as np
 
 from . import mp, preprocess, recurrence
-from .families import GDN, FamilyCall, FamilyGrads
+from .families import FAMILY_GRADS, GDN, FamilyCall, FamilyGrads
 from .problem import GRADS, as_float_array
 
 DEFAULT_PREC = mp.DEFAULT_PREC
 # The results of a family call with cotangents, in report order (dA_log, ddt_bias only when the call has them).
-FAMILY_RESULTS = ("o", "final_state") + FamilyGrads._fields
+FAMILY_RESULTS = ("o", "final_state") + FAMILY_GRADS
 
 
 class MPFamilyGrads(NamedTuple):
@@ -72,13 +72,14 @@ def check_cotangents(fcall: FamilyCall, do, dfinal_state):
     return do, dfs
 
 
-def check_dense(fcall: FamilyCall):
-    """ValueError unless ``fcall`` is one dense call (no packed sequences, no chunk states, FLA's default state
-    layout): the calls this module runs."""
+def check_unpacked(fcall: FamilyCall):
+    """ValueError unless ``fcall`` is one call of ``[B, T]`` tokens without packed sequences, chunk states or the
+    ``[V, K]`` state layout: the calls this module runs."""
     modes = [n for n in ("cu_seqlens", "intermediate_chunk_size") if getattr(fcall, n, None) is not None]
     modes += [n for n, on in getattr(fcall, "call_keywords", ()) if on]
     if modes:
-        raise ValueError(f"fcall: {', '.join(modes)}: the mpmath family call runs one dense call")
+        raise ValueError(f"fcall: {', '.join(modes)}: not supported by the mpmath family call (one call of [B, T] "
+                         "tokens, [K, V] states)")
 
 
 def gdn2_inputs(fcall: FamilyCall, x, eps):
@@ -124,7 +125,7 @@ def run_mpf(fcall: FamilyCall, prec, do=None, dfinal_state=None, *, overrides=No
     ``overrides`` maps argument names (``q, k, v, g, beta, A_log, dt_bias``) to object arrays of mpf used instead
     of the call's values (finite differences at high precision)."""
     mp.check_prec(prec)
-    check_dense(fcall)
+    check_unpacked(fcall)
     B, T, H, HV, K, V = fcall.shape
     with mpmath.workprec(int(prec)):
         ar = mp.MPArith()
@@ -159,5 +160,5 @@ def forward_and_vjp(fcall: FamilyCall, do, dfinal_state, prec=DEFAULT_PREC):
     do, dfinal_state = check_cotangents(fcall, do, dfinal_state)
     results, errors = _results(fcall, prec, do, dfinal_state)
     fwd = mp.MPForward(results["o"], results["final_state"], {n: errors[n] for n in ("o", "final_state")})
-    names = [n for n in FamilyGrads._fields if n in results]
+    names = [n for n in FAMILY_GRADS if n in results]
     return fwd, MPFamilyGrads(**{n: results[n] for n in names}, errors={n: errors[n] for n in names})

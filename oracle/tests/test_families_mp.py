@@ -7,6 +7,8 @@ parameters match central differences of the mpmath forward at 256 bits, and bad 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import mpmath
 import numpy as np
 import pytest
@@ -136,3 +138,16 @@ def test_bad_cotangents_and_precision_name_the_argument():
         families_mp.forward_and_vjp(fcall, do, dfs[..., :1])
     with pytest.raises(ValueError, match="^prec"):
         families_mp.forward(fcall, prec=20)
+
+
+def test_a_call_with_packed_sequences_or_chunk_states_is_refused():
+    """The mpmath family call runs ``[B, T]`` tokens with ``[K, V]`` states: a call with another structure is a
+    ValueError naming what it has (read from the call's fields, whichever of them the call has)."""
+    fcall, _, _ = family_call("kda", 2)
+    families_mp.check_unpacked(fcall)  # a call of B rows of T tokens passes
+    packed = SimpleNamespace(cu_seqlens=np.array([0, 2, 5]), intermediate_chunk_size=None)
+    with pytest.raises(ValueError, match="^fcall: cu_seqlens: not supported"):
+        families_mp.check_unpacked(packed)
+    chunks = SimpleNamespace(cu_seqlens=None, intermediate_chunk_size=64, call_keywords=())
+    with pytest.raises(ValueError, match="^fcall: intermediate_chunk_size"):
+        families_mp.check_unpacked(chunks)
