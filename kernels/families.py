@@ -47,9 +47,10 @@ FLAGS = ("output_final_state", "use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_k
 
 
 def check_family_call(family, q, k, v, g, beta, *, scale=None, initial_state=None, flags=None, A_log=None,
-                      dt_bias=None, lower_bound=None):
+                      dt_bias=None, lower_bound=None, packed=False):
     """Static checks of a family call; returns ``((B, T, H, HV, K, V), scale, lower_bound)``. ValueError naming
-    the argument (shapes, dtypes, flags, gate parameters), as FLA's asserts and docs/DESIGN.md §2 say."""
+    the argument (shapes, dtypes, flags, gate parameters), as FLA's asserts and docs/DESIGN.md §2 say (``packed``:
+    sequences packed with ``cu_seqlens``, T == 0 allowed; the state's shape is then the core's to check)."""
     if family not in FAMILIES:
         raise ValueError(f"family: {family!r} not one of {FAMILIES}")
     named = dict(q=q, k=k, v=v, g=g, beta=beta)
@@ -63,7 +64,7 @@ def check_family_call(family, q, k, v, g, beta, *, scale=None, initial_state=Non
             raise ValueError(f"{name}: expected rank 4 [B, T, heads, dim], got shape {tuple(named[name].shape)}")
     B, T, H, K = q.shape
     HV, V = v.shape[2:]
-    if T == 0 or min(B, H, K, HV, V) == 0:
+    if (T == 0 and not packed) or min(B, H, K, HV, V) == 0:
         raise ValueError(f"q: zero-sized dimension in shape {tuple(q.shape)} / v {tuple(v.shape)}")
     if tuple(v.shape[:2]) != (B, T):
         raise ValueError(f"v: shape {tuple(v.shape)} does not match q's [B, T] = {(B, T)}")
@@ -145,19 +146,36 @@ class FamilyKernel:
 
     def __call__(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                  use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                 use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, check_values=False):
-        """``(o [B, T, HV, V] in v.dtype, final_state [B, HV, K, V] float32 or None)`` (module docstring)."""
+                 use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, check_values=False,
+                 cu_seqlens=None, return_intermediate_states=False, **layout):
+        """``(o [B, T, HV, V] in v.dtype, final_state [B, HV, K, V] float32 or None)`` (module docstring); with the
+        structural modes (``cu_seqlens``, ``return_intermediate_states`` -- kda only, as in FLA -- and the ``[V, K]``
+        state layout's keyword in ``layout``) the core's call modes (kernels/modes.py) run on the mapped problem, and
+        ``return_intermediate_states`` adds a third result."""
         flags = dict(output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                      use_gate_in_kernel=use_gate_in_kernel)
-        _, scale, lb = check_family_call(self.family, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                         flags=flags, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
+        structure = dict(layout)
+        if cu_seqlens is not None:
+            structure["cu_seqlens"] = cu_seqlens
+        if return_intermediate_states:
+            if self.family == "gdn":
+                raise ValueError("return_intermediate_states: not a keyword of the gdn family (FLA's "
+                                 "chunk_gated_delta_rule has none)")
+            structure["return_intermediate_states"] = True
+        _, scale, lb = check_family_call(self.family, q, k, v, g, beta, scale=scale,
+                                         initial_state=None if structure else initial_state, flags=flags, A_log=A_log,
+                                         dt_bias=dt_bias, lower_bound=lower_bound, packed=cu_seqlens is not None)
         if check_values:
             check_family_values(use_gate_in_kernel, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                                 A_log=A_log, dt_bias=dt_bias)
         static = tuple(bool(flags[f]) for f in FLAGS[1:])
-        o, final = self._jitted(scale, static, lb, q, k, v, g, beta, initial_state, A_log, dt_bias)
-        return o, (final if output_final_state else None)
+        if structure:  # the core's modes validate and run them (one program per structure, jitted inside)
+            out = self._run(scale, static, lb, q, k, v, g, beta, initial_state, A_log, dt_bias, structure)
+        else:
+            out = self._jitted(scale, static, lb, q, k, v, g, beta, initial_state, A_log, dt_bias)
+        o, final, *rest = out
+        return (o, final if output_final_state else None, *rest)
 
     # --- the steps of the map (overridden by the mutants of kernels/testing_families.py) -------------------
 
@@ -184,9 +202,9 @@ class FamilyKernel:
         shape = beta.shape
         return (jnp.broadcast_to(beta[..., None], (*shape, K)), jnp.broadcast_to(beta[..., None], (*shape, V)))
 
-    def run_core(self, q, k, v, g, b, w, scale, h0):
-        """GDN-2 on the mapped problem (every head a value head)."""
-        return self.core(q, k, v, g, b, w, scale=scale, initial_state=h0)
+    def run_core(self, q, k, v, g, b, w, scale, h0, structure=None):
+        """GDN-2 on the mapped problem (every head a value head), with the core's structural ``structure`` modes."""
+        return self.core(q, k, v, g, b, w, scale=scale, initial_state=h0, **(structure or {}))
 
     # --------------------------------------------------------------------------------------------------------
 
@@ -205,13 +223,13 @@ class FamilyKernel:
         b, w = self.gates(beta, K, V)
         return q, k, v, g, b, w
 
-    def _run(self, scale, static, lower_bound, q, k, v, g, beta, h0, A_log, dt_bias):
+    def _run(self, scale, static, lower_bound, q, k, v, g, beta, h0, A_log, dt_bias, structure=None):
         l2, sigmoid, neg, use_gate = static
         dtype = v.dtype
         xs = self.to_gdn2(q, k, v, g, beta, l2norm_qk=l2, sigmoid=sigmoid, neg=neg, use_gate=use_gate, A_log=A_log,
                           dt_bias=dt_bias, lower_bound=lower_bound)
-        o, final = self.run_core(*xs, scale, h0)
-        return o.astype(dtype), final
+        o, *rest = self.run_core(*xs, scale, h0, structure)
+        return (o.astype(dtype), *rest)
 
 
 # --- factories (kernels/registry.py) -------------------------------------------------------------------------

@@ -83,6 +83,14 @@ class ScalarGDNKernel(FamilyKernel):
     def __repr__(self):
         return f"ScalarGDNKernel(chunk_size={self.chunk_size})"
 
+    def __call__(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                 use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                 use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, check_values=False):
+        """The family call without the structural modes (dense ``[K, V]`` states; no packed sequences)."""
+        return super().__call__(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                                use_beta_sigmoid_in_kernel, allow_neg_eigval, use_gate_in_kernel, A_log, dt_bias,
+                                lower_bound, check_values)
+
     def _run(self, scale, static, lower_bound, q, k, v, g, beta, h0, A_log, dt_bias):
         l2, sigmoid, neg, use_gate = static
         dtype = v.dtype

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import INPUTS, as_float_array, check_layout, check_scale
+from .problem import INPUTS, RESULTS, as_float_array, check_grouped_layout, check_scale
 
 GATE_PARAMS = ("A_log", "dt_bias")
 
@@ -18,12 +18,16 @@ GATE_PARAMS = ("A_log", "dt_bias")
 class Call:
     """One ``chunk_gdn2`` call: inputs as read-only float64 copies plus its modes.
 
-    ``q, k, g, b: [B,T,H,K]``, ``v, w: [B,T,H,V]``; ``g`` is the log-decay, or with ``gate_in_kernel``
-    the raw gate pre-activation. ``cu_seqlens: [N+1]`` packs N sequences into ``B == 1`` (else
-    N = B). ``initial_state: [N,H,K,V]`` (``[N,H,V,K]`` with ``state_v_first``; None = zeros).
-    ``A_log: [H]``, ``dt_bias: [H*K]``, ``lower_bound < 0`` parametrise the gate;
+    ``q, k: [B,T,H,K]``, ``g, b: [B,T,HV,K]``, ``v, w: [B,T,HV,V]`` with ``HV = G H`` value heads (grouped value
+    heads, docs/DESIGN.md §1: value head ``hv`` reads key head ``hv // G``; ``HV == H`` is FLA ``chunk_gdn2``'s
+    layout); ``g`` is the log-decay, or with ``gate_in_kernel`` the raw gate pre-activation. ``cu_seqlens:
+    [N+1]`` packs N sequences into ``B == 1`` (else N = B). ``initial_state: [N,HV,K,V]`` (``[N,HV,V,K]`` with
+    ``state_v_first``; None = zeros). ``A_log: [HV]``, ``dt_bias: [HV*K]``, ``lower_bound < 0`` parametrise the gate;
     ``intermediate_chunk_size`` asks for the state at the start of every chunk of that many tokens.
     """
+
+    input_names = INPUTS  # the per-token arguments, in the contract's order
+    dense_results = RESULTS  # the results without the modes' extra ones, in report order
 
     q: np.ndarray
     k: np.ndarray
@@ -47,7 +51,7 @@ class Call:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         self._set(**{name: as_float_array(name, getattr(self, name), copy=True) for name in INPUTS})
-        B, T, H, K, V = check_layout({name: getattr(self, name) for name in INPUTS}, empty_ok=True)
+        B, T, H, K, V, HV = check_grouped_layout({name: getattr(self, name) for name in INPUTS}, empty_ok=True)
         if self.cu_seqlens is not None:
             self._set(cu_seqlens=_check_cu_seqlens(self.cu_seqlens, B, T))
         elif T == 0:
@@ -55,7 +59,7 @@ class Call:
         if not self.gate_in_kernel and np.any(self.g > 0):
             raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
         self._set(scale=check_scale(self.scale, K))
-        self._check_gate(H, K)
+        self._check_gate(HV, K)
         if self.initial_state is not None:
             h0 = as_float_array("initial_state", self.initial_state, copy=True)
             if h0.shape != self.state_shape:
@@ -70,7 +74,7 @@ class Call:
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 
-    def _check_gate(self, H, K):
+    def _check_gate(self, HV, K):
         """Gate parameters: FLA's shapes, present only with ``gate_in_kernel``, ``lower_bound < 0``."""
         given = [n for n in GATE_PARAMS + ("lower_bound",) if getattr(self, n) is not None]
         if not self.gate_in_kernel:
@@ -79,7 +83,7 @@ class Call:
             return
         if self.A_log is None and self.lower_bound is None:
             raise ValueError("A_log: required with gate_in_kernel=True unless lower_bound is set")
-        for name, shape in (("A_log", (H,)), ("dt_bias", (H * K,))):
+        for name, shape in (("A_log", (HV,)), ("dt_bias", (HV * K,))):
             if getattr(self, name) is not None:
                 a = as_float_array(name, getattr(self, name), copy=True)
                 if a.shape != shape:
@@ -101,22 +105,32 @@ class Call:
         return B, T, H, K, self.v.shape[-1]
 
     @property
+    def value_heads(self):
+        """HV: v's heads (the state's heads)."""
+        return self.v.shape[2]
+
+    @property
+    def group_size(self):
+        """``G = HV // H``: the value heads reading each key head (1 without grouped value heads)."""
+        return self.value_heads // self.q.shape[2]
+
+    @property
     def num_sequences(self):
         """N: ``len(cu_seqlens) - 1`` when packed, else B."""
         return self.shape[0] if self.cu_seqlens is None else len(self.cu_seqlens) - 1
 
     @property
     def _layout_name(self):
-        return "[N, H, V, K]" if self.state_v_first else "[N, H, K, V]"
+        return "[N, HV, V, K]" if self.state_v_first else "[N, HV, K, V]"
 
     @property
     def state_shape(self):
         """Shape of initial and final state in this call's layout."""
-        _, _, H, K, V = self.shape
-        return (self.num_sequences, H) + ((V, K) if self.state_v_first else (K, V))
+        _, _, _, K, V = self.shape
+        return (self.num_sequences, self.value_heads) + ((V, K) if self.state_v_first else (K, V))
 
     def chunk_states_shape(self, C):
-        """``[B, NT, H, K, V]`` (``[..., V, K]`` in the ``[V, K]`` layout) of the states at the starts of C-token
+        """``[B, NT, HV, K, V]`` (``[..., V, K]`` in the ``[V, K]`` layout) of the states at the starts of C-token
         chunks (chunks restart at every packed sequence's start)."""
         B, T, H, K, V = self.shape
         lengths = [T] if self.cu_seqlens is None else np.diff(self.cu_seqlens).tolist()
@@ -126,6 +140,10 @@ class Call:
     def inputs(self):
         """The six per-token inputs ``(q, k, v, g, b, w)`` as given (raw q, k, g)."""
         return tuple(getattr(self, name) for name in INPUTS)
+
+    def kernel_keywords(self):
+        """Keywords every kernel call passes besides the modes' (none: the contract returns the final state)."""
+        return {}
 
     def segments(self):
         """``(batch rows, t0, t1, state rows)`` per independent run: the dense batch, or each sequence."""
@@ -146,18 +164,18 @@ class Call:
         return dataclasses.replace(self, state_v_first=False, initial_state=h0)
 
     def h0(self):
-        """The initial state as ``[N, H, K, V]`` (zeros when none was given)."""
-        _, _, H, K, V = self.shape
+        """The initial state as ``[N, HV, K, V]`` (zeros when none was given)."""
+        _, _, _, K, V = self.shape
         if self.initial_state is None:
-            return np.zeros((self.num_sequences, H, K, V))
+            return np.zeros((self.num_sequences, self.value_heads, K, V))
         return self.to_kv(self.initial_state)
 
     def check_cotangents(self, do, dfinal_state):
-        """Validate ``do: [B,T,H,V]`` and ``dfinal_state`` (this call's state layout); return float64."""
-        B, T, H, _, V = self.shape
+        """Validate ``do: [B,T,HV,V]`` and ``dfinal_state`` (this call's state layout); return float64."""
+        B, T, _, _, V = self.shape
         do, dfs = as_float_array("do", do), as_float_array("dfinal_state", dfinal_state)
-        if do.shape != (B, T, H, V):
-            raise ValueError(f"do: shape {do.shape} does not match o's {(B, T, H, V)}")
+        if do.shape != (B, T, self.value_heads, V):
+            raise ValueError(f"do: shape {do.shape} does not match o's {(B, T, self.value_heads, V)}")
         if dfs.shape != self.state_shape:
             raise ValueError(f"dfinal_state: shape {dfs.shape} does not match {self._layout_name} = "
                              f"{self.state_shape}")

@@ -12,12 +12,14 @@ recurrence in the family's own parametrisation" (activations in float32, then th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from . import call_modes, preprocess, recurrence
+from . import call_modes, modes, preprocess, recurrence
+from .call import Call
 from .problem import GRADS, Grads, Problem, as_float_array, check_scale
 
 # --- the registry ------------------------------------------------------------------------------------------
@@ -103,10 +105,17 @@ def get(name) -> Family:
 
 # --- a call in a family's parametrisation ------------------------------------------------------------------
 
-# Keywords of FLA's entry points that change how FLA computes or how a call is packed, not what one dense call
-# computes: not keywords here (packed calls and the [V, K] layout are oracle.call.Call's modes for GDN-2).
-_HANDLED = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "lower_bound")
-_NOT_MAPPED = tuple(k for k in _MODE_KEYWORDS if k not in _HANDLED) + ("output_final_state",)
+# FLA's mode keywords that are oracle.call.Call's own fields (as the [V, K] state layout's flag): a family call
+# passes them to its mapped Call (FamilyCall.call_keywords) and reads them back from it.
+_CALL_FIELDS = tuple(f.name for f in dataclasses.fields(Call))
+_PASSED = tuple(k for k in _MODE_KEYWORDS if k in _CALL_FIELDS and k not in ("cu_seqlens", "lower_bound"))
+# FLA's mode keywords that are not arguments of :func:`call` (which takes the chunk states' quantity itself,
+# ``intermediate_chunk_size``) and ``output_final_state`` (always on here).
+_ARGUMENTS = ("use_qk_l2norm_in_kernel", "use_gate_in_kernel", "lower_bound", "cu_seqlens")
+_NOT_MAPPED = tuple(k for k in _MODE_KEYWORDS if k not in _ARGUMENTS + _PASSED) + ("output_final_state",)
+# The results of a family call without the modes' extra ones, in report order (the gradients are w.r.t. the call's
+# arguments as passed: q, k, v, g, beta, initial_state).
+FAMILY_RESULTS = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
 class FamilyGrads(NamedTuple):
@@ -129,10 +138,16 @@ FAMILY_GRADS = FamilyGrads._fields
 
 @dataclass(frozen=True, eq=False)
 class FamilyCall:
-    """One call of a mapped family (``kda`` or ``gdn``) with FLA's keywords; built by :func:`call`.
+    """One call of a mapped family (``kda`` or ``gdn``) with FLA's keywords and call modes; built by :func:`call`.
 
-    Arrays are read-only float64 copies. ``scale`` is the effective one (``K**-0.5`` by default).
+    Arrays are read-only float64 copies. ``scale`` is the effective one (``K**-0.5`` by default). The call modes
+    are :class:`oracle.call.Call`'s (``cu_seqlens``, ``state_v_first``, ``intermediate_chunk_size``; the gate and
+    the q/k norm under the registry's names :attr:`gate_in_kernel` / :attr:`qk_l2norm`), so
+    ``oracle.call_modes.active`` and ``keywords_for`` read a family call as they read a GDN-2 one.
     """
+
+    input_names = ("q", "k", "v", "g", "beta")  # the per-token arguments, in FLA's order
+    dense_results = FAMILY_RESULTS
 
     family: Family
     q: np.ndarray
@@ -149,12 +164,57 @@ class FamilyCall:
     A_log: np.ndarray | None
     dt_bias: np.ndarray | None
     lower_bound: float | None
+    cu_seqlens: np.ndarray | None = None
+    intermediate_chunk_size: int | None = None
+    call_keywords: tuple = ()  # ((name, value), ...): the other mode keywords of the mapped Call (_PASSED)
+
+    def __getattr__(self, name):
+        """A mode field of :class:`oracle.call.Call` this call has no field for: the mapped call's."""
+        if name in _CALL_FIELDS:
+            return getattr(self.to_call(), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def shape(self):
         """``(B, T, H, HV, K, V)``."""
         B, T, H, K = self.q.shape
         return B, T, H, self.v.shape[2], K, self.v.shape[3]
+
+    # --- the registry's view (oracle/call_modes.py) and the runner's (ci/running/modes.py) ------------------
+
+    @property
+    def gate_in_kernel(self):
+        """``use_gate_in_kernel`` under the registry's name."""
+        return self.use_gate_in_kernel
+
+    @property
+    def qk_l2norm(self):
+        """``use_qk_l2norm_in_kernel`` under the registry's name."""
+        return self.use_qk_l2norm_in_kernel
+
+    def inputs(self):
+        """The per-token arguments ``(q, k, v, g, beta)`` as passed to a kernel."""
+        return tuple(getattr(self, n) for n in self.input_names)
+
+    def kernel_keywords(self):
+        """FLA's keywords of the family every kernel call passes besides the modes': ``output_final_state=True``
+        and the beta flags that are on."""
+        flags = dict(use_beta_sigmoid_in_kernel=self.use_beta_sigmoid_in_kernel,
+                     allow_neg_eigval=self.allow_neg_eigval)
+        return {"output_final_state": True, **{k: True for k, on in flags.items() if on}}
+
+    @property
+    def state_shape(self):
+        """``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``): initial and final state."""
+        return self.to_call().state_shape
+
+    def chunk_states_shape(self, C):
+        """The states at the starts of C-token chunks: ``oracle.call.Call.chunk_states_shape``."""
+        return self.to_call().chunk_states_shape(C)
+
+    def check_cotangents(self, do, dfinal_state):
+        """``do: [B,T,HV,V]`` and ``dfinal_state`` in the state layout as float64 (ValueError naming either)."""
+        return self.to_call().check_cotangents(do, dfinal_state)
 
     @property
     def beta_scale(self):
@@ -189,10 +249,67 @@ class FamilyCall:
             return x["beta"]
         return self.beta_scale * preprocess.sigmoid(x["beta"])
 
+    def to_call(self, dtype=np.float64) -> Call:
+        """The GDN-2 call (:class:`oracle.call.Call`, grouped value heads) this call is: ``b = beta 1_K``,
+        ``w = beta 1_V`` with ``beta`` through its sigmoid (in working precision ``dtype``, held exactly) where the
+        flags say so; GDN's log-decay (or gate pre-activation) ``g 1_K`` and its ``dt_bias`` repeated over K (the
+        broadcast whose adjoint is the sum over K); the q/k norm, the gate and the call modes as they are."""
+        key = np.dtype(dtype).name
+        cache = self.__dict__.setdefault("_mapped", {})
+        if key not in cache:
+            cache[key] = self._to_call(dtype)
+        return cache[key]
+
+    def _to_call(self, dtype):
+        B, T, H, HV, K, V = self.shape
+        beta = np.asarray(self._beta(self._values(recurrence.Arith(dtype))), np.float64)
+        g, dt_bias = self.g, self.dt_bias
+        if self.family is GDN:
+            g = np.broadcast_to(g[..., None], (B, T, HV, K))
+            dt_bias = None if dt_bias is None else np.repeat(dt_bias, K)
+        return Call(self.q, self.k, self.v, g, np.broadcast_to(beta[..., None], (B, T, HV, K)),
+                    np.broadcast_to(beta[..., None], (B, T, HV, V)), scale=self.scale,
+                    initial_state=self.initial_state, cu_seqlens=self.cu_seqlens,
+                    gate_in_kernel=self.use_gate_in_kernel, A_log=self.A_log, dt_bias=dt_bias,
+                    lower_bound=self.lower_bound, qk_l2norm=self.use_qk_l2norm_in_kernel,
+                    intermediate_chunk_size=self.intermediate_chunk_size, **dict(self.call_keywords))
+
+    def project_results(self, results, dtype=np.float64):
+        """A GDN-2 results dict of :meth:`to_call`'s call (``oracle.modes.run_call``'s) as this call's: ``dbeta =
+        sum_k db + sum_v dw`` through beta's sigmoid, GDN's ``dg = sum_k dg_k`` and ``ddt_bias`` summed over K; the
+        outputs, states and the other gradients as they are (None stays None)."""
+        ar = recurrence.Arith(dtype)
+        out = {n: results.get(n) for n in ("o", "final_state", "intermediate_states", "dq", "dk", "dv", "dg",
+                                            "dh0", "dA_log", "ddt_bias")}
+        if "db" not in results:
+            return {n: x for n, x in out.items() if n in ("o", "final_state", "intermediate_states")}
+        dbeta = np.sum(ar.array(results["db"]), axis=-1) + np.sum(ar.array(results["dw"]), axis=-1)
+        if self.use_beta_sigmoid_in_kernel:
+            dbeta = self.beta_scale * preprocess.sigmoid_slope(ar.array(self.beta)) * dbeta
+        out["dbeta"] = dbeta
+        return self.project_sums(out)
+
+    def project_sums(self, named):
+        """GDN's ``dg`` (``[B,T,HV,K] -> [B,T,HV]``) and ``ddt_bias`` (``[HV*K] -> [HV]``) summed over K in ``named``
+        (results or their envelopes: sums of magnitudes stay envelopes); KDA's as they are."""
+        if self.family is not GDN:
+            return named
+        out = dict(named)
+        if out.get("dg") is not None:
+            out["dg"] = np.sum(out["dg"], axis=-1)
+        if out.get("ddt_bias") is not None:
+            out["ddt_bias"] = np.sum(np.reshape(out["ddt_bias"], (self.shape[3], -1)), axis=-1)
+        return out
+
     def to_gdn2(self, dtype=np.float64) -> Problem:
-        """The GDN-2 problem this call is, its activations computed in working precision ``dtype``:
+        """The GDN-2 problem this dense call is, its activations computed in working precision ``dtype``:
         ``q, k`` L2-normalised, ``beta`` through its sigmoid and ``g`` through the gate where the flags say so,
-        then ``b = beta 1_K``, ``w = beta 1_V`` and (GDN) ``g 1_K``; the values are held exactly (float64)."""
+        then ``b = beta 1_K``, ``w = beta 1_V`` and (GDN) ``g 1_K``; the values are held exactly (float64).
+        ValueError for a call with packed sequences, the ``[V, K]`` layout or chunk states (:meth:`to_call`)."""
+        if self.cu_seqlens is not None or self.intermediate_chunk_size is not None or any(
+                v for _, v in self.call_keywords):
+            raise ValueError("call: packed sequences, the [V, K] layout and chunk states are oracle.call.Call's "
+                             "modes: use to_call()")
         B, T, H, HV, K, V = self.shape
         x = self._values(recurrence.Arith(dtype))
         q, k = x["q"], x["k"]
@@ -230,14 +347,18 @@ class FamilyCall:
 
 def call(family, q, k, v, g, beta, *, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
          use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, use_gate_in_kernel=False, A_log=None,
-         dt_bias=None, lower_bound=None, **other) -> FamilyCall:
+         dt_bias=None, lower_bound=None, cu_seqlens=None, intermediate_chunk_size=None, **other) -> FamilyCall:
     """A validated call of family ``family`` (``"kda"`` / ``"gdn"`` or the :class:`Family`) with FLA's keywords.
 
     Shapes (docs/DESIGN.md §1, "Families"): ``q, k: [B,T,H,K]``, ``v: [B,T,HV,V]``, ``beta: [B,T,HV]``,
     ``g: [B,T,HV,K]`` (kda) or ``[B,T,HV]`` (gdn), ``initial_state: [B,HV,K,V]``, ``A_log: [HV]``,
-    ``dt_bias: [HV*K]`` (kda) or ``[HV]`` (gdn). Bad input is a ValueError naming the argument: a keyword GDN-2
-    cannot express (``gv``; for gdn ``gk`` and ``lower_bound``) is refused by name with the reason.
+    ``dt_bias: [HV*K]`` (kda) or ``[HV]`` (gdn). The call modes are :class:`oracle.call.Call`'s: ``cu_seqlens``
+    (``[N+1]``, B == 1; ``initial_state: [N, HV, K, V]``), the ``[V, K]`` state layout (FLA's keyword, in
+    ``other``), ``intermediate_chunk_size`` (the states at chunk starts; FLA's ``return_intermediate_states`` at
+    its chunk of 64). Bad input is a ValueError naming the argument: a keyword GDN-2 cannot express (``gv``; for
+    gdn ``gk`` and ``lower_bound``) is refused by name with the reason.
     """
+    passed = {n: other.pop(n) for n in _PASSED if n in other}
     fam = family if isinstance(family, Family) else get(family)
     if fam.name not in MAPPED:
         raise ValueError(f"family: {fam.name!r} is the oracle's own problem (oracle.Problem, oracle.Call); "
@@ -249,8 +370,8 @@ def call(family, q, k, v, g, beta, *, scale=None, initial_state=None, use_qk_l2n
         if name in refused:
             raise ValueError(f"{name}: not accepted by the {fam.name} family: {refused[name]}")
         if name in _NOT_MAPPED:
-            raise ValueError(f"{name}: not mapped by oracle.families (one dense call, [K, V] states; packed "
-                             "sequences and the [V, K] layout are oracle.call.Call's modes)")
+            raise ValueError(f"{name}: not an argument of oracle.families.call (the chunk states are asked for "
+                             "with intermediate_chunk_size; the final state is always returned)")
         raise ValueError(f"{name}: not a keyword of the {fam.name} family")
     flags = dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
@@ -261,27 +382,30 @@ def call(family, q, k, v, g, beta, *, scale=None, initial_state=None, use_qk_l2n
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True (as in FLA)")
     arrays = {n: as_float_array(n, a, copy=True) for n, a in dict(q=q, k=k, v=v, g=g, beta=beta).items()}
-    B, T, H, HV, K, V = _check_shapes(fam, arrays)
+    B, T, H, HV, K, V = _check_shapes(fam, arrays, packed=cu_seqlens is not None)
     if not use_gate_in_kernel and np.any(arrays["g"] > 0):
         raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
     shapes = fam.shapes(B, T, H, HV, K, V)
     gate_params = _check_gate(fam, shapes, use_gate_in_kernel, A_log, dt_bias, lower_bound)
-    h0 = None
-    if initial_state is not None:
-        h0 = as_float_array("initial_state", initial_state, copy=True)
-        if h0.shape != (B, HV, K, V):
-            raise ValueError(f"initial_state: shape {h0.shape} does not match [B, HV, K, V] = {(B, HV, K, V)}")
-    return FamilyCall(fam, **arrays, scale=check_scale(scale, K), initial_state=h0, **flags, **gate_params)
+    h0 = None if initial_state is None else as_float_array("initial_state", initial_state, copy=True)
+    fcall = FamilyCall(fam, **arrays, scale=check_scale(scale, K), initial_state=h0, **flags, **gate_params,
+                       cu_seqlens=cu_seqlens, intermediate_chunk_size=intermediate_chunk_size,
+                       call_keywords=tuple(sorted(passed.items())))
+    mapped = fcall.to_call()  # the call modes' checks (cu_seqlens, the state's shape and layout): ValueErrors
+    object.__setattr__(fcall, "cu_seqlens", mapped.cu_seqlens)
+    object.__setattr__(fcall, "initial_state", mapped.initial_state)
+    return fcall
 
 
-def _check_shapes(fam, arrays):
-    """``(B, T, H, HV, K, V)`` of the family's inputs, or ValueError naming the first input that does not fit."""
+def _check_shapes(fam, arrays, packed=False):
+    """``(B, T, H, HV, K, V)`` of the family's inputs, or ValueError naming the first input that does not fit
+    (``packed``: T == 0 allowed)."""
     for name in ("q", "v"):
         if arrays[name].ndim != 4:
             raise ValueError(f"{name}: expected rank 4 [B, T, heads, dim], got shape {arrays[name].shape}")
     B, T, H, K = arrays["q"].shape
     HV, V = arrays["v"].shape[2:]
-    if T == 0 or min(B, H, K, HV, V) == 0:
+    if (T == 0 and not packed) or min(B, H, K, HV, V) == 0:
         raise ValueError(f"q: zero-sized dimension in shape {arrays['q'].shape} / v {arrays['v'].shape}")
     if arrays["v"].shape[:2] != (B, T):
         raise ValueError(f"v: shape {arrays['v'].shape} does not match q's [B, T] = {(B, T)}")
@@ -328,13 +452,25 @@ def _check_gate(fam, shapes, use_gate_in_kernel, A_log, dt_bias, lower_bound):
 # --- forward and adjoint -----------------------------------------------------------------------------------
 
 
+def run(fcall: FamilyCall, dtype=np.float64, do=None, dfinal_state=None, *, core="recurrence", inner=None):
+    """The family call in working precision ``dtype``: a dict over ``o, final_state, intermediate_states`` (and, given
+    cotangents, ``dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias``; None where absent) in the call's layouts --
+    :meth:`FamilyCall.to_call` (beta's sigmoid in ``dtype``), ``oracle.modes.run_call`` (``core``, ``inner`` as
+    there), :meth:`FamilyCall.project_results` in ``dtype``."""
+    mapped = fcall.to_call(dtype)
+    if do is not None:
+        do, dfinal_state = mapped.check_cotangents(do, dfinal_state)
+    results = modes.run_call(mapped, recurrence.Arith(dtype), do, dfinal_state, core=core, inner=inner)
+    return fcall.project_results(results, dtype)
+
+
 def forward(fcall: FamilyCall, dtype=np.float64):
     """``(o, final_state)`` of the family call: activations and the recurrence in working precision ``dtype``."""
-    return recurrence.forward(fcall.to_gdn2(dtype), dtype)
+    out = run(fcall, dtype)
+    return out["o"], out["final_state"]
 
 
 def forward_and_vjp(fcall: FamilyCall, do, dfinal_state, dtype=np.float64):
     """Forward and hand-derived adjoint in working precision ``dtype``: ``((o, final_state), FamilyGrads)``."""
-    problem = fcall.to_gdn2(dtype)
-    outputs, grads = recurrence.forward_and_vjp(problem, do, dfinal_state, dtype)
-    return outputs, fcall.project(grads, dtype)
+    out = run(fcall, dtype, do, dfinal_state)
+    return (out["o"], out["final_state"]), FamilyGrads(*(out[n] for n in FamilyGrads._fields))

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import families
+from . import call_modes, families, mode_recipes
 from .generate import DECAYS, KERNEL_DTYPES, QK_MODES, make_problem, random_cotangents, round_to
 
 BETAS = ("uniform", "small", "near_one", "near_two", "logits", "logits_high")
 # Beta regimes that are logits (the call sets use_beta_sigmoid_in_kernel).
 LOGIT_BETAS = ("logits", "logits_high")
-_TAGS = {"beta": 11}
+_TAGS = {"beta": 11, "gate": 13, "params": 14, "h0": 15, "cot": 16}
 
 
 def _check_int(name, n, lo):
@@ -50,7 +50,11 @@ class FamilyRecipe:
     ``H`` key heads, ``HV`` value heads (a multiple of ``H``: value head ``hv`` reads key head ``hv // (HV // H)``).
     ``beta``: one of :data:`BETAS` (the logit regimes set ``use_beta_sigmoid_in_kernel``); ``neg_eigval``:
     ``allow_neg_eigval`` (needs a logit regime); ``qk_l2norm``: raw q/k rows (norms ``~10^U[-1, 1]``) normalised in
-    the kernel (``use_qk_l2norm_in_kernel``). ``precision``: the kernel's input dtype.
+    the kernel (``use_qk_l2norm_in_kernel``). ``precision``: the kernel's input dtype. ``mode``: the name of a
+    training-call recipe (``oracle.mode_recipes``) whose structure the call takes -- its lengths and packing, its
+    in-kernel gate form (which parameters, ``lower_bound``), q/k norm, state layout, chunk states and initial state
+    -- in this family's parametrisation with these heads and dimensions (B and T are the mode recipe's); the
+    family must take every keyword of its modes (FLA's GDN has no ``lower_bound`` and no chunk states).
     """
 
     family: str
@@ -68,6 +72,7 @@ class FamilyRecipe:
     initial_state: bool = False
     seed: int = 0
     precision: str = "float32"
+    mode: str | None = None
 
     def __post_init__(self):
         families.get(self.family)
@@ -83,15 +88,50 @@ class FamilyRecipe:
                 raise ValueError(f"{name}: {value!r} not one of {tuple(choices)}")
         if self.neg_eigval and self.beta not in LOGIT_BETAS:
             raise ValueError(f"neg_eigval: needs beta logits ({LOGIT_BETAS}), got beta={self.beta!r}")
+        if self.mode is not None:
+            structure = self.structure()
+            fam = families.get(self.family)
+            missing = [k for m in structure.modes for k in call_modes.get(m).keywords
+                       if k not in fam.flags + tuple(n for n, _ in fam.params) and k != "lower_bound"]
+            if structure.lower_bound is not None and dict(fam.refused).get("lower_bound"):
+                missing.append("lower_bound")
+            if missing:
+                raise ValueError(f"mode: {self.mode!r} needs {sorted(set(missing))}, not keywords of the "
+                                 f"{self.family} family")
+            if (self.B, self.T) != structure.shape[:2]:
+                raise ValueError(f"B: (B, T) = {(self.B, self.T)} is not the mode recipe's {structure.shape[:2]}")
 
     @property
     def shape(self):
         """``(B, T, H, HV, K, V)``."""
         return self.B, self.T, self.H, self.HV, self.K, self.V
 
+    @classmethod
+    def in_mode(cls, family, mode, H, HV, K, V, **fields):
+        """The recipe of ``family`` in the structure of mode recipe ``mode`` (B and T taken from it)."""
+        B, T = mode_recipes.get(mode).shape[:2]
+        return cls(family, B, T, H, HV, K, V, mode=mode, **fields)
+
+    def structure(self):
+        """The mode recipe this call takes its structure from, with this recipe's heads, dimensions, precision and
+        seed (ValueError naming ``mode`` for an unknown one); None for a dense call."""
+        if self.mode is None:
+            return None
+        try:
+            r = mode_recipes.get(self.mode)
+        except ValueError:
+            raise ValueError(f"mode: {self.mode!r} is not a recipe of oracle.mode_recipes") from None
+        return r.replace(H=self.H, K=self.K, V=self.V, precision=self.precision, seed=self.seed)
+
+    @property
+    def modes(self):
+        """The call modes this call uses (the mode recipe's; empty for a dense call)."""
+        return () if self.mode is None else self.structure().modes
+
     def flags(self):
         """FLA's keywords this call sets (only those that are True)."""
-        out = {"use_qk_l2norm_in_kernel": self.qk_l2norm, "use_beta_sigmoid_in_kernel": self.beta in LOGIT_BETAS,
+        l2 = self.qk_l2norm or (self.mode is not None and self.structure().qk_l2norm)
+        out = {"use_qk_l2norm_in_kernel": l2, "use_beta_sigmoid_in_kernel": self.beta in LOGIT_BETAS,
                "allow_neg_eigval": self.neg_eigval}
         return {k: v for k, v in out.items() if v}
 
@@ -101,8 +141,13 @@ class FamilyRecipe:
 
     def regime(self):
         """The recipe's regime as a report describes it."""
-        return {"family": self.family, "HV": self.HV, "decay": self.decay, "beta": self.beta,
-                "initial_state": self.initial_state, "seed": self.seed, "flags": sorted(self.flags())}
+        out = {"family": self.family, "HV": self.HV, "decay": self.decay, "beta": self.beta,
+               "initial_state": self.initial_state, "seed": self.seed, "flags": sorted(self.flags())}
+        if self.mode is not None:
+            r = self.structure()
+            out.update(mode=self.mode, modes=list(r.modes), lengths=list(r.lengths), packed=r.packed, gate=r.gate,
+                       lower_bound=r.lower_bound, initial_state=r.initial_state or self.initial_state)
+        return out
 
     def replace(self, **changes):
         """A new validated recipe with some fields replaced."""
@@ -125,6 +170,8 @@ class FamilyRecipe:
 
     def build(self):
         """``(call, do, dfinal_state)``: the exact family call (``oracle.families.call``) and its cotangents."""
+        if self.mode is not None:
+            return self._build_in_mode()
         B, T, H, HV, K, V = self.shape
         base = make_problem(B, T, H, K, V, HV=HV, decay=self.decay, gates="uniform",
                             qk="raw" if self.qk_l2norm else self.qk, initial_state=self.initial_state,
@@ -138,6 +185,35 @@ class FamilyRecipe:
                               **self.flags())
         do, dfs = random_cotangents(base, self.seed, self.precision)
         return fcall, do, dfs
+
+    def _build_in_mode(self):
+        """:meth:`build` in the structure of :meth:`structure`: inputs as for a dense call, then the mode recipe's
+        q/k rows (norm), a raw gate ``N(0, 1)`` with ``A_log = log U[1, 16]`` and ``dt_bias ~ N(0, 1)`` (float32, the
+        family's shapes), its packing, state layout and chunk states; initial state and cotangents ``N(0, 1)``."""
+        B, T, H, HV, K, V = self.shape
+        r = self.structure()
+        base = make_problem(B, T, H, K, V, HV=HV, decay=self.decay, gates="uniform", qk=self.qk,
+                            precision=self.precision, seed=self.seed)
+        q, k = r.qk_raw((B, T, H, K)) if r.qk_l2norm else (base.q, base.k)
+        g = base.g if self.family == "kda" else base.g[..., 0]
+        kw = {}
+        if r.gate is not None:
+            g = round_to(self._rng("gate").standard_normal(g.shape), self.precision)
+            shapes = families.get(self.family).shapes(B, T, H, HV, K, V)
+            rng = self._rng("params")
+            A_log = round_to(np.log(rng.uniform(1.0, 16.0, shapes["A_log"])), "float32")
+            dt_bias = round_to(rng.standard_normal(shapes["dt_bias"]), "float32")
+            kw = dict(use_gate_in_kernel=True, A_log=A_log if r.A_log else None,
+                      dt_bias=dt_bias if r.dt_bias else None, lower_bound=r.lower_bound)
+        structure = {n: x for n, x in r.call_structure().items() if x is not None and x is not False}
+        args = (self.family, q, k, base.v, g, self._beta())
+        fcall = families.call(*args, **kw, **structure, **self.flags())
+        if r.initial_state or self.initial_state:
+            h0 = round_to(self._rng("h0").standard_normal(fcall.state_shape), "float32")
+            fcall = families.call(*args, initial_state=h0, **kw, **structure, **self.flags())
+        rng = self._rng("cot")
+        do = round_to(rng.standard_normal((B, T, HV, V)), self.precision)
+        return fcall, do, round_to(rng.standard_normal(fcall.state_shape), "float32")
 
 
 # The quick set, per family (docs/DESIGN.md §4): grouped value heads with G = 2 and 4 on H = 2 key heads; a long
@@ -157,13 +233,51 @@ QUICK = {f"{fam}_{name}": FamilyRecipe(fam, *shape, decay=decay, beta=beta, seed
          for i, fam in enumerate(families.MAPPED) for j, (name, shape, decay, beta, extra) in enumerate(_QUICK)}
 
 
+def _in_mode(family, mode, j):
+    """The family recipe in mode recipe ``mode``'s structure (H = 2 key heads, G = 2 or 4 alternating, the mode
+    recipe's K, V and precision; beta logits on every other one), or None where the family lacks a keyword of it."""
+    r = mode_recipes.get(mode)
+    beta = "logits" if j % 2 else "uniform"
+    try:
+        return FamilyRecipe.in_mode(family, mode, 2, 4 if j % 2 == 0 else 8, r.K, r.V, beta=beta, seed=700 + j,
+                                    precision=r.precision, decay=r.decay)
+    except ValueError:
+        return None
+
+
+def _mode_sets():
+    """``(quick, full)``: per family, the first float32 mode recipe using one call mode alone for every call mode the
+    family takes (quick), and every mode recipe it takes (full), named ``<family>_<mode recipe>``."""
+    quick, full = {}, {}
+    catalogue = mode_recipes.names("full")
+    for family in families.MAPPED:
+        for j, mode in enumerate(catalogue):
+            recipe = _in_mode(family, mode, j)
+            if recipe is not None:
+                full[f"{family}_{mode}"] = recipe
+        for m in mode_recipes.MODES:
+            for mode in mode_recipes.names("quick") + catalogue:
+                r = mode_recipes.get(mode)
+                if r.modes == (m,) and r.precision == "float32" and f"{family}_{mode}" in full:
+                    quick[f"{family}_{mode}"] = full[f"{family}_{mode}"]
+                    break
+    return quick, full
+
+
+QUICK_MODES, FULL_MODES = _mode_sets()
+CATALOGUE = {**QUICK, **FULL_MODES}
+
+
 def names(kind="quick"):
-    """The recipes' names of a case set (``quick`` and ``full``: :data:`QUICK`; ``golden``: none)."""
-    return list(QUICK) if kind in ("quick", "full") else []
+    """The recipes' names of a case set: ``quick``: :data:`QUICK` (dense) and :data:`QUICK_MODES` (one call per
+    mode); ``full``: :data:`QUICK` and :data:`FULL_MODES` (every mode recipe the family takes); ``golden``: none."""
+    if kind == "quick":
+        return list(QUICK) + list(QUICK_MODES)
+    return list(QUICK) + list(FULL_MODES) if kind == "full" else []
 
 
 def get(name) -> FamilyRecipe:
     """The catalogued recipe ``name`` (ValueError naming an unknown one)."""
-    if name not in QUICK:
-        raise ValueError(f"name: {name!r} not one of {list(QUICK)}")
-    return QUICK[name]
+    if name not in CATALOGUE:
+        raise ValueError(f"name: {name!r} not one of {list(CATALOGUE)}")
+    return CATALOGUE[name]

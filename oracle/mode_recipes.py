@@ -179,12 +179,18 @@ class ModeRecipe:
         """The recipe as Python source (``from gdn2_oracle.oracle.mode_recipes import ModeRecipe``)."""
         return "ModeRecipe(" + ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self).items()) + ")"
 
+    def call_structure(self):
+        """The call's structure as :class:`oracle.call.Call` keywords (what a recipe of another parametrisation,
+        ``oracle.family_recipes``, takes from this one): ``cu_seqlens``, the state layout, the chunk states."""
+        return {"cu_seqlens": self.cu_seqlens, "state_v_first": self.state_v_first,
+                "intermediate_chunk_size": self.intermediate_chunk_size}
+
     # --- building it -------------------------------------------------------------------------------
 
     def _rng(self, tag, seed=None):
         return np.random.default_rng(np.random.SeedSequence([self.seed if seed is None else seed, _TAGS[tag]]))
 
-    def _qk_raw(self, shape):
+    def qk_raw(self, shape):
         """Unnormalised q, k for the L2-norm mode (rows of norm ~10^U[-1,1]; near-zero rows on request)."""
         rng = self._rng("qk")
         B, T, H, K = shape
@@ -213,7 +219,7 @@ class ModeRecipe:
         q, k, v, g, b, w = base.inputs()
         kw = {}
         if self.qk_l2norm:
-            q, k = self._qk_raw(q.shape)
+            q, k = self.qk_raw(q.shape)
         if self.gate is not None:
             g = round_to(self._rng("gate").standard_normal(g.shape), self.precision)
             rng = self._rng("params")

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import chunked32, mp, preprocess, recurrence
 from .call import GATE_PARAMS, Call
-from .problem import GRADS, INPUTS, Problem
+from .problem import GRADS, INPUTS, Problem, repeat_heads, sum_groups
 
 MODE_GRADS = GRADS + ("dA_log", "ddt_bias")
 # The per-sequence core a pipeline runs: the token-by-token recurrence (the reference, and e_rec in float32)
@@ -134,11 +134,15 @@ def run_call(call: Call, ar, do=None, dfinal_state=None, overrides=None, *, core
     ``core`` (one of :data:`CORES`) is what runs each sequence; ``chunked32`` computes in float32 whatever
     ``ar`` is (the pre-activations and their adjoints stay in ``ar``'s type). ``inner``, a dict, receives
     the core's view: ``inputs`` (the pre-processed ``q, k, v, g, b, w`` by name) and, given cotangents,
-    ``grads`` (the gradients w.r.t. those, ``dq ... dw``, and ``dh0`` as ``[N, H, K, V]``).
+    ``grads`` (the gradients w.r.t. those, ``dq ... dw``, and ``dh0`` as ``[N, HV, K, V]``). With grouped value
+    heads the core runs every value head on its own copy of its key head's ``q, k`` (``repeat_heads``; their
+    gradients summed over each group, ``sum_groups``, are the call's), and ``inner`` holds that per-value-head view.
     """
     run = _core(core)
     x = _inputs(call, ar, overrides or {})
+    G = call.group_size
     arrays = _preprocessed(call, x)
+    arrays = tuple(repeat_heads(a, G) if n in ("q", "k") else a for n, a in zip(INPUTS, arrays))
     out = {"o": np.zeros(call.v.shape, dtype=x.h0.dtype), "final_state": np.array(x.h0)}
     if do is not None:
         dfs = ar.array(call.to_kv(dfinal_state))
@@ -165,6 +169,7 @@ def run_call(call: Call, ar, do=None, dfinal_state=None, overrides=None, *, core
         return out
     if inner is not None:
         inner["grads"] = {n: np.array(a) for n, a in grads.items()}
+    grads["dq"], grads["dk"] = sum_groups(grads["dq"], G), sum_groups(grads["dk"], G)
     _chain_back(call, x, grads)
     return {**out, **grads}
 

@@ -73,16 +73,17 @@ def check_layout(arrays, *, empty_ok=False):
     return B, T, H, K, V
 
 
-def check_grouped_layout(arrays):
+def check_grouped_layout(arrays, *, empty_ok=False):
     """Ranks and shapes of the six inputs with grouped value heads (docs/DESIGN.md §1): ``q, k: [B,T,H,K]``,
     ``g, b: [B,T,HV,K]``, ``v, w: [B,T,HV,V]`` with ``HV`` (v's heads) a positive multiple of ``H``; returns
-    ``(B, T, H, K, V, HV)``, or ValueError naming the input. ``HV == H`` is :func:`check_layout`'s layout."""
+    ``(B, T, H, K, V, HV)``, or ValueError naming the input. ``HV == H`` is :func:`check_layout`'s layout.
+    ``empty_ok``: T == 0 is allowed."""
     for name, a in arrays.items():
         if a.ndim != 4:
             raise ValueError(f"{name}: expected rank 4 [B, T, heads, dim], got shape {a.shape}")
     B, T, H, K = arrays["q"].shape
     HV, V = arrays["v"].shape[2:]
-    if T == 0:
+    if T == 0 and not empty_ok:
         raise ValueError("q: empty sequence (T == 0)")
     if min(B, H, K, V) == 0:
         raise ValueError(f"q: zero-sized dimension in shape {arrays['q'].shape} / v {arrays['v'].shape}")

@@ -126,8 +126,9 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
 
     ``modes`` (default: :data:`VALIDATE_MODES`): the dense cases when it has ``dense``, the training-call mode cases
     (:func:`ci.grading.modes.cases`) whose modes it all has, and the serving sessions of its serving modes.
-    ``families`` (default: ``gdn2`` only): the GDN-2 cases above when it has ``gdn2``; with ``dense`` in ``modes``, the
-    family cases (:func:`ci.grading.families.cases`: dense calls in FLA's signature) of its other families.
+    ``families`` (default: ``gdn2`` only): the GDN-2 cases above when it has ``gdn2``; the family cases
+    (:func:`ci.grading.families.cases`: calls in FLA's signature, dense with ``dense`` in ``modes``, and the mode
+    calls whose modes ``modes`` all has) of its other families.
     """
     if kind not in CASE_SETS:
         raise ValueError(f"cases: {kind!r} not one of {CASE_SETS}")
@@ -139,8 +140,9 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     if GDN2 in families:
         cases = gdn2_cases(kind, dtypes, seed, modes)
     mapped = [f for f in oracle.families.MAPPED if f in families]
-    if PLAIN in modes and mapped:
-        cases += family_grading.cases(kind, dtypes, seed=seed, families_selected=mapped, case_type=FamilyRunCase)
+    if mapped:
+        cases += family_grading.cases(kind, dtypes, seed=seed, families_selected=mapped, modes_selected=modes,
+                                      dense=PLAIN in modes, case_type=FamilyRunCase)
     serving = [m for m in SERVING_MODES if m in modes]
     if mapped and serving and kind != "golden":  # the families' serving sessions, in both pool layouts
         cases += serving_running.family_serving_cases(mapped, dtypes, seed, serving)
@@ -200,11 +202,11 @@ def case_family(case):
 
 
 def accepted_modes(fn, family=GDN2):
-    """The modes other than dense that kernel ``fn`` accepts: training-call keywords, a state pool (a family kernel:
-    none, the modes are GDN-2's)."""
+    """The modes other than dense that kernel ``fn`` accepts: training-call keywords (a family kernel: those its
+    family has, ``ci.running.families.accepted_family_modes``), a state pool."""
     serving = SERVING_MODES if serving_running.accepts_serving(fn) else ()
     if family != GDN2:
-        return list(serving)  # a family kernel taking a pool: its family's serving sessions
+        return [*family_running.accepted_family_modes(fn, family), *serving]
     return [*mode_running.accepted_modes(fn), *serving]
 
 

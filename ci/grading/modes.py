@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from gdn2_oracle.oracle import RESULTS, mode_recipes, modes, preprocess
+from gdn2_oracle.oracle import RESULTS, mode_recipes, modes, preprocess, recurrence
 from gdn2_oracle.oracle import call_modes as registry
 from gdn2_oracle.oracle.call import Call
 from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES
@@ -65,10 +65,11 @@ def call_modes(call: Call):
 
 
 def result_names(call: Call):
-    """The results a kernel is judged on for this call, in report order."""
+    """The results a kernel is judged on for this call (a GDN-2 :class:`oracle.call.Call` or a family call: its
+    ``dense_results``), in report order."""
     extra = {"intermediate_states": call.intermediate_chunk_size is not None,
              "dA_log": call.A_log is not None, "ddt_bias": call.dt_bias is not None}
-    return RESULTS + tuple(n for n in EXTRA_RESULTS if extra[n])
+    return call.dense_results + tuple(n for n in EXTRA_RESULTS if extra[n])
 
 
 def named(forward, grads, names):
@@ -225,13 +226,31 @@ class ModeCase(CachedCase):
                 self._exact_states = stored.get("intermediate_states")
         return self._with_states(self._ref, chunk_size, "reference")
 
+    # --- the pipeline a case's call runs (overridden by a family case, ci/grading/families.py) ----------------
+
+    def run_pipeline(self, call, dtype, do=None, dfs=None, *, core="recurrence", inner=None):
+        """The call's results by name in working precision ``dtype`` (``oracle.modes.run_call``)."""
+        if do is not None:
+            do, dfs = call.check_cotangents(do, dfs)
+        return modes.run_call(call, recurrence.Arith(dtype), do, dfs, core=core, inner=inner)
+
+    def envelopes_of(self, call, inner):
+        """The envelopes of the call's results from the float64 core view ``inner`` (:func:`envelopes`)."""
+        return envelopes(call, inner)
+
+    def core_call(self):
+        """The GDN-2 :class:`oracle.call.Call` whose core the results come from (the case's call itself)."""
+        return self.call
+
+    # ----------------------------------------------------------------------------------------------------------
+
     def _float64(self, call, do, dfs, names):
         """``(results over names, envelopes)`` of the float64 pipeline (one cached entry: ``ref/N``, ``env/N``)."""
         def compute():
             inner = {}  # the float64 core view: the envelopes' terms
-            fwd, grads = modes.forward_and_vjp_modes(self._without_intermediate(), do, dfs, inner=inner)
-            return {**{f"ref/{n}": a for n, a in named(fwd, grads, names).items()},
-                    **{f"env/{n}": a for n, a in envelopes(call, inner).items()}}
+            results = self.run_pipeline(self._without_intermediate(), np.float64, do, dfs, inner=inner)
+            return {**{f"ref/{n}": np.asarray(results[n], np.float64) for n in names},
+                    **{f"env/{n}": a for n, a in self.envelopes_of(call, inner).items()}}
 
         both = self._cached({"value": "reference"}, compute)
         return ({n[4:]: a for n, a in both.items() if n.startswith("ref/")},
@@ -247,10 +266,11 @@ class ModeCase(CachedCase):
         pipeline and by the two float32 baselines (cached per C)."""
         if C not in self._chunks:
             call = dataclasses.replace(self.call, intermediate_chunk_size=int(C))
+            run = self.run_pipeline
             self._chunks[C] = self._cached({"value": "chunk_states", "chunk_size": int(C)}, lambda: {
-                "reference": modes.forward_modes(call).intermediate_states,
-                "recurrence": modes.forward_modes(call, np.float32).intermediate_states,
-                "chunked32": modes.forward_modes(call, np.float32, core="chunked32").intermediate_states})
+                "reference": run(call, np.float64)["intermediate_states"],
+                "recurrence": run(call, np.float32)["intermediate_states"],
+                "chunked32": run(call, np.float32, core="chunked32")["intermediate_states"]})
         return self._chunks[C]
 
     def _with_states(self, results, chunk_size, which, result_dtypes=None):
@@ -271,8 +291,9 @@ class ModeCase(CachedCase):
             _, do, dfs = self.data()
 
             def compute():
-                fwd, grads = modes.forward_and_vjp_modes(self._without_intermediate(), do, dfs, np.float32, core=core)
-                return rounded(named(fwd, grads, [n for n in names if n != "intermediate_states"]), result_dtypes)
+                results = self.run_pipeline(self._without_intermediate(), np.float32, do, dfs, core=core)
+                return rounded({n: np.asarray(results[n], np.float64) for n in names if n != "intermediate_states"},
+                               result_dtypes)
 
             cache[key] = self._cached({"value": core, "result_dtypes": list(key)}, compute)
         return self._with_states(cache[key], chunk_size, core, result_dtypes)
@@ -287,7 +308,7 @@ class ModeCase(CachedCase):
 
     def diagnosis_problem(self):
         """What the diagnosis reads: the log-decay the core saw (after the gate) and the initial state."""
-        call = self.call
+        call = self.core_call()
         return SimpleNamespace(g=preprocess.call_log_decay(call), initial_state=call.initial_state)
 
     def judge(self, got, *, chunk_size=None) -> Report:

@@ -19,7 +19,7 @@ from ..grading.case import Case
 from ..grading.families import FamilyCase
 from ..grading.modes import ModeCase
 from ..grading.result import INPUT_ERROR, CaseResult
-from . import families, harness, modes
+from . import harness, modes
 
 
 class Runs:
@@ -99,30 +99,13 @@ class CallCase(Runs, ModeCase):
     def inputs(call, do, dfs):
         """The arrays of a training call's data (those the call has) and its cotangents."""
         out = {}
-        for name in (*oracle.INPUTS, "h0", "initial_state", "cu_seqlens"):
+        for name in (*call.input_names, "h0", "initial_state", "cu_seqlens"):
             x = getattr(call, name, None)
             if x is not None and not callable(x):
                 out[name] = x
         return {**out, "do": do, "dfinal_state": dfs}
 
 
-class FamilyRunCase(Runs, FamilyCase):
-    """A family case (:class:`ci.grading.families.FamilyCase`) run through ``families.family_results``: the kernel in
-    FLA's signature with the flags the case sets."""
-
-    def results(self, fn, data, mesh, program):
-        fcall, do, dfs = data
-        families.check_representable(fcall, self.dtype)
-        return families.family_results(fn, fcall, do, dfs, dtype=self.dtype, flags=self.flags)
-
-    def graded(self, fn, got):
-        return self.judge(got)
-
-    def exact(self, fn):
-        return self.reference()
-
-    @staticmethod
-    def inputs(fcall, do, dfs):
-        """The arrays of a family call (q, k, v, g, beta, h0) and its cotangents."""
-        h0 = {} if fcall.initial_state is None else {"h0": fcall.initial_state}
-        return {**families.inputs(fcall), **h0, "do": do, "dfinal_state": dfs}
+class FamilyRunCase(CallCase, FamilyCase):
+    """A family case (:class:`ci.grading.families.FamilyCase`) run like a training call (``modes.mode_results``): the
+    kernel in FLA's signature with the flags and mode keywords the case sets."""

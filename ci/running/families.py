@@ -20,16 +20,12 @@ from __future__ import annotations
 
 import functools
 
-import jax
-import numpy as np
-
 from gdn2_oracle.kernels import spec as spec_lib
 from gdn2_oracle.kernels.spec import KernelSpec, accepts_keywords, keyword_names
-from gdn2_oracle.oracle import families
+from gdn2_oracle.oracle import call_modes, families
 
-from ..grading.families import FAMILY_RESULTS, GDN2
-from . import harness
-from .per_kernel import per_kernel
+from ..grading.families import GDN2
+from . import modes
 
 FAMILY_OPTION = "family"
 # FLA's keywords a family case may set (oracle.family_recipes.FamilyRecipe.flags).
@@ -95,68 +91,33 @@ def accepted_flags(fn):
     return [f for f in FLAGS if takes_flags(fn, (f,))]
 
 
-def check_results(out, q, v, o_dtype=None):
-    """``harness.ContractError`` unless ``out`` is ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype (or the
-    kernel's ``o_dtype``), the final state ``[B, HV, K, V]`` float32 (``harness.check_results`` with the value
-    heads: its shapes are v's heads)."""
-    B, T, H, K = q.shape
-    HV = v.shape[2]
-    harness.check_results(out, _Shape((B, T, HV, K)), v, o_dtype)
-
-
-class _Shape:
-    """Something with ``q``'s shape as :func:`harness.check_results` reads it (the value heads in place of H)."""
-
-    def __init__(self, shape):
-        self.shape = shape
-
-
-@per_kernel
-def runner(fn):
-    """A jitted ``(inputs, h0, do, dfs, scale, flags) -> results`` for kernel ``fn``: ``jax.vjp`` of the family
-    call w.r.t. ``q, k, v, g, beta, initial_state``; a result that breaks the contract raises ContractError while
-    tracing."""
-
-    def run(inputs, h0, do, dfs, scale, flags):
-        def call(q, k, v, g, beta, h0):
-            out = fn(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True, **dict(flags))
-            check_results(out, q, v, getattr(fn, "o_dtype", None))
-            return tuple(out)
-
-        (o, S), pullback = jax.vjp(call, *inputs, h0)
-        return (o, S) + tuple(pullback((do.astype(o.dtype), dfs)))
-
-    return jax.jit(run, static_argnames=("scale", "flags"))
+def accepted_family_modes(fn, family):
+    """The training-call modes kernel ``fn`` of ``family`` takes part in: those whose keywords the family has (its
+    FLA entry point's, ``oracle.families.Family``; ``lower_bound`` aside, which only the bounded gate's cases set) and
+    ``fn``'s signature accepts, in registry order."""
+    fam = families.get(family)
+    allowed = set(fam.flags) | {name for name, _ in fam.params}
+    out = []
+    for m in call_modes.names("training"):
+        needed = [k for k in call_modes.get(m).keywords if k != "lower_bound"]
+        if set(needed) <= allowed and accepts_keywords(fn, tuple(needed)):
+            out.append(m)
+    return tuple(out)
 
 
 def inputs(fcall: families.FamilyCall):
     """The family call's per-token inputs by name (q, k, v, g, beta) as passed to the kernel."""
-    return {n: getattr(fcall, n) for n in ("q", "k", "v", "g", "beta")}
+    return dict(zip(fcall.input_names, fcall.inputs()))
 
 
 def check_representable(fcall: families.FamilyCall, dtype):
-    """ValueError if the call's inputs are not exactly representable in ``dtype``."""
-    jdt = harness.check_dtype(dtype)
-    for name, x in inputs(fcall).items():
-        if not np.array_equal(harness.host_cast(x, jdt).astype(np.float64), x):
-            raise ValueError(f"{name}: values are not exactly representable in {dtype}")
+    """ValueError if the call's inputs are not exactly representable in ``dtype`` (``modes.check_representable``)."""
+    modes.check_representable(fcall, dtype)
 
 
-def family_results(fn, fcall: families.FamilyCall, do, dfinal_state, *, dtype="float32", flags=()):
-    """``{name: np.ndarray}`` over ``o, final_state, dq, dk, dv, dg, dbeta, dh0``, in the dtypes the kernel returned,
-    of kernel ``fn`` on the family call (``flags``: FLA's keywords passed as True). Runs without a mesh."""
-    jdt = harness.check_dtype(dtype)
-    B, _, _, HV, K, V = fcall.shape
-    h0 = np.zeros((B, HV, K, V)) if fcall.initial_state is None else fcall.initial_state
-    xs = tuple(harness.to_device(x, jdt) for x in inputs(fcall).values())
-    args = (xs, harness.to_device(h0, np.float32), harness.to_device(do, jdt),
-            harness.to_device(dfinal_state, np.float32))
-    try:
-        with harness.quiet_callback_failures(), harness.guarded():
-            out = jax.block_until_ready(runner(fn)(*args, fcall.scale, tuple(sorted((f, True) for f in flags))))
-    except Exception as exc:
-        line = harness.host_callback_error(exc)
-        if line is None:
-            raise
-        raise harness.KernelError(line) from None
-    return {name: np.asarray(x) for name, x in zip(FAMILY_RESULTS, out)}
+def family_results(fn, fcall: families.FamilyCall, do, dfinal_state, *, dtype="float32", flags=None, mesh=None):
+    """``{name: np.ndarray}`` over ``ci.grading.modes.result_names(fcall)`` (``o, final_state, dq, dk, dv, dg, dbeta,
+    dh0`` and the modes' extra results), in the dtypes the kernel returned, of kernel ``fn`` on the family call: the
+    runner of every call (``modes.mode_results``) with the call's keywords (FLA's flags the call sets, the modes').
+    ``flags`` is accepted for callers that name them; the call's own are what is passed."""
+    return modes.mode_results(fn, fcall, do, dfinal_state, dtype=dtype, mesh=mesh)

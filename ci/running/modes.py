@@ -1,8 +1,10 @@
 """Run a kernel on an FLA ``chunk_gdn2`` training call (docs/DESIGN.md §2, "Call modes (training)").
 
-The kernel is called with FLA's keyword names (``cu_seqlens``, ``use_gate_in_kernel``, ``A_log``, ``dt_bias``,
-``lower_bound``, ``use_qk_l2norm_in_kernel``, ``state_v_first``, ``return_intermediate_states``) and
-differentiated with ``jax.vjp`` w.r.t. ``q, k, v, g, b, w, initial_state`` and, when the call has them,
+The kernel (a GDN-2 kernel, or a family kernel on a family call: ``oracle/families.py``, whose call passes
+its own keywords too, ``kernel_keywords``) is called with FLA's keyword names (``cu_seqlens``,
+``use_gate_in_kernel``, ``A_log``, ``dt_bias``, ``lower_bound``, ``use_qk_l2norm_in_kernel``, ``state_v_first``,
+``return_intermediate_states``) and differentiated with ``jax.vjp`` w.r.t. its per-token inputs (``q, k, v, g, b, w``
+or ``q, k, v, g, beta``), ``initial_state`` and, when the call has them,
 ``A_log`` and ``dt_bias``. The states at chunk starts come from a second, forward-only call with
 ``return_intermediate_states=True`` (FLA returns them only under inference mode, with no backward).
 
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gdn2_oracle.kernels.spec import accepts_keywords
-from gdn2_oracle.oracle import INPUTS, RESULTS, call_modes
+from gdn2_oracle.oracle import call_modes
 from gdn2_oracle.oracle.call import Call
 
 from ..grading.modes import KEYWORDS, MODES, ModeCase, result_names
@@ -79,8 +81,11 @@ class Static(NamedTuple):
 
     @classmethod
     def of(cls, call: Call):
+        """The static part of a GDN-2 or family call (a family call's own keywords, ``kernel_keywords``, with the
+        modes')."""
         params = tuple(n for n in ("A_log", "dt_bias") if getattr(call, n) is not None)
-        kw = tuple((k, _frozen(v)) for k, v in call_modes.keywords_for(call).items())
+        keywords = {**call.kernel_keywords(), **call_modes.keywords_for(call)}
+        kw = tuple((k, _frozen(v)) for k, v in keywords.items())
         fwd = tuple((k, _frozen(v)) for k, v in call_modes.keywords_for(call, forward_only=True).items())
         return cls(float(call.scale), kw, params, fwd)
 
@@ -95,15 +100,14 @@ class Static(NamedTuple):
 
 
 def _check(out, q, v, state_shape, n_results, intermediate_shape=None, o_dtype=None):
-    """ContractError unless ``out`` holds o ``[B,T,H,V]`` in v's dtype (or the kernel's declared ``o_dtype``), the
-    final state in the call's state shape (float32) and, with ``intermediate_shape``, the states at chunk starts
-    (float32 or k's dtype)."""
+    """ContractError unless ``out`` holds o ``[B,T,HV,V]`` (v's heads) in v's dtype (or the kernel's declared
+    ``o_dtype``), the final state in the call's state shape (float32) and, with ``intermediate_shape``, the states at
+    chunk starts (float32 or k's dtype)."""
     if not isinstance(out, (tuple, list)):
         raise ContractError(f"returned a {type(out).__name__}, expected a tuple of {n_results} results")
     if len(out) != n_results:
         raise ContractError(f"returned {len(out)} results, expected {n_results}")
-    B, T, H, _ = q.shape
-    want = [("o", (B, T, H, v.shape[-1]), (jnp.dtype(o_dtype or v.dtype),)),
+    want = [("o", tuple(v.shape), (jnp.dtype(o_dtype or v.dtype),)),
             ("final_state", state_shape, (jnp.dtype(jnp.float32),))]
     if intermediate_shape is not None:
         want.append(("intermediate_states", intermediate_shape, (jnp.dtype(jnp.float32), jnp.dtype(q.dtype))))
@@ -119,13 +123,17 @@ def _check(out, q, v, state_shape, n_results, intermediate_shape=None, o_dtype=N
 
 @per_kernel
 def runner(fn, static: Static, state_shape):
-    """A jitted ``(inputs, h0, params, do, dfs) -> (o, final_state, dq..dh0, d<params>)`` for kernel ``fn``."""
+    """A jitted ``(inputs, h0, params, do, dfs) -> (o, final_state, d<inputs>, dh0, d<params>)`` for kernel ``fn``
+    (``inputs``: the call's per-token arguments, ``q, k, v, g, b, w`` or a family's ``q, k, v, g, beta``)."""
     kw = static.keywords()
 
     def run(inputs, h0, params, do, dfs):
-        def f(q, k, v, g, b, w, h0, *params):
-            out = fn(q, k, v, g, b, w, scale=static.scale, initial_state=h0, **kw, **dict(zip(static.params, params)))
-            _check(out, q, v, state_shape, 2, o_dtype=getattr(fn, "o_dtype", None))
+        n = len(inputs)
+
+        def f(*args):
+            xs, h0, params = args[:n], args[n], args[n + 1:]
+            out = fn(*xs, scale=static.scale, initial_state=h0, **kw, **dict(zip(static.params, params)))
+            _check(out, xs[0], xs[2], state_shape, 2, o_dtype=getattr(fn, "o_dtype", None))
             return tuple(out)
 
         (o, S), pullback = jax.vjp(f, *inputs, h0, *params)
@@ -152,7 +160,7 @@ def state_runner(fn, static: Static, state_shape, intermediate_shape):
 
 
 def intermediate_shape(call: Call, C):
-    """``[B, NT, H, K, V]`` (``[..., V, K]`` in the ``[V, K]`` layout) of the states at the starts of C-token
+    """``[B, NT, HV, K, V]`` (``[..., V, K]`` in the ``[V, K]`` layout) of the states at the starts of C-token
     chunks (``oracle.call.Call.chunk_states_shape``)."""
     return call.chunk_states_shape(C)
 
@@ -161,7 +169,7 @@ def check_representable(call: Call, dtype):
     """ValueError unless the call's per-token inputs are exactly representable in ``dtype`` (and the float32
     ones -- initial state, gate parameters -- in float32)."""
     jdt = check_dtype(dtype)
-    named = [(n, getattr(call, n), jdt) for n in INPUTS]
+    named = [(n, getattr(call, n), jdt) for n in call.input_names]
     named += [(n, getattr(call, n), jnp.float32) for n in ("initial_state", "A_log", "dt_bias")
               if getattr(call, n) is not None]
     for name, x, dt in named:
@@ -196,7 +204,7 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
         if line is None:
             raise
         raise KernelError(line) from None
-    names = RESULTS + tuple("d" + n for n in static.params)
+    names = call.dense_results + tuple("d" + n for n in static.params)
     got = {n: np.asarray(x) for n, x in zip(names, out)}
     if inter is not None:
         got["intermediate_states"] = np.asarray(inter)

@@ -120,23 +120,29 @@ def test_a_beta_kernel_without_a_family_is_a_usage_error(cli):
 
 
 def test_reference_is_the_family_oracle_bit_for_bit_with_envelopes():
-    for name in ("kda_gva2_mixed_logits", "gdn_gva4_strong_neg_eigval", "gdn_gva2_l2norm_h0"):
-        fcall, do, dfs = family_recipes.get(name).build()
-        ref, env = grading.reference_and_envelopes(fcall, do, dfs)
-        want = grading.named(*families.forward_and_vjp(fcall, do, dfs, np.float64))
-        for n in grading.FAMILY_RESULTS:
-            assert np.array_equal(ref[n], want[n]), (name, n)
+    for name in ("kda_gva2_mixed_logits", "gdn_gva4_strong_neg_eigval", "gdn_gva2_l2norm_h0", "gdn_gate_softplus",
+                 "kda_intermediate"):
+        case = grading.FamilyCase.named(name)
+        fcall, do, dfs = case.data()
+        ref = case.reference()
+        want = families.run(fcall, np.float64, do, dfs)
+        assert set(ref) == set(case.names()) and set(grading.FAMILY_RESULTS) <= set(ref)
+        for n in ref:
+            if n != "intermediate_states":
+                assert np.array_equal(ref[n], want[n]), (name, n)
+        env = case.envelopes()
         assert env["dg"].shape == ref["dg"].shape and np.all(env["dg"] >= 0)
     # without grouped value heads, KDA's envelope is the dense one (tolerance.envelope) of its GDN-2 problem
     fcall, do, dfs = family_recipes.FamilyRecipe("kda", 1, 20, 2, 2, 8, 8, decay="strong", seed=3).build()
     problem = fcall.to_gdn2()
     dense = oracle.named_results(*recurrence.forward_and_vjp(problem, do, dfs, np.float64))
-    _, env = grading.reference_and_envelopes(fcall, do, dfs)
-    assert np.array_equal(env["dg"], tolerance.envelope("dg", problem, dense))
+    kda = grading.FamilyCase("kda", "given", "float32", fcall.shape, lambda: (fcall, do, dfs), (), family="kda")
+    assert np.allclose(kda.envelopes()["dg"], tolerance.envelope("dg", problem, dense), rtol=1e-14)
+    # Gated DeltaNet's scalar dg: the sum over K of the envelope of its GDN-2 problem
     gdn = family_recipes.FamilyRecipe("gdn", 1, 20, 2, 2, 8, 8, decay="strong", seed=3).build()
-    _, env_gdn = grading.reference_and_envelopes(*gdn)
-    assert np.allclose(env_gdn["dg"], np.sum(tolerance.envelope("dg", gdn[0].to_gdn2(), oracle.named_results(
-        *recurrence.forward_and_vjp(gdn[0].to_gdn2(), *gdn[1:], np.float64))), axis=-1))
+    case = grading.FamilyCase("gdn", "given", "float32", gdn[0].shape, lambda: gdn, (), family="gdn")
+    assert np.allclose(case.envelopes()["dg"], np.sum(tolerance.envelope("dg", gdn[0].to_gdn2(), oracle.named_results(
+        *recurrence.forward_and_vjp(gdn[0].to_gdn2(), *gdn[1:], np.float64))), axis=-1), rtol=1e-14)
 
 
 def test_recipes_rebuild_bit_for_bit_and_cover_the_regimes():
@@ -190,6 +196,14 @@ def run_validate(cli, tmp_path, *kernels, dtype="float32"):
     return code, out, json.loads(path.read_text())
 
 
+def judged_cases(fn, family):
+    """The quick family cases ``fn`` of ``family`` takes part in (its flags and modes, as validate decides)."""
+    modes = running.accepted_family_modes(fn, family)
+    flags = running.accepted_flags(fn)
+    return {n for n in family_recipes.names("quick") if n.startswith(f"{family}_")
+            and set(family_recipes.get(n).modes) <= set(modes) and set(family_recipes.get(n).flags()) <= set(flags)}
+
+
 def test_correct_family_kernels_pass_the_quick_set(cli, tmp_path):
     code, out, report = run_validate(cli, tmp_path, f"{HERE}:gdn_correct[family=gdn]",
                                      f"{HERE}:kda_correct[family=kda,output_final_state=True]")
@@ -197,14 +211,17 @@ def test_correct_family_kernels_pass_the_quick_set(cli, tmp_path):
     assert report["families"] == ["kda", "gdn"]
     gdn, kda = report["kernels"]
     assert (gdn["family"], kda["family"]) == ("gdn", "kda")
-    n = len(family_recipes.names("quick")) // 2
-    assert gdn["n_cases"] == kda["n_cases"] == n and gdn["passed"] and kda["passed"]
-    assert {c["case"] for c in gdn["cases"]} == {x for x in family_recipes.names("quick") if x.startswith("gdn_")}
-    assert len(gdn["other_family_cases"]) == n and not gdn["not_accepted_cases"]
+    assert gdn["passed"] and kda["passed"]
+    assert {c["case"] for c in gdn["cases"]} == judged_cases(gdn_correct, "gdn")
+    assert {c["case"] for c in kda["cases"]} == judged_cases(kda_correct, "kda")
+    # the dense quick set and the q/k-norm mode (the only mode keyword these kernels take)
+    assert {c["case"] for c in gdn["cases"] if c["modes"]} == {"gdn_l2norm"}
+    run = validate.build_cases("quick", ("float32",), families=("gdn", "kda"))
+    assert set(gdn["other_family_cases"]) == {c.name for c in run if validate.case_family(c) == "kda"}
     case = gdn["cases"][0]
     assert case["family"] == "gdn" and {v["name"] for v in case["verdicts"]} == set(grading.FAMILY_RESULTS)
-    assert set(case) - {"regime"} == {"case", "source", "dtype", "shape", "family", "passed", "outcome", "grade",
-                                      "verdicts", "error", "diagnosis", "seconds"}  # a dense case's keys + family
+    assert set(case) - {"regime"} == {"case", "source", "dtype", "shape", "family", "modes", "passed", "outcome",
+                                      "grade", "verdicts", "error", "diagnosis", "seconds"}  # a mode case's + family
     assert "family gdn (FLA's signature)" in out
 
 
@@ -228,11 +245,14 @@ def test_kernels_are_judged_only_on_their_family(cli, tmp_path):
     assert report["families"] == ["gdn2", "gdn"]
     gdn2, gdn = report["kernels"]
     assert gdn2["family"] == "gdn2" and not any("family" in c for c in gdn2["cases"])
-    assert set(gdn2["other_family_cases"]) == {n for n in family_recipes.names("quick") if n.startswith("gdn_")}
+    gdn_cases = {c.name for c in validate.build_cases("quick", ("float32",), families=("gdn2", "gdn"))
+                 if validate.case_family(c) == "gdn"}
+    assert set(gdn2["other_family_cases"]) == gdn_cases
     assert {c["case"] for c in gdn2["cases"]}.isdisjoint(gdn2["other_family_cases"])
-    # the flag-free kernel is not run on the cases that set a flag
+    # the flag-free kernel is not run on the cases that set a flag or use a call mode
     flagged = {n for n in family_recipes.names("quick") if n.startswith("gdn_") and family_recipes.get(n).flags()}
-    assert set(gdn["not_accepted_cases"]) == flagged and flagged
+    assert flagged and set(gdn["not_accepted_cases"]) == gdn_cases - judged_cases(minimal_gdn, "gdn")
+    assert flagged <= set(gdn["not_accepted_cases"])
     assert not any(validate.case_family(c) != "gdn2" for c in validate.build_cases("quick", ("float32",)))
 
 

@@ -286,8 +286,9 @@ BAD = [
     ("kda", dict(initial_state=np.zeros((1, 2, 2, 3))), "initial_state", "shape"),
     ("kda", dict(scale=float("nan")), "scale", "finite"),
     ("kda", dict(beta=np.full((1, 4, 2), np.inf)), "beta", "NaN or inf"),
-    ("kda", dict(cu_seqlens=np.array([0, 4])), "cu_seqlens", "not mapped"),
-    ("kda", dict(state_v_first=True), "state_v_first", "not mapped"),
+    ("kda", dict(cu_seqlens=np.array([0, 3])), "cu_seqlens", "end at T"),
+    ("kda", dict(state_v_first=True, initial_state=np.zeros((1, 2, 3, 2))), "initial_state", r"\[N, HV, V, K\]"),
+    ("kda", dict(return_intermediate_states=True), "return_intermediate_states", "not an argument"),
     ("kda", dict(chunk_size=64), "chunk_size", "not a keyword"),
 ]
 

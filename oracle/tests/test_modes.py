@@ -368,7 +368,7 @@ def test_lower_working_precision_runs_in_that_dtype():
     (dict(cu_seqlens=[6]), "cu_seqlens", "1-D"),
     (dict(cu_seqlens=[[0, 6]]), "cu_seqlens", "1-D"),
     (dict(initial_state=np.zeros((3, 1, 2, 2))), "initial_state", "shape"),
-    (dict(initial_state=np.zeros((2, 1, 3, 2)), state_v_first=True), "initial_state", r"\[N, H, V, K\]"),
+    (dict(initial_state=np.zeros((2, 1, 3, 2)), state_v_first=True), "initial_state", r"\[N, HV, V, K\]"),
     (dict(gate_in_kernel=True, lower_bound=0.0), "lower_bound", "< 0"),
     (dict(gate_in_kernel=True, lower_bound=1.0), "lower_bound", "< 0"),
     (dict(gate_in_kernel=True, lower_bound=float("nan")), "lower_bound", "finite"),
@@ -398,7 +398,7 @@ def test_bad_shapes_and_cotangents():
     with pytest.raises(ValueError, match="^g:.*log-decay"):
         dataclasses.replace(call, g=np.abs(call.g))
     dataclasses.replace(call, g=np.abs(call.g), gate_in_kernel=True, A_log=np.zeros(1))  # raw gate may be > 0
-    with pytest.raises(ValueError, match="^v:.*GVA"):
+    with pytest.raises(ValueError, match="^g:.*does not match"):  # grouped value heads: g, b have v's heads
         dataclasses.replace(call, v=np.concatenate([call.v, call.v], axis=2),
                             w=np.concatenate([call.w, call.w], axis=2))
     with pytest.raises(ValueError, match="^q:.*T == 0"):
