@@ -1,5 +1,5 @@
-"""One ``domain`` cell judged: a kernel on the problem of a :class:`Point` (or the call of a mode point) for one seed,
-against the float64 oracle; and the worst over a cell's seeds."""
+"""One ``domain`` cell judged: a kernel on the problem of a :class:`Point` (or the call of a mode point, or a family
+recipe) for one seed, against the float64 oracle; and the worst over a cell's seeds."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import numpy as np
 
 from gdn2_oracle.oracle import RESULTS
 from gdn2_oracle.oracle.call_modes import FLA_CHUNK
+from gdn2_oracle.oracle.family_recipes import FamilyRecipe
 
+from ..grading.families import FAMILY_RESULTS, FamilyCase
 from ..grading.grades import FAIL, grade_rank
 from ..grading.modes import ModeCase
 from ..grading.references import reference_results
 from ..grading.result import error_text
+from ..running import families as family_running
 from ..running import harness
 from ..running import modes as mode_running
 from .domain_points import SHAPE, ModePoint, Point, build, build_mode, decay_span
@@ -74,6 +77,30 @@ def evaluate_mode(fn, point: ModePoint, seed, chunk=FLA_CHUNK):
         return cell
     with np.errstate(all="ignore"):
         report = case.judge(got, chunk_size=kchunk)
+    return _judged_cell(cell, report)
+
+
+def evaluate_family(fn, recipe: FamilyRecipe, chunk=FLA_CHUNK):
+    """One family cell and seed: family kernel ``fn`` on the recipe's call (with the FLA keywords it sets), judged by
+    the family judge over ``FAMILY_RESULTS``; as :func:`evaluate`."""
+    case = FamilyCase.from_recipe("domain", recipe)
+    fcall, do, dfs = case.data()
+    cell = {"span": decay_span(case.diagnosis_problem().g, chunk), "results": None, "note": "", "diagnosis": []}
+    with np.errstate(all="ignore"):
+        ref = case.reference()
+    if not all(np.all(np.isfinite(ref[n])) for n in FAMILY_RESULTS):
+        cell["note"] = "float64 reference not finite"
+        return cell
+    try:
+        with np.errstate(all="ignore"):
+            family_running.check_representable(fcall, recipe.precision)
+            got = family_running.family_results(fn, fcall, do, dfs, dtype=recipe.precision, flags=case.flags)
+    except Exception as exc:  # noqa: BLE001 - a kernel that raises fails the cell
+        cell["note"] = f"error: {error_text(exc)}"
+        cell["results"] = {n: {"ratio": math.inf, "grade": FAIL} for n in FAMILY_RESULTS}
+        return cell
+    with np.errstate(all="ignore"):
+        report = case.judge(got)
     return _judged_cell(cell, report)
 
 

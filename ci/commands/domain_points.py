@@ -15,6 +15,7 @@ from gdn2_oracle.oracle import KERNEL_DTYPES, call_modes, mode_recipes
 from gdn2_oracle.oracle.generate import log_decay, round_to
 
 from ..grading.diagnose import chunk_log_decay
+from .domain_families import BETA_FIELD
 
 RESETS = "resets"  # the oracle's resets regime, as a value of the decay-strength sweep
 SHAPE = (1, 2, 16, 16)  # (B, H, K, V): small and fixed, so a kernel compiles once per (T, dtype)
@@ -107,7 +108,7 @@ class Axis(NamedTuple):
 PLAIN = call_modes.BASE.name  # the plain dense call's sweeps (the Point axes)
 MODE_T = call_modes.MODE_T  # the length of a mode call that is not packed
 MODE_VALUES = call_modes.sweep_values()  # ``"mode.quantity"`` -> the swept values
-UNORDERED = ("qk", "initial_state", *call_modes.UNORDERED_SWEEPS)  # no order to cross
+UNORDERED = ("qk", "initial_state", BETA_FIELD, *call_modes.UNORDERED_SWEEPS)  # no order to cross
 ModePoint = mode_recipes.ModePoint
 
 

@@ -9,12 +9,15 @@ from dataclasses import dataclass
 
 from gdn2_oracle.oracle import RESULTS, call_modes
 
+from ..grading.families import FAMILY_RESULTS, GDN2
 from ..grading.grades import FAIL, PASS
 from ..grading.modes import MODE_RESULTS
 from .domain_points import MODE_T, PLAIN, RESETS, UNORDERED, Point, value_label
 from .output import table
 
-SCHEMA = "gdn2-oracle/domain/3"  # 2: + interrupted; 3: + modes, not_accepted_modes (and mode panels)
+# 2: + interrupted; 3: + modes, not_accepted_modes (and mode panels); 4: + family, not_accepted_flags (and a family
+# kernel's panels: the beta regimes at one decay regime and group size, each with its "family")
+SCHEMA = "gdn2-oracle/domain/4"
 
 
 @dataclass
@@ -34,6 +37,8 @@ class DomainReport:
     interrupted: bool = False  # Ctrl-C: only the cells finished before it
     modes: list = dataclasses.field(default_factory=lambda: [PLAIN])  # the sweeps selected (--modes)
     not_accepted_modes: list = dataclasses.field(default_factory=list)  # selected, not in the kernel's signature
+    family: str = GDN2  # the kernel's family (ci/running/families.py): gdn2, or a family kernel's map (gdn, kda)
+    not_accepted_flags: list = dataclasses.field(default_factory=list)  # FLA keywords of columns not swept
     boundaries: list = dataclasses.field(default_factory=list)
     summary: str = ""
 
@@ -68,7 +73,9 @@ def _runs(grades):
 
 def panel_results(panel):
     """The results a panel's cells were judged on, in report order (the nine dense ones; a mode call's may add
-    ``intermediate_states``, ``dA_log``, ``ddt_bias``)."""
+    ``intermediate_states``, ``dA_log``, ``ddt_bias``; a family call's are ``FAMILY_RESULTS``)."""
+    if panel.get("family", GDN2) != GDN2:
+        return list(FAMILY_RESULTS)
     have = {n for c in panel["cells"] if c["results"] is not None for n in c["results"]}
     return [n for n in MODE_RESULTS if n in have] if not call_modes.is_base(panel.get("mode", PLAIN)) else list(RESULTS)
 
@@ -151,17 +158,7 @@ def worst_cell(report):
 def summary(report):
     """One paragraph: the base point, then each boundary found, then the sweeps with none."""
     mapped = " mapped before the interrupt" if report.interrupted else ""
-    base = Point(**report.base)
-    shape = report.shape
-    modes = getattr(report, "modes", [PLAIN])
-    swept = [m for m in modes if not call_modes.is_base(m) and m not in report.not_accepted_modes]
-    plain = (f"B={shape['B']}, H={shape['H']}, K={shape['K']}, V={shape['V']}; base: T={base.T}, log-decay strength "
-             f"{value_label('strength', base.strength)}, erase ~{base.erase:g}, write ~{base.write:g}, "
-             f"q/k {value_label('qk', base.qk)}, initial state {value_label('initial_state', base.initial_state)}")
-    calls = (f"mode sweeps {', '.join(swept)}: FLA training calls at H={shape['H']}, K={shape['K']}, V={shape['V']}, "
-             f"T={MODE_T} unless swept, initial state on, judged by the modes judge")
-    parts = ([plain] if PLAIN in modes else []) + ([calls] if swept else [])
-    text = (f"{report.kernel} ({report.grid} grid, {len(report.seeds)} seed(s) per cell; {'; '.join(parts)}, "
+    text = (f"{report.kernel} ({report.grid} grid, {len(report.seeds)} seed(s) per cell; {'; '.join(_mapped(report))}, "
             "float32 unless stated):")
     said = [("in bfloat16, " if b["dtype"] == "bfloat16" else "") + b["text"] for b in report.boundaries]
     clean_text = (f"every result is PASS in every cell{mapped}." if judged_cells(report) else
@@ -171,6 +168,9 @@ def summary(report):
     if report.not_accepted_modes:
         text += (f" Not swept: {', '.join(report.not_accepted_modes)} (the kernel's signature does not accept the "
                  "mode's keywords; not a failure).")
+    if getattr(report, "not_accepted_flags", None):
+        text += (f" Not swept: the beta regimes that need {', '.join(report.not_accepted_flags)} (the kernel's "
+                 "signature does not take it; not a failure).")
     if report.interrupted:
         text += " INTERRUPTED: only the cells finished before the interrupt are mapped."
     worst = worst_cell(report)
@@ -200,6 +200,28 @@ def summary(report):
     return text
 
 
+def _mapped(report):
+    """What the map covers, for the summary: the Point sweeps around their base and the mode sweeps, or a family
+    kernel's decay x beta map."""
+    shape, family = report.shape, getattr(report, "family", GDN2)
+    if family != GDN2:
+        base = report.base
+        groups = ", ".join(str(g) for g in base["groups"])
+        return [f"family {family}: decay regime ({', '.join(base['decays'])}) x beta regime, G = {groups} value "
+                f"heads per key head; B={shape['B']}, T={shape['T']}, H={shape['H']}, K={shape['K']}, V={shape['V']}, "
+                f"q/k {value_label('qk', base['qk'])}, initial state "
+                f"{value_label('initial_state', base['initial_state'])}, judged by the family judge"]
+    base = Point(**report.base)
+    modes = getattr(report, "modes", [PLAIN])
+    swept = [m for m in modes if not call_modes.is_base(m) and m not in report.not_accepted_modes]
+    plain = (f"B={shape['B']}, H={shape['H']}, K={shape['K']}, V={shape['V']}; base: T={base.T}, log-decay strength "
+             f"{value_label('strength', base.strength)}, erase ~{base.erase:g}, write ~{base.write:g}, "
+             f"q/k {value_label('qk', base.qk)}, initial state {value_label('initial_state', base.initial_state)}")
+    calls = (f"mode sweeps {', '.join(swept)}: FLA training calls at H={shape['H']}, K={shape['K']}, V={shape['V']}, "
+             f"T={MODE_T} unless swept, initial state on, judged by the modes judge")
+    return ([plain] if PLAIN in modes else []) + ([calls] if swept else [])
+
+
 def _where(boundary):
     """A boundary's sentence without its subject ("every result leaves PASS once ..." -> "once ...")."""
     text = boundary["text"]
@@ -213,8 +235,9 @@ def format_domain(report):
     """The text the CLI prints: a short table of where each result leaves PASS along each sweep, and the verdict
     (the full paragraph is summary.txt and the JSON's ``summary``)."""
     cells = sum(len(p["cells"]) for p in report.panels)
-    lines = [f"gdn2-oracle domain: {report.kernel}, {report.grid} grid, {cells} cells x {len(report.seeds)} "
-             f"seed(s) in {report.seconds:.0f} s", ""]
+    family = getattr(report, "family", GDN2)
+    lines = [f"gdn2-oracle domain: {report.kernel}{'' if family == GDN2 else f' (family {family})'}, {report.grid} "
+             f"grid, {cells} cells x {len(report.seeds)} seed(s) in {report.seconds:.0f} s", ""]
     rows = [[b["label"], b["dtype"], "all" if b.get("every", len(b["results"]) == len(RESULTS)) else
              ", ".join(b["results"]), _where(b)] for b in report.boundaries]
     clean = [f"{p['label']} ({p['dtype']})" for p in report.panels
@@ -227,6 +250,9 @@ def format_domain(report):
     if report.not_accepted_modes:
         lines += ["", f"not swept: {', '.join(report.not_accepted_modes)} (not accepted by the kernel's signature; "
                       "not a failure)"]
+    if getattr(report, "not_accepted_flags", None):
+        lines += ["", f"not swept: the beta regimes that need {', '.join(report.not_accepted_flags)} (not accepted by "
+                      "the kernel's signature; not a failure)"]
     failed = failed_cells(report)
     verdict = (f"FAIL in {failed} of {cells} cells" if failed else
                "no FAIL" if judged_cells(report) or report.interrupted else "EMPTY: no cell judged (not a pass)")

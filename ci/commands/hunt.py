@@ -11,6 +11,11 @@ Training-call modes (``modes``; docs/modes.md): each accepted mode adds drawn FL
 (:func:`property_tests.strategies.mode_recipes`: packed lengths, gate forms and ``lower_bound``, near-zero q/k rows,
 ``[V, K]`` states, states at chunk starts), judged by the modes judge (``ci/grading/modes.py``) and targeted the
 same way; a FAIL is shrunk to a minimal :class:`oracle.mode_recipes.ModeRecipe`.
+
+Family kernels (KDA, Gated DeltaNet in FLA's signature; ``family``): drawn
+:class:`oracle.family_recipes.FamilyRecipe` s of the kernel's family instead (hunt_families.py: grouped value heads,
+decay and beta regimes, the FLA keywords the kernel takes), judged by the family judge; a FAIL is shrunk to a minimal
+FamilyRecipe and printed with its one-liner (no ``@example`` line: no conformance test draws family recipes yet).
 """
 
 from __future__ import annotations
@@ -26,19 +31,25 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from gdn2_oracle.oracle import call_modes
+from gdn2_oracle.oracle.family_recipes import FamilyRecipe
 from gdn2_oracle.oracle.mode_recipes import ModeRecipe
 from gdn2_oracle.property_tests import strategies
 
+from ..grading.families import FAMILY_RESULTS, GDN2
 from ..grading.grades import FAIL, grade_rank
 from ..grading.modes import MODE_RESULTS, ModeCase
 from ..grading.result import error_text
+from ..running import families as family_running
 from ..running import harness
 from ..running import modes as mode_running
 from . import args as cli_args
+from . import hunt_families
+from .family_options import family_modes, kernel_and_family, refuse
 from .loop import RunLoop
 from .output import EXIT, interrupt_error, timed_out
 
 SHAPES = ("core", "all")
+RESULTS = tuple(dict.fromkeys(MODE_RESULTS + FAMILY_RESULTS))  # what --result may name (a GDN-2 or a family result)
 DEFAULT_BUDGET = 500  # recipes drawn (shrinking a FAIL comes on top); half of them go to targeting
 
 
@@ -49,11 +60,15 @@ class Found(Exception):
 PLAIN = call_modes.BASE.name  # the dense call: the conformance suite's recipes
 
 
-def recipes(shapes="core", modes=(PLAIN,)):
+def recipes(shapes="core", modes=(PLAIN,), family=GDN2, flags=family_running.FLAGS):
     """The recipes searched: with ``dense`` the conformance suite's CORE configs, or (``"all"``) also any config of
-    its small sets; with training-call modes, drawn :class:`ModeRecipe` s using some of them."""
+    its small sets; with training-call modes, drawn :class:`ModeRecipe` s using some of them; for a family kernel
+    (``family`` gdn or kda, taking the FLA keywords ``flags``), drawn :class:`FamilyRecipe` s
+    (``hunt_families.family_recipes``)."""
     if shapes not in SHAPES:
         raise ValueError(f"shapes: {shapes!r} not one of {SHAPES}")
+    if family != GDN2:
+        return hunt_families.family_recipes(family, shapes, flags)
     spaces = []
     if PLAIN in modes:
         core = st.sampled_from(strategies.CORE).flatmap(strategies.specs)
@@ -68,9 +83,11 @@ def recipes(shapes="core", modes=(PLAIN,)):
 
 def judge(fn, recipe):
     """Run kernel ``fn`` on a drawn recipe and grade it: a dense :class:`oracle.Recipe` by the tolerance model, a
-    :class:`ModeRecipe` by the modes judge."""
+    :class:`ModeRecipe` by the modes judge, a :class:`FamilyRecipe` by the family judge."""
     if isinstance(recipe, ModeRecipe):
         return mode_running.validate(fn, ModeCase.from_recipe("hunt", recipe))
+    if isinstance(recipe, FamilyRecipe):
+        return hunt_families.judge(fn, recipe)
     problem, do, dfs = recipe.build()
     return harness.validate(fn, problem, do, dfs, dtype=recipe.dtype)
 
@@ -105,7 +122,10 @@ class HuntOptions:
 
     ``budget``: the recipes drawn (a positive integer); ``result``: the one result targeted and judged (None: all);
     ``shapes``: one of :data:`SHAPES`; ``modes``: ``dense`` and training-call modes to draw; ``case_timeout``: the
-    seconds one kernel call may take (0 or None: no limit). A bad value is a ValueError naming its field."""
+    seconds one kernel call may take (0 or None: no limit); ``family``: the kernel's family
+    (``ci.running.families.kernel_family``): ``gdn2``, or ``gdn`` / ``kda`` for a family kernel (its family calls are
+    drawn: ``modes`` only ``dense``, ``result`` one of ``FAMILY_RESULTS``). A bad value is a ValueError naming its
+    field."""
 
     budget: int = DEFAULT_BUDGET
     result: str | None = None
@@ -114,16 +134,21 @@ class HuntOptions:
     modes: tuple = (PLAIN,)
     case_timeout: float | None = None
     show_progress: bool = True
+    family: str = GDN2
 
     def __post_init__(self):
-        """Refuse a bad budget, result or shapes; keep ``modes`` as a tuple."""
+        """Refuse a bad budget, result, shapes or modes; keep ``modes`` as a tuple."""
         if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
             raise ValueError(f"budget: expected a positive integer, got {self.budget!r}")
-        if self.result is not None and self.result not in MODE_RESULTS:
-            raise ValueError(f"result: {self.result!r} not one of {MODE_RESULTS}")
+        results = MODE_RESULTS if self.family == GDN2 else FAMILY_RESULTS
+        if self.result is not None and self.result not in results:
+            raise ValueError(f"result: {self.result!r} not one of {results} (a {self.family} kernel's)")
         if self.shapes not in SHAPES:
             raise ValueError(f"shapes: {self.shapes!r} not one of {SHAPES}")
         object.__setattr__(self, "modes", tuple(self.modes))
+        if self.family != GDN2 and self.modes != (PLAIN,):
+            raise ValueError(f"modes: a family kernel is searched on its family calls only ({PLAIN}), got "
+                             f"{self.modes!r}")
 
 
 def hunt(fn, kernel, options=HuntOptions(), *, on_stop=None):
@@ -151,9 +176,11 @@ class HuntRun:
 
     def __init__(self, fn, kernel, options):
         self.fn, self.kernel, self.options = fn, kernel, options
-        accepted = mode_running.accepted_modes(fn)
+        family = options.family != GDN2
+        accepted = () if family else mode_running.accepted_modes(fn)
         self.not_accepted = [m for m in options.modes if not call_modes.is_base(m) and m not in accepted]
         self.searched = tuple(m for m in options.modes if m not in self.not_accepted)
+        self.flags = family_running.accepted_flags(fn) if family else family_running.FLAGS
         self.search, self.start = Search(), time.perf_counter()
 
     def report(self, interrupted):
@@ -167,7 +194,8 @@ class HuntRun:
         return HuntReport(kernel=self.kernel, budget=options.budget, seed=options.seed, shapes=options.shapes,
                           result=options.result, examples=search.examples, first_fail=search.first_fail,
                           seconds=time.perf_counter() - self.start, worst=search.worst, found=found,
-                          interrupted=interrupted, modes=list(options.modes), not_accepted_modes=self.not_accepted)
+                          interrupted=interrupted, modes=list(options.modes), not_accepted_modes=self.not_accepted,
+                          family=options.family)
 
     def timed_out(self, unit):
         """The watchdog stopped the kernel call on ``unit["recipe"]``: that recipe is the FAIL."""
@@ -206,7 +234,8 @@ class HuntRun:
                 max_examples=options.budget, deadline=None, database=None, derandomize=False,
                 phases=(Phase.generate, Phase.target, Phase.shrink), verbosity=Verbosity.quiet,
                 suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                print_blob=False)(given(recipe=recipes(options.shapes, self.searched))(check)))()
+                print_blob=False)(given(recipe=recipes(options.shapes, self.searched, options.family,
+                                                       self.flags))(check)))()
         except Found:
             pass  # Hypothesis replays the minimal failing recipe last, so search.found holds it
         except Flaky:  # the replay did not fail again: a non-deterministic kernel; keep the last failing recipe
@@ -215,7 +244,10 @@ class HuntRun:
 
 def reproducer(recipe, kernel):
     """``(repro, example)``: the one-liner that judges ``kernel`` on ``recipe`` again and the ``@example`` line that
-    pins it (a dense recipe: property_tests/test_conformance.py's ``spec``; a training call: test_modes' ``recipe``)."""
+    pins it (a dense recipe: property_tests/test_conformance.py's ``spec``; a training call: test_modes' ``recipe``;
+    a family call: None, no conformance test draws one)."""
+    if isinstance(recipe, FamilyRecipe):
+        return hunt_families.family_repro(recipe, kernel), None
     if isinstance(recipe, ModeRecipe):
         return strategies.mode_repro(recipe, kernel), strategies.mode_example(recipe)
     return strategies.repro(recipe, kernel), strategies.example(recipe)
@@ -239,13 +271,15 @@ class HuntReport:
     interrupted: bool = False
     modes: list = field(default_factory=lambda: [PLAIN])  # what was drawn (--modes)
     not_accepted_modes: list = field(default_factory=list)  # selected, not in the kernel's signature: not drawn
+    family: str = GDN2  # the kernel's family: gdn2, or gdn / kda (its family calls drawn)
 
 
 def format_hunt(out):
     """What the CLI prints: the search, the shrunk FAIL with its reproducer (if any), the worst ratio reached."""
     what = f"result {out.result}" if out.result else "every result"
     modes = [m for m in out.modes if m not in out.not_accepted_modes]
-    lines = [f"gdn2-oracle hunt: {out.kernel}, {out.examples} recipes run (budget {out.budget}, seed "
+    family = "" if out.family == GDN2 else f" (family {out.family}: its family calls)"
+    lines = [f"gdn2-oracle hunt: {out.kernel}{family}, {out.examples} recipes run (budget {out.budget}, seed "
              f"{out.seed}, {out.shapes} shapes, modes {','.join(modes) or 'none'}, targeting {what}) in "
              f"{out.seconds:.0f} s"]
     if out.not_accepted_modes:
@@ -258,7 +292,9 @@ def format_hunt(out):
                       f"{'not shrunk (the search stopped at it)' if stopped else 'shrunk to'} {found['recipe']!r}"]
         if found["report"] is not None:
             lines.append(found["report"].format())
-        lines += [f"reproduce: {found['repro']}", f"pin it:    {found['example']}"]
+        lines.append(f"reproduce: {found['repro']}")
+        if found["example"] is not None:
+            lines.append(f"pin it:    {found['example']}")
     if found is not None or out.interrupted:
         lines.append(f"rerun:     {rerun_command(out)}")
     worst = out.worst
@@ -300,17 +336,20 @@ def _count(text):
 def add_parser(sub):
     """``gdn2-oracle hunt``."""
     h = sub.add_parser("hunt", help="Hypothesis search for a FAIL, targeting error / tolerance",
-                       description="Search the conformance suite's recipes with hypothesis.target on error / "
-                                   "tolerance; shrink a FAIL to a minimal recipe and print its reproducer. Exit 1 on "
-                                   "a FAIL.")
+                       description="Search the conformance suite's recipes (a KDA or Gated DeltaNet kernel in FLA's "
+                                   "signature, family=kda|gdn: its family's calls, with grouped value heads, decay and "
+                                   "beta regimes) with hypothesis.target on error / tolerance; shrink a FAIL to a "
+                                   "minimal recipe and print its reproducer. Exit 1 on a FAIL.")
     cli_args.add_kernels(h, one=True)
     h.add_argument("--budget", type=_count, default=DEFAULT_BUDGET, metavar="N",
                    help=f"recipes drawn (default {DEFAULT_BUDGET}; shrinking a FAIL comes on top)")
-    h.add_argument("--result", choices=MODE_RESULTS,
-                   help="target and judge only this result (default: all; a call without it is not judged)")
+    h.add_argument("--result", choices=RESULTS,
+                   help="target and judge only this result (default: all; a call without it is not judged; a family "
+                        f"kernel's results: {', '.join(FAMILY_RESULTS)})")
     cli_args.add_seed(h, "search seed (default: random, printed)", default=None)
     h.add_argument("--shapes", choices=SHAPES, default="core",
-                   help="core (default: the conformance suite's CORE configs) or all (its small sets' cross product)")
+                   help="core (default: the conformance suite's CORE configs; a family kernel: "
+                        "hunt_families.FAMILY_CORE) or all (their small sets' cross product)")
     h.add_argument("--modes", type=cli_args.call_modes, default=(PLAIN,), metavar="LIST",
                    help=f"what to draw, comma-separated among {PLAIN} and the training-call modes "
                         f"({', '.join(call_modes.names('training'))}) or all (default {PLAIN}: the conformance suite's "
@@ -325,10 +364,12 @@ def run(args):
     """Search, print the shrunk FAIL (if any) and the worst ratio reached; exit 1 on a FAIL."""
     [spec] = cli_args.specs(args.kernel)
     seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
-    fn = cli_args.build(spec)
+    fn, family, _ = kernel_and_family("hunt", spec)
+    modes = family_modes("hunt", spec, family, args.modes)
+    refuse("hunt", spec, family, "--result", args.result, MODE_RESULTS if family == GDN2 else FAMILY_RESULTS)
     print(f"gdn2-oracle hunt: seed {seed} (the same search again: --seed {seed})", file=sys.stderr, flush=True)
-    options = HuntOptions(budget=args.budget, result=args.result, seed=seed, shapes=args.shapes, modes=args.modes,
-                          case_timeout=args.case_timeout, show_progress=not args.no_progress)
+    options = HuntOptions(budget=args.budget, result=args.result, seed=seed, shapes=args.shapes, modes=modes,
+                          case_timeout=args.case_timeout, show_progress=not args.no_progress, family=family)
     out = hunt(fn, spec.spec, options, on_stop=lambda report, reason: print(format_hunt(report), flush=True))
     print(format_hunt(out), flush=True)
     if out.found is not None:

@@ -14,7 +14,9 @@ CHANGES = {
     # /4 added families (the run's kernels' families) and per kernel family, other_family_cases; a family case's
     # record has a dense case's keys and "family"
     "gdn2-oracle/validate/4": {"added": {"families"}, "added per kernel": {"family", "other_family_cases"}},
-    "gdn2-oracle/domain/3": {"added": {"modes", "not_accepted_modes"}},  # /2 added interrupted
+    # /2 added interrupted; /3 modes, not_accepted_modes. /4 added family (the kernel's) and not_accepted_flags; a
+    # family kernel's panels each have "family"
+    "gdn2-oracle/domain/4": {"added": {"family", "not_accepted_flags"}},
 }
 VALIDATE = {"schema", "command", "cases", "dtypes", "seed", "only", "mesh", "environment", "n_cases", "seconds",
             "passed", "interrupted", "outcome", "grade", "kernels", "modes", "families"}
@@ -27,7 +29,8 @@ VALIDATE_CASE = {"case", "source", "dtype", "shape", "passed", "outcome", "grade
 BENCH = {"schema", "command", "environment", "repeats", "seed", "tiles", "mesh", "problem", "timed", "oracle_seconds",
          "seconds", "passed", "interrupted", "outcome", "results"}
 DOMAIN = {"schema", "kernel", "grid", "seeds", "chunk", "shape", "base", "results", "panels", "seconds",
-          "environment", "interrupted", "modes", "not_accepted_modes", "boundaries", "summary"}
+          "environment", "interrupted", "modes", "not_accepted_modes", "family", "not_accepted_flags", "boundaries",
+          "summary"}
 
 
 def test_the_versions_are_the_documented_ones():
@@ -63,3 +66,14 @@ def test_domain_json_keys(cli, tmp_path, monkeypatch):
     cli("domain", "--kernel", "pairwise[chunk_size=16]", "--out", tmp_path, "--no-progress")
     report = json.loads((tmp_path / "domain.json").read_text())
     assert set(report) == DOMAIN and CHANGES[report["schema"]]["added"] <= set(report)
+
+
+def test_family_domain_json_keys(cli, tmp_path, monkeypatch):
+    """A family kernel's map has the same keys; its panels add "family"."""
+    tiny = domain.FamilyGrid("quick", decays=("moderate",), betas=("uniform",), groups=(1,), shape=(1, 8, 1, 4, 4))
+    monkeypatch.setitem(domain.FAMILY_GRIDS, "quick", tiny)
+    cli("domain", "--kernel", "gdn-factorized", "--out", tmp_path, "--no-progress")
+    report = json.loads((tmp_path / "domain.json").read_text())
+    assert set(report) == DOMAIN and report["family"] == "gdn"
+    [panel] = report["panels"]
+    assert set(panel) == {"field", "label", "dtype", "mode", "cells", "family"}
