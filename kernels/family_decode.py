@@ -21,15 +21,18 @@ decode core (:class:`kernels.decode.DecodeKernel`) reads key head ``hv // G`` it
 :meth:`FamilyDecodeKernel.pool_to_kv` / :meth:`FamilyDecodeKernel.pool_from_kv` (a transpose with
 ``state_v_first``), so a deliberately wrong kernel (kernels/testing_decode.py) overrides exactly one step.
 
-Without ``ssm_state_indices`` it is the dense family call (``initial_state [B, HV, K, V]``, or ``[B, HV, V, K]``
-with ``state_v_first``; ``output_final_state``), differentiable by ``jax.vjp`` through the decode core's
-token-by-token scan, so ``validate`` judges it on the family's dense cases too. Each kernel has ``family``.
+Without ``ssm_state_indices`` it is the family's training call: packed sequences (``cu_seqlens``, on the host) run
+one by one, each from its own initial state; otherwise the dense family call (``initial_state
+[B, HV, K, V]``, or ``[B, HV, V, K]`` with ``state_v_first``; ``output_final_state``), differentiable by ``jax.vjp``
+through the decode core's token-by-token scan, so ``validate`` judges it on the family's training cases too. Each
+kernel has ``family``.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .decode import DecodeKernel
 from .families import FamilyKernel, check_family_call
@@ -57,10 +60,12 @@ class FamilyDecodeKernel(FamilyKernel):
         ``(o, final_state or None)`` (module docstring)."""
         flags = dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+        if ssm_state_indices is None and cu_seqlens is not None and num_accepted_tokens is None:
+            return self._packed(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                state_v_first, check_values, flags)
         if ssm_state_indices is None:
-            for name, x in (("cu_seqlens", cu_seqlens), ("num_accepted_tokens", num_accepted_tokens)):
-                if x is not None:
-                    raise ValueError(f"{name}: needs ssm_state_indices (without a pool a batch row is a sequence)")
+            if num_accepted_tokens is not None:
+                raise ValueError("num_accepted_tokens: needs ssm_state_indices (speculative decoding on a pool)")
             h0 = None if initial_state is None else self.pool_to_kv(initial_state, state_v_first)
             o, final = super().__call__(q, k, v, g, beta, scale=scale, initial_state=h0,
                                         output_final_state=output_final_state, check_values=check_values, **flags)
@@ -77,6 +82,33 @@ class FamilyDecodeKernel(FamilyKernel):
                                state_indices=ssm_state_indices, cu_seqlens=cu_seqlens,
                                num_accepted_tokens=num_accepted_tokens, scale=scale, check_values=check_values)
         return o.astype(v.dtype), self.pool_from_kv(pool, state_v_first)
+
+    def _packed(self, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, v_first, check_values,
+                flags):
+        """FLA's varlen training call without a pool: each packed sequence as its own dense call (``cu_seqlens`` on
+        the host: ValueError naming it when traced), its final state that of a pool of initial states."""
+        try:
+            cu = np.asarray(cu_seqlens).astype(np.int64)
+        except Exception:  # noqa: BLE001 - a tracer refuses conversion (TracerArrayConversionError or others)
+            raise ValueError("cu_seqlens: the packed call without a pool needs host offsets, got a traced array") \
+                from None
+        N, (HV, V), K = len(cu) - 1, v.shape[2:], q.shape[3]
+        if cu.ndim != 1 or N < 1 or cu[0] != 0 or cu[-1] != q.shape[1] or np.any(np.diff(cu) < 0):
+            raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to T = {q.shape[1]}, got {cu}")
+        shape = (N, HV) + ((V, K) if v_first else (K, V))
+        pool = jnp.zeros(shape, jnp.float32) if initial_state is None else initial_state
+        outs, finals = [], []
+        for n in range(N):
+            t0, t1 = int(cu[n]), int(cu[n + 1])
+            if t1 == t0:
+                finals.append(pool[n])
+                continue
+            o, final = self(*(x[:, t0:t1] for x in (q, k, v, g, beta)), scale=scale, initial_state=pool[n:n + 1],
+                            output_final_state=True, state_v_first=v_first, check_values=check_values, **flags)
+            outs.append(o)
+            finals.append(final[0])
+        o = jnp.concatenate(outs, axis=1) if outs else jnp.zeros(v.shape, v.dtype)
+        return o, (jnp.stack(finals) if output_final_state else None)
 
     # --- the steps (overridden by the mutants of kernels/testing_decode.py) -----------------------------------
 
