@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdn2_oracle.oracle import families, family_recipes
+from gdn2_oracle.oracle import call_modes, families, family_recipes
 from gdn2_oracle.oracle.family_recipes import FamilyRecipe
 from gdn2_oracle.oracle.generate import KERNEL_DTYPES as DTYPES
 
-from .modes import MODES, ModeCase, envelopes
+from .modes import GOLDEN_SETS, MODES, ModeCase, envelopes
 
 # The results a family kernel is judged on without the modes' extra ones, in report order.
 FAMILY_RESULTS = families.FAMILY_RESULTS
@@ -79,19 +79,37 @@ class FamilyCase(ModeCase):
 
 
 def cases(kind="quick", dtypes=DTYPES, *, seed=0, families_selected=families.MAPPED, modes_selected=MODES,
-          dense=True, case_type=None):
+          plain=True, case_type=None):
     """The family cases of a case set (``oracle.family_recipes.names(kind)``) for the families in
-    ``families_selected``: the dense recipes in each of ``dtypes`` (with ``dense``), the mode recipes in their own
+    ``families_selected``: the plain recipes in each of ``dtypes`` (with ``plain``), the mode recipes in their own
     precision when it is in ``dtypes`` and their modes are all in ``modes_selected``. ``case_type``: the
     :class:`FamilyCase` subclass built (the running floor's)."""
     case_type = case_type or FamilyCase
     out = []
     chosen = [n for n in family_recipes.names(kind) if family_recipes.get(n).family in families_selected]
-    if dense:
+    if plain:
         out += [case_type.named(n, precision=d, seed=seed) for d in dtypes for n in chosen
                 if family_recipes.get(n).mode is None]
     for n in chosen:
         r = family_recipes.get(n)
         if r.mode is not None and r.precision in dtypes and set(r.modes) <= set(modes_selected):
             out.append(case_type.named(n, seed=seed))
+    if kind in GOLDEN_SETS:
+        out += golden_cases(families_selected, dtypes, modes_selected, plain, case_type)
+    return out
+
+
+def golden_cases(families_selected, dtypes, modes_selected=MODES, plain=True, case_type=None):
+    """The family goldens (``golden/family_catalogue.py``; 256-bit references, hash-checked when first loaded) of
+    ``families_selected`` in ``dtypes`` whose modes are all in ``modes_selected`` (a plain one only with ``plain``),
+    each judged against its stored results (:attr:`ModeCase.exact`)."""
+    from gdn2_oracle.golden.load import family_judged_cases  # the corpus is read only when a set has it
+
+    case_type = case_type or FamilyCase
+    out = []
+    for e in family_judged_cases(families_selected, dtypes):
+        if set(e.modes) <= set(modes_selected) and (plain or e.modes):
+            flags = tuple(f for f in e.flags if not any(f in call_modes.get(m).keywords for m in e.modes))
+            out.append(case_type(e.name, "golden", e.dtype, e.shape, e.build, e.modes, dict(e.regime),
+                                 exact=e.reference, family=e.family, flags=flags))
     return out
