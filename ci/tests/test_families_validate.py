@@ -23,6 +23,7 @@ from gdn2_oracle.ci.grading import tolerance
 from gdn2_oracle.ci.grading.grades import FAIL, PASS
 from gdn2_oracle.ci.running import families as running
 from gdn2_oracle.ci.running.cases import FamilyRunCase
+from gdn2_oracle.kernels import spec
 from gdn2_oracle.oracle import families, family_recipes, recurrence
 
 HERE = __name__  # the CLI resolves "module:attr" specs of this module by this name
@@ -264,3 +265,42 @@ def test_the_suites_family_mutants_fail_validate(cli, tmp_path, kernel):
     assert code == 1, out
     [k] = report["kernels"]
     assert k["family"] == kernel.split("_")[0] and k["n_failed"] >= 1, k["n_failed"]
+
+
+def test_the_dt_bias_mutant_fails_the_gate_cases(cli, tmp_path):
+    """dt_bias added after the softplus (kernels/testing_families.py) shows only where the in-kernel gate runs: the
+    family's gate case fails, judged through the CLI with the gate mode alone."""
+    path = tmp_path / "v.json"
+    code, out, _ = cli("validate", "--kernel", "gdn2_oracle.kernels.testing_families:gdn_dt_bias_after_softplus",
+                       "--cases", "quick", "--dtype", "float32", "--modes", "gate", "--no-progress", "--json", path)
+    assert code == 1, out
+    [k] = json.loads(path.read_text())["kernels"]
+    failed = {c["case"] for c in k["cases"] if c["grade"] == FAIL}
+    gate_cases = {n for n in family_recipes.names("quick") if n.startswith("gdn_")
+                  and "gate" in family_recipes.get(n).modes}
+    assert gate_cases and failed == gate_cases, (failed, gate_cases)
+    assert any("ddt_bias" == v["name"] and not v["passed"] for c in k["cases"] for v in c["verdicts"])
+
+
+def test_family_goldens_are_in_the_golden_set():
+    cases = validate.build_cases("golden", families=("gdn", "kda"))
+    goldens = [c for c in cases if validate.case_family(c) != "gdn2"]
+    assert {c.family for c in goldens} == {"gdn", "kda"} and all(c.source == "golden" for c in goldens)
+    assert any(c.modes for c in goldens) and any(not c.modes for c in goldens)
+    assert not [c for c in validate.build_cases("quick", families=("gdn", "kda"))
+                if validate.case_family(c) != "gdn2" and getattr(c, "source", None) == "golden"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["gdn-factorized", "kda-factorized"])
+def test_our_family_kernels_pass_every_mode_and_the_goldens(cli, tmp_path, kernel):
+    """Our chunked GDN / KDA kernels on the quick set in every mode their family takes and on their goldens."""
+    for cases in ("quick", "golden"):
+        path = tmp_path / f"{cases}.json"
+        code, out, _ = cli("validate", "--kernel", kernel, "--cases", cases, "--no-progress", "--json", path)
+        assert code == 0, out
+        [k] = json.loads(path.read_text())["kernels"]
+        assert k["passed"] and not k["not_accepted_cases"], k["not_accepted_cases"]
+        if cases == "quick":
+            modes = {m for c in k["cases"] for m in c.get("modes", [])}
+            assert modes == set(running.accepted_family_modes(spec.get(kernel), kernel[:3])), modes
