@@ -4,7 +4,10 @@ Options come from the ``gdn2_oracle`` pytest plugin (``property_tests/plugin.py`
 takes the ``kernel`` argument runs once per selected kernel (ids = the names as given); a test
 that does not runs once. Kernel-option variants that belong to another kernel than the one under
 test are deselected, not skipped; so are training-call mode tests (marker ``gdn2_modes``) for a kernel
-whose signature does not accept the mode, or for a mode left out of ``--gdn2-modes``.
+whose signature does not accept the mode, or for a mode left out of ``--gdn2-modes``. Each kernel's family is read
+as ``validate`` reads it (``ci/running/families.py``); a test marked ``gdn2_family`` for other families is skipped
+for it with the reason (a Gated DeltaNet or KDA kernel is judged by the family properties, a GDN-2 kernel by the
+GDN-2 properties).
 """
 
 from __future__ import annotations
@@ -14,8 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from gdn2_oracle.ci.running import families as family_running
+from gdn2_oracle.kernels.spec import KernelSpec
 from gdn2_oracle.property_tests import grading, profiles
-from gdn2_oracle.property_tests.plugin import XFAILS, kernel_names, mesh_spec, no_compile_cache, selected_modes, strict
+from gdn2_oracle.property_tests.plugin import (
+    OTHER_FAMILY,
+    XFAILS,
+    kernel_names,
+    mesh_spec,
+    no_compile_cache,
+    selected_modes,
+    strict,
+)
 from gdn2_oracle.property_tests.strategies import DEFAULT_KERNELS, Kernel, kernel_fn
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +45,8 @@ def _ours(item):
 def pytest_configure(config):
     config._gdn2_profile = profiles.select(config)
     config._gdn2_kernel_names = _selected_names(config)
-    config._gdn2_kernels = _built(config._gdn2_kernel_names)  # a bad kernel: one line, before collection
+    # a bad kernel (or a beta-signature one without its family): one line, before collection
+    config._gdn2_kernels, config._gdn2_families = _built(config._gdn2_kernel_names)
     grading.STRICT = strict(config)
     config._gdn2_modes = selected_modes(config)  # checked by the plugin when pytest started
     config._gdn2_compile_cache = _enable_compile_cache(config)
@@ -72,8 +86,12 @@ def _modes_missing(item, kernel, config):
     from gdn2_oracle.ci.running.serving import accepts_serving
     from gdn2_oracle.oracle import call_modes
 
+    family = kernel_family(config, kernel.name)
     serving = set(call_modes.names("serving")) if accepts_serving(kernel.fn) else set()
-    accepted = set(accepted_modes(kernel.fn)) | serving
+    if family == family_running.GDN2:
+        accepted = set(accepted_modes(kernel.fn)) | serving
+    else:  # those its family has (FLA's entry point) and its signature takes
+        accepted = set(family_running.accepted_family_modes(kernel.fn, family)) | serving
     ok = accepted & set(config._gdn2_modes)
     return [m for m in needed if m not in ok]
 
@@ -93,21 +111,50 @@ IMPORT_HINT = ("is its module installed in this environment, or on PYTHONPATH? p
 
 
 def _built(names):
-    """The selected kernels, built once; a usage error (one line, exit 4) naming the kernel and what to do."""
-    out = []
+    """``(kernels, {name: family})``: the selected kernels, built once, and the family of each (the spec option
+    ``family``, taken out of the spec, else the kernel's attribute: ``ci/running/families.py``, as ``validate``);
+    a usage error (one line, exit 4) naming the kernel and what to do."""
+    out, fams = [], {}
     for name in names:
         try:
-            out.append(Kernel(name, kernel_fn(name)))
+            spec, option = family_running.spec_family(KernelSpec.parse(name))
+            fn = kernel_fn(name) if option is None else kernel_fn(spec.name, **spec.options)
+            fams[name] = family_running.kernel_family(fn, option, label=name)
+            out.append(Kernel(name, fn))
         except ValueError as exc:
             why = str(exc).removeprefix("name: ")
             hint = f"; {IMPORT_HINT}" if "cannot import module" in why else ""
             raise pytest.UsageError(f"--gdn2-kernel / GDN2_KERNEL {name!r}: {why}{hint}") from None
-    return out
+    return out, fams
 
 
 def selected_kernels(config):
     """The kernels under test (built when pytest started)."""
     return config._gdn2_kernels
+
+
+def kernel_family(config, name):
+    """The family of the kernel selected as ``name`` (``gdn2`` for one not selected: the suite's serving fallback)."""
+    return config._gdn2_families.get(name, family_running.GDN2)
+
+
+@pytest.fixture(scope="session")
+def kernel_families(pytestconfig):
+    """``{kernel name as selected: its family}`` (``gdn2``, ``gdn`` or ``kda``)."""
+    return dict(pytestconfig._gdn2_families)
+
+
+def _other_family(item, kernel, config):
+    """The skip reason when ``item`` (marked ``gdn2_family``) judges other families than ``kernel``'s, else None."""
+    judged = [f for mark in item.iter_markers("gdn2_family") for f in mark.args]
+    name = getattr(kernel, "name", None)
+    family = kernel_family(config, name)
+    if not judged or family in judged:
+        return None
+    if family == family_running.GDN2:
+        return (f"kernel {name!r} is a {family} kernel (the plain contract): judged by the GDN-2 properties; these "
+                f"properties judge {' and '.join(judged)} family kernels")
+    return f"kernel {name!r} is a {family} family kernel: judged by the family properties"
 
 
 def _already_parametrized(metafunc, argname):
@@ -152,9 +199,18 @@ def pytest_collection_modifyitems(config, items):
         if kernel is not None and owner is not None and getattr(kernel, "name", None) != owner:
             drop.append(item)
             continue
+        family = params.get("family")  # a family property's recipe of the other family than the kernel's
+        if kernel is not None and family is not None and kernel_family(config, kernel.name) not in (
+                family, family_running.GDN2):  # (a GDN-2 kernel: skipped with the reason below)
+            drop.append(item)
+            continue
         if kernel is not None and _modes_missing(item, kernel, config):
             drop.append(item)
             continue
+        other = _other_family(item, kernel, config) if kernel is not None else None
+        if other is not None:  # a skip with its reason, never a silent pass; the kernel is not judged by it
+            item.stash[OTHER_FAMILY] = other
+            item.add_marker(pytest.mark.skip(reason=other))
         entry = _listed(item, config.stash[XFAILS])
         if entry is not None:
             used.add(entry)

@@ -31,9 +31,16 @@ what acts on them::
   JAX's persistent compilation cache (by default they are, as the CLI's: ``ci/running/compile_cache.py``, unless
   JAX already has a cache directory of its own).
 
+Each kernel has a family (``ci/running/families.py: kernel_family``, as ``validate`` reads it: the spec option
+``family=gdn|kda``, else the kernel's ``family`` attribute; a kernel whose signature takes ``beta`` without either is a
+usage error naming ``family``). A test module marked ``gdn2_family(...)`` judges kernels of those families only: the
+GDN-2 properties (``gdn2``) skip a Gated DeltaNet or KDA kernel, and the family properties (``test_families.py``) a
+GDN-2 one, each with a reason naming the kernel and its family.
+
 In a run of the suite's tests, a selected kernel that no test judges (every test taking it deselected: its signature
-lacks the modes, ``--gdn2-modes``, ``-k``, ``-m``) makes the run EMPTY for it, not a pass: the summary names it and
-a run that would exit 0 exits 5 (pytest's "no tests collected"). ``--collect-only`` is exempt.
+lacks the modes, ``--gdn2-modes``, ``-k``, ``-m``; or skipped as another family's) makes the run EMPTY for it, not a
+pass: the summary names it and a run that would exit 0 exits 5 (pytest's "no tests collected"). ``--collect-only``
+is exempt.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ import pytest
 # The profile names (their settings live in property_tests/profiles.py, imported only when used).
 PROFILES = ("dev", "ci", "thorough")
 SLOW = "slow: long-running tests (deselect with -m 'not slow')"
+FAMILY_MARK = ("gdn2_family(*families): the test judges kernels of these families (gdn2: the plain contract; gdn, "
+               "kda: FLA's signature); a kernel of another family is skipped with the reason")
 # The call-mode registry (oracle/call_modes.py), read from its source: importing it would load the package in every
 # pytest run, the suite's or not.
 CALL_MODES = Path(__file__).resolve().parents[1] / "oracle" / "call_modes.py"
@@ -253,6 +262,7 @@ def pytest_configure(config):
     # no ini file of its own (with --strict-markers an unregistered marker is an error).
     config.addinivalue_line("markers", SLOW)
     config.addinivalue_line("markers", modes_mark())
+    config.addinivalue_line("markers", FAMILY_MARK)
     path = config.getoption("gdn2_xfails", default=None)
     config.stash[XFAILS] = _read_xfails(path) if path else []
     for name in kernel_names(config):  # a malformed list or a missing module: a usage error before collection
@@ -273,6 +283,9 @@ def pytest_unconfigure(config):
 
 # The selected kernels no collected test judges (set after collection, when the suite runs).
 UNJUDGED = pytest.StashKey[list]()
+# On a test skipped because its kernel is of another family than the test judges (set by the suite's conftest.py):
+# the reason. Such a test does not judge its kernel.
+OTHER_FAMILY = pytest.StashKey[str]()
 EMPTY_EXIT = pytest.ExitCode.NO_TESTS_COLLECTED
 
 
@@ -291,7 +304,7 @@ def _in_suite(item):
 def pytest_collection_modifyitems(config, items):
     names = getattr(config, "_gdn2_kernel_names", None)  # set by the suite's conftest.py: absent, not our run
     if names is not None and not config.option.collectonly and any(map(_in_suite, items)):
-        judged = {_kernel_of(item) for item in items}
+        judged = {_kernel_of(item) for item in items if OTHER_FAMILY not in item.stash}
         config.stash[UNJUDGED] = [n for n in names if n not in judged]
 
 
@@ -315,7 +328,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     elif unjudged:
         terminalreporter.write_line(
             f"gdn2: EMPTY for {', '.join(unjudged)}: no test judged {'it' if len(unjudged) == 1 else 'them'} (every "
-            "test taking it was deselected: the modes it accepts, --gdn2-modes, -k or -m); not a pass (exit 5)",
+            "test taking it was deselected: the modes it accepts, --gdn2-modes, -k or -m; or skipped: the properties "
+            "of another family); not a pass (exit 5)",
             red=True)
 
 

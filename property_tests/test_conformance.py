@@ -43,11 +43,15 @@ from hypothesis import strategies as st
 
 from gdn2_oracle import oracle
 from gdn2_oracle.ci.grading import references, tolerance
+from gdn2_oracle.ci.grading.families import GDN2
 from gdn2_oracle.ci.grading.tolerance import agreement
 from gdn2_oracle.ci.running import harness
 from gdn2_oracle.oracle import RESULTS, Recipe, reductions
 from gdn2_oracle.property_tests import grading, strategies
 from gdn2_oracle.property_tests.strategies import CARRY_CONFIG, CARRY_SPLITS, CORE, specs, target_ratios
+
+# The plain contract's properties: a Gated DeltaNet or KDA kernel is skipped with the reason (conftest.py).
+pytestmark = pytest.mark.gdn2_family(GDN2)
 
 # --------------------------------------------------------------------------------------------
 # helpers

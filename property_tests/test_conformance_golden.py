@@ -10,9 +10,13 @@ from __future__ import annotations
 import pytest
 
 from gdn2_oracle import golden
+from gdn2_oracle.ci.grading.families import GDN2
 from gdn2_oracle.ci.running import harness
 from gdn2_oracle.golden import catalogue
 from gdn2_oracle.property_tests import grading
+
+# The plain contract's properties: a Gated DeltaNet or KDA kernel is skipped with the reason (conftest.py).
+pytestmark = pytest.mark.gdn2_family(GDN2)
 
 NAMES = golden.names()
 

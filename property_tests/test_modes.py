@@ -25,6 +25,7 @@ import pytest
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 
+from gdn2_oracle.ci.grading.families import GDN2
 from gdn2_oracle.ci.grading.modes import ModeCase
 from gdn2_oracle.ci.grading.tolerance import Report
 from gdn2_oracle.ci.running import harness
@@ -33,6 +34,9 @@ from gdn2_oracle.oracle import INPUTS, Problem, call_modes, mode_recipes, modes,
 from gdn2_oracle.oracle.generate import round_to
 from gdn2_oracle.property_tests import grading
 from gdn2_oracle.property_tests.strategies import seeds
+
+# The plain contract's properties: a Gated DeltaNet or KDA kernel is skipped with the reason (conftest.py).
+pytestmark = pytest.mark.gdn2_family(GDN2)
 
 # --------------------------------------------------------------------------------------------
 # recipes (fixed shapes: one compile per kernel and recipe)

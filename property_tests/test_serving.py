@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from gdn2_oracle import oracle
 from gdn2_oracle.ci.grading import serving as judge
+from gdn2_oracle.ci.grading.families import GDN2
 from gdn2_oracle.ci.grading.serving import Session
 from gdn2_oracle.ci.running.per_kernel import per_kernel
 from gdn2_oracle.ci.running.serving import ServingRunner, accepts_serving, run_session
@@ -40,6 +41,9 @@ from gdn2_oracle.oracle import serving as oracle_serving
 from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.serving import DecodeCall
 from gdn2_oracle.property_tests import grading, strategies
+
+# The plain contract's properties: a Gated DeltaNet or KDA kernel is skipped with the reason (conftest.py).
+pytestmark = pytest.mark.gdn2_family(GDN2)
 
 H, K, V = recipes.H, recipes.K, recipes.V
 DTYPES = oracle.KERNEL_DTYPES
@@ -68,15 +72,8 @@ def _runner(fn):
 
 
 def serving_kernels(config):
-    """The selected kernels that take a state pool, else ``decode`` (a usage error for one that cannot be built)."""
-    out = []
-    for name in config._gdn2_kernel_names:
-        try:
-            fn = strategies.kernel_fn(name)
-        except ValueError as exc:
-            raise pytest.UsageError(f"kernel {name!r} (from --gdn2-kernel or GDN2_KERNEL): {exc}") from None
-        if accepts_serving(fn):
-            out.append(ServingKernel(name, fn))
+    """The selected kernels (built when pytest started: conftest.py) that take a state pool, else ``decode``."""
+    out = [ServingKernel(k.name, k.fn) for k in config._gdn2_kernels if accepts_serving(k.fn)]
     return out or [ServingKernel(FALLBACK, strategies.kernel_fn(FALLBACK))]
 
 

@@ -1,0 +1,123 @@
+"""The family properties (``property_tests/test_families.py``) through the plugin, as a kernel author runs them: each
+mutant of ``kernels/testing_families.py`` fails them in both families, our ``gdn-factorized`` and ``kda-factorized``
+pass, a kernel's family is read as ``validate`` reads it (a spec option, its attribute; a beta signature without
+either is a usage error), and the properties of the other contract are skipped with the reason.
+
+Each test runs pytest in a subprocess from a temporary directory outside the repository.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gdn2_oracle.ci.testing import pytest_run
+from gdn2_oracle.kernels.testing_families import MUTANTS
+
+SUITE = "gdn2_oracle.property_tests"
+FAMILY_PROPERTIES = f"{SUITE}.test_families"
+ORACLE = "test_family_kernel_matches_the_oracle"
+MODE_CALL = "test_family_mode_call_matches_the_oracle"
+
+# mutant -> (the -k expression of the property that catches it, what reaches the bug)
+CAUGHT_BY = {
+    "gva_modulo": (ORACLE, "H = 2 key heads with G = 2"),
+    "beta_write_only": (ORACLE, "any beta below 1 with a state to erase"),
+    "read_before_decay": (ORACLE, "a decaying state"),
+    "sigmoid_twice": (ORACLE, "beta logits"),
+    "no_neg_eigval": (ORACLE, "beta logits with negative eigenvalues"),
+    # the softplus gate's dt_bias: the recipe in the structure of the softplus gate's training-call recipe
+    "dt_bias_after_softplus": (f"{MODE_CALL} and softplus and not no_dt_bias", "the in-kernel softplus gate"),
+}
+# Two in the normal group (one per family and per property); the others in the release group.
+QUICK = {("gdn", "beta_write_only"), ("kda", "dt_bias_after_softplus")}
+
+WRAPPED = '''"""A Gated DeltaNet kernel in FLA's signature that does not say its family (no ``family`` attribute)."""
+from gdn2_oracle import kernels
+
+_inner = kernels.get("gdn-factorized")
+
+
+def fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False,
+       use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
+    return _inner(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+'''
+
+
+def test_every_mutant_has_a_catching_property():
+    assert set(CAUGHT_BY) == set(MUTANTS)
+
+
+def _mutant_params():
+    for family in ("gdn", "kda"):
+        for name in sorted(MUTANTS):
+            marks = () if (family, name) in QUICK else (pytest.mark.slow,)
+            yield pytest.param(family, name, marks=marks, id=f"{family}_{name}")
+
+
+@pytest.mark.parametrize("family,name", list(_mutant_params()))
+def test_the_plugin_fails_the_family_mutant(tmp_path, family, name, record_property):
+    """``pytest --pyargs gdn2_oracle.property_tests.test_families --gdn2-kernel gdn2_oracle.kernels.testing_families:
+    <family>_<mutant>``: the property that reaches the bug fails (graded FAIL, with the recipe and a reproduction);
+    the mutant's family is its attribute, so the spec needs no option."""
+    spec = f"gdn2_oracle.kernels.testing_families:{family}_{name}"
+    prop, reached_by = CAUGHT_BY[name]
+    code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", spec, "-k", prop, "-q")
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    record_property("family_mutant", {"property": prop, "reached_by": reached_by, "failed": failed})
+    assert code == 1 and failed and all(spec in line for line in failed), out
+    assert "graded FAIL" in out and f"FamilyRecipe(family={family!r}" in out and "reproduce: python -c" in out, out
+
+
+@pytest.mark.slow
+def test_the_plugin_passes_our_family_kernels(tmp_path):
+    """gdn-factorized and kda-factorized (registered names) and a Gated DeltaNet kernel whose family is the spec
+    option (``mod:fn[family=gdn]``) pass every family property; the GDN-2 goldens skip them with the reason."""
+    (tmp_path / "famkernel.py").write_text(WRAPPED)
+    specs = "gdn-factorized,kda-factorized,famkernel:fn[family=gdn]"
+    code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", specs, "--collect-only", "-q")
+    ids = [line.split("::", 1)[1] for line in out.splitlines() if "::" in line]
+    assert code == 0 and {f"{ORACLE}[{s}]" for s in specs.split(",")} <= set(ids), out
+    code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", specs, "-q")
+    assert code == 0 and f"{len(ids)} passed" in out, out
+
+
+def test_a_family_kernel_is_skipped_by_the_gdn2_properties_with_the_reason(tmp_path):
+    """``--gdn2-kernel gdn-factorized`` on a GDN-2 golden: skipped, the reason naming the kernel and its family; no test
+    judged it, so the run is EMPTY (exit 5), not a pass."""
+    code, out = pytest_run(tmp_path, "--pyargs", SUITE, "--gdn2-kernel", "gdn-factorized", "-k",
+                           "test_kernel_matches_golden and len_1", "-rs", "-q")
+    assert code == 5 and "1 skipped" in out, out
+    assert "kernel 'gdn-factorized' is a gdn family kernel: judged by the family properties" in out, out
+    assert "gdn2: EMPTY for gdn-factorized" in out, out
+
+
+def test_a_gdn2_kernel_is_skipped_by_the_family_properties_with_the_reason(tmp_path):
+    code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", "pairwise", "-k", ORACLE,
+                           "-rs", "-q")
+    assert code == 5 and "1 skipped" in out, out
+    assert "kernel 'pairwise' is a gdn2 kernel (the plain contract): judged by the GDN-2 properties" in out, out
+
+
+def test_the_family_of_a_kernel_is_the_spec_option(tmp_path):
+    """``mod:fn[family=gdn]``: the option is taken out of the spec (never passed to the kernel), the family properties
+    are collected for it under the spec as given and the GDN-2 ones skip it; the other family's recipes are
+    deselected."""
+    (tmp_path / "famkernel.py").write_text(WRAPPED)
+    spec = "famkernel:fn[family=gdn]"
+    code, out = pytest_run(tmp_path, "--pyargs", SUITE, "--gdn2-kernel", spec, "-k", "golden and len_1", "-rs", "-q")
+    assert code == 5 and "1 skipped" in out and f"kernel {spec!r} is a gdn family kernel" in out, out
+    code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", spec, "--collect-only", "-q")
+    ids = [line.split("::", 1)[1] for line in out.splitlines() if "::" in line]
+    assert code == 0 and f"{ORACLE}[{spec}]" in ids, out
+    mode_ids = [i for i in ids if i.startswith(MODE_CALL)]
+    assert mode_ids and all(f"[{spec}-gdn_" in i for i in mode_ids), ids
+
+
+def test_a_beta_signature_kernel_without_its_family_is_a_usage_error(tmp_path):
+    (tmp_path / "famkernel.py").write_text(WRAPPED)
+    code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", "famkernel:fn", "--collect-only",
+                           "-q")
+    errors = [line for line in out.splitlines() if "UsageError" in line]
+    assert code == 4 and errors and "'famkernel:fn': family: " in out and "family=gdn" in out, out
