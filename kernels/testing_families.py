@@ -47,7 +47,7 @@ class ReadBeforeDecay(FamilyKernel):
         """Token by token: ``S_t = D_t S_{t-1} + k (w v - S_{t-1}^T (b k))^T`` (the read skips the decay); dense calls
         only (``structure``: ValueError)."""
         if structure:
-            raise ValueError(f"{next(iter(structure))}: this mutant runs dense calls only")
+            raise ValueError(f"{next(iter(structure))}: this mutant runs plain calls only (no call modes)")
         B, T, HV, K = q.shape
         V = v.shape[-1]
         S = jnp.zeros((B, HV, K, V), ACC_DTYPE) if h0 is None else h0.astype(ACC_DTYPE)

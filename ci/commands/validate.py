@@ -142,7 +142,7 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     mapped = [f for f in oracle.families.MAPPED if f in families]
     if mapped:
         cases += family_grading.cases(kind, dtypes, seed=seed, families_selected=mapped, modes_selected=modes,
-                                      dense=PLAIN in modes, case_type=FamilyRunCase)
+                                      plain=PLAIN in modes, case_type=FamilyRunCase)
     serving = [m for m in SERVING_MODES if m in modes]
     if mapped and serving and kind != "golden":  # the families' serving sessions, in both pool layouts
         cases += serving_running.family_serving_cases(mapped, dtypes, seed, serving)
