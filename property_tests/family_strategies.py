@@ -140,15 +140,15 @@ def drawn_recipes(family, accepted, *, thorough=False):
 
 def mode_recipes(thorough=False):
     """The catalogued family recipes in a training-call recipe's structure (``oracle.family_recipes``) the family
-    properties run: per family, the first float32 recipe of each call mode alone and each gate form (so both of
-    KDA's gates); ``thorough``: every one of the ``full`` set."""
+    properties run: per family, the first float32 recipe of each call mode alone, with and without
+    ``lower_bound`` (so both of KDA's in-kernel gate forms); ``thorough``: every one of the ``full`` set."""
     chosen, seen = [], set()
     for name in family_recipes.names("full"):
         r = family_recipes.get(name)
         if r.mode is None:
             continue
         s = r.structure()
-        key = (r.family, s.modes, s.gate)
+        key = (r.family, s.modes, s.lower_bound is None)  # KDA's two gate forms: bounded (lower_bound) or not
         if thorough or (len(s.modes) == 1 and r.precision == "float32" and key not in seen):
             seen.add(key)
             chosen.append(name)
