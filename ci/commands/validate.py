@@ -603,8 +603,8 @@ def format_family(k):
         line += f"; {len(other)} case(s) of other families not run"
     skipped = k.get("not_accepted_cases") or []
     if fam != GDN2 and skipped:
-        line += (f"; {len(skipped)} case(s) set a flag its signature does not take (not run): "
-                 f"{', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
+        line += (f"; {len(skipped)} case(s) need a flag, a call mode or a state pool its signature does not take "
+                 f"(not run): {', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
     return line
 
 
