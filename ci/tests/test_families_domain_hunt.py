@@ -189,3 +189,14 @@ def test_run_functions_refuse_a_family_kernel_with_gdn2_options():
         hunt.HuntOptions(result="dw", family="kda")
     with pytest.raises(ValueError, match="^modes: a family kernel"):
         hunt.HuntOptions(modes=("dense", "varlen"), family="kda")
+
+
+def test_a_family_cell_stopped_by_the_time_limit_fails_every_family_result():
+    run = domain.DomainRun(kernels.get("kda-factorized"), TINY, domain.DomainOptions(family="kda", case_timeout=5))
+    panel = run.todo[0]
+    unit = {"panel": {"cells": []}, "value": panel.values[0], "label": panel.labels[0],
+            "point": panel.points[0].fields(), "point_obj": panel.points[0]}
+    run.timed_out(unit)
+    [cell] = unit["panel"]["cells"]
+    assert set(cell["results"]) == set(FAMILY_RESULTS) and all(r["grade"] == FAIL for r in cell["results"].values())
+    assert "timed out" in cell["note"]

@@ -76,7 +76,8 @@ PLACEHOLDER_MODULE = "mypkg.gdn"  # the docs' example of a user's kernel module
 # Kernels that cannot be built here: the atomic-ops peers (extra `peers`, not installed by make test)
 # and FLA's Triton kernels (need CUDA); they are parsed only.
 OPTIONAL = {"atomic-ops", "atomic-gdn2", "fla-gdn2-chunk", "fla-kda-chunk"}
-OPTIONAL_PREFIXES = ("torch:fla.",)  # FLA's package modules import Triton
+# FLA's package modules import Triton; vLLM and SGLang are not installed here (their GDN kernels are FLA copies)
+OPTIONAL_PREFIXES = ("torch:fla.", "torch:vllm.", "torch:sglang.")
 # Environment a command may carry and still run in this process (the placeholder module is importable here).
 IN_PROCESS_ENV = {"PYTHONPATH"}
 # Deliberately wrong test kernels the docs show failing, and the exit status their commands must give.
@@ -292,6 +293,10 @@ def test_gdn2_oracle_command_runs(command, user_dir, tmp_path, capsys, monkeypat
                            seeds=1, base=domain.Point(T=16), shape=(1, 1, 8, 8))
         monkeypatch.setitem(domain.GRIDS, "quick", tiny)
         monkeypatch.setitem(domain.GRIDS, "full", tiny._replace(name="full"))
+        family = domain.FamilyGrid("quick", decays=("moderate",), betas=("uniform", "near_two"), groups=(2,),
+                                   shape=(1, 16, 2, 8, 8))  # a family kernel's map: two cells too
+        monkeypatch.setitem(domain.FAMILY_GRIDS, "quick", family)
+        monkeypatch.setitem(domain.FAMILY_GRIDS, "full", family._replace(name="full"))
         extra = ["--no-progress"]
     code = cli.main([*argv[1:], *extra])
     out, err = capsys.readouterr()
