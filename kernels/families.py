@@ -126,6 +126,20 @@ def check_family_values(use_gate, **arrays):
         raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
 
 
+@jax.custom_jvp
+def exact_sigmoid(x):
+    """``1 / (1 + exp(-x))`` whose derivative is ``sigmoid(x) sigmoid(-x)``: autodiff of ``jax.nn.sigmoid`` gives
+    ``y (1 - y)``, which cancels in float32 for large logits (``dbeta`` then loses ~``eps / (1 - y)`` relative)."""
+    return jax.nn.sigmoid(x)
+
+
+@exact_sigmoid.defjvp
+def _exact_sigmoid_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    y = jax.nn.sigmoid(x)
+    return y, t * (y * jax.nn.sigmoid(-x))
+
+
 # --- the kernel ----------------------------------------------------------------------------------------------
 
 
@@ -184,10 +198,11 @@ class FamilyKernel:
         return jnp.repeat(x, G, axis=2)
 
     def activate_beta(self, beta, sigmoid, neg):
-        """FLA's ``fused_beta_sigmoid``: ``s * sigmoid(beta)``, ``s = 2`` with ``allow_neg_eigval``."""
+        """FLA's ``fused_beta_sigmoid``: ``s * sigmoid(beta)``, ``s = 2`` with ``allow_neg_eigval`` (its derivative
+        without the ``1 - y`` cancellation: :func:`exact_sigmoid`)."""
         if not sigmoid:
             return beta
-        return (2.0 if neg else 1.0) * jax.nn.sigmoid(beta)
+        return (2.0 if neg else 1.0) * exact_sigmoid(beta)
 
     def log_decay(self, g, A_log, dt_bias, lower_bound, use_gate):
         """The log-decay ``[B, T, HV, K]`` (kda) / ``[B, T, HV]`` (gdn): ``g``, or the in-kernel gate of it."""

@@ -274,10 +274,12 @@ class FamilyCall:
                     lower_bound=self.lower_bound, qk_l2norm=self.use_qk_l2norm_in_kernel,
                     intermediate_chunk_size=self.intermediate_chunk_size, **dict(self.call_keywords))
 
-    def project_results(self, results, dtype=np.float64):
+    def project_results(self, results, dtype=np.float64, *, standard=False):
         """A GDN-2 results dict of :meth:`to_call`'s call (``oracle.modes.run_call``'s) as this call's: ``dbeta =
         sum_k db + sum_v dw`` through beta's sigmoid, GDN's ``dg = sum_k dg_k`` and ``ddt_bias`` summed over K; the
-        outputs, states and the other gradients as they are (None stays None)."""
+        outputs, states and the other gradients as they are (None stays None). The sigmoid's slope is exact
+        (``e / (1 + e)^2``), or with ``standard`` the usual ``y (1 - y)`` of the activation's output (FLA's
+        ``fused_beta_sigmoid_bwd``, autodiff of a sigmoid: ``1 - y`` cancels for large logits)."""
         ar = recurrence.Arith(dtype)
         out = {n: results.get(n) for n in ("o", "final_state", "intermediate_states", "dq", "dk", "dv", "dg",
                                             "dh0", "dA_log", "ddt_bias")}
@@ -285,7 +287,13 @@ class FamilyCall:
             return {n: x for n, x in out.items() if n in ("o", "final_state", "intermediate_states")}
         dbeta = np.sum(ar.array(results["db"]), axis=-1) + np.sum(ar.array(results["dw"]), axis=-1)
         if self.use_beta_sigmoid_in_kernel:
-            dbeta = self.beta_scale * preprocess.sigmoid_slope(ar.array(self.beta)) * dbeta
+            x = ar.array(self.beta)
+            if standard:
+                y = ar.array(preprocess.sigmoid(x))
+                slope = y * (ar.array(1.0) - y)
+            else:
+                slope = preprocess.sigmoid_slope(x)
+            dbeta = self.beta_scale * slope * dbeta
         out["dbeta"] = dbeta
         return self.project_sums(out)
 
@@ -456,12 +464,14 @@ def run(fcall: FamilyCall, dtype=np.float64, do=None, dfinal_state=None, *, core
     """The family call in working precision ``dtype``: a dict over ``o, final_state, intermediate_states`` (and, given
     cotangents, ``dq, dk, dv, dg, dbeta, dh0, dA_log, ddt_bias``; None where absent) in the call's layouts --
     :meth:`FamilyCall.to_call` (beta's sigmoid in ``dtype``), ``oracle.modes.run_call`` (``core``, ``inner`` as
-    there), :meth:`FamilyCall.project_results` in ``dtype``."""
+    there), :meth:`FamilyCall.project_results` in ``dtype``. The ``chunked32`` core is the standard float32
+    algorithm (the precision-loss bound, docs/DESIGN.md §4): with it, beta's sigmoid is differentiated the standard
+    way too (``y (1 - y)``)."""
     mapped = fcall.to_call(dtype)
     if do is not None:
         do, dfinal_state = mapped.check_cotangents(do, dfinal_state)
     results = modes.run_call(mapped, recurrence.Arith(dtype), do, dfinal_state, core=core, inner=inner)
-    return fcall.project_results(results, dtype)
+    return fcall.project_results(results, dtype, standard=core == "chunked32")
 
 
 def forward(fcall: FamilyCall, dtype=np.float64):

@@ -308,3 +308,23 @@ def test_our_family_kernels_pass_every_mode_and_the_goldens(cli, tmp_path, kerne
         if cases == "quick":
             modes = {m for c in k["cases"] for m in c.get("modes", [])}
             assert modes == set(running.accepted_family_modes(spec.get(kernel), kernel[:3])), modes
+
+
+def test_the_standard_sigmoid_derivative_is_precision_not_a_failure():
+    """``y (1 - y)``, the sigmoid's derivative of autodiff and of FLA's fused_beta_sigmoid_bwd, cancels for large
+    logits: on a one-token call with logits in [2, 6] (found by ``hunt``) it is graded PRECISION (the precision-loss
+    bound differentiates the sigmoid the same way), and our kernels' exact derivative passes."""
+    from gdn2_oracle.kernels.families import FamilyKernel
+
+    class StandardSigmoid(FamilyKernel):
+        def activate_beta(self, beta, sigmoid, neg):
+            return (2.0 if neg else 1.0) * jax.nn.sigmoid(beta) if sigmoid else beta
+
+    ours = spec.get("gdn-factorized")
+    standard = StandardSigmoid("gdn-standard-sigmoid", "gdn", ours.core)
+    recipe = family_recipes.FamilyRecipe("gdn", 1, 1, 1, 1, 16, 16, beta="logits_high", seed=5)
+    graded = {}
+    for name, fn in (("ours", ours), ("standard", standard)):
+        result = FamilyRunCase.from_recipe("one_token_logits_high", recipe).run(fn)
+        graded[name] = (result.grade, {v.name for v in result.verdicts if v.grade != PASS})
+    assert graded == {"ours": (PASS, set()), "standard": ("PRECISION", {"dbeta"})}, graded

@@ -142,3 +142,14 @@ def test_family_recipes_in_a_mode_recipes_structure():
         family_recipes.FamilyRecipe.in_mode("gdn", "gate_bounded", 2, 4, 16, 16)
     with pytest.raises(ValueError, match="B"):
         family_recipes.FamilyRecipe("kda", 3, 10, 2, 4, 16, 16, mode="intermediate")
+
+
+def test_the_standard_algorithm_differentiates_the_sigmoid_as_y_one_minus_y():
+    xs = list(_family_inputs("gdn", 1, 12))
+    xs[4] = RNG.uniform(2.0, 9.0, xs[4].shape)  # large logits: 1 - y cancels in float32
+    call = families.call("gdn", *xs, use_beta_sigmoid_in_kernel=True)
+    do, dfs = RNG.standard_normal(xs[2].shape), RNG.standard_normal((1, 4, 8, 8))
+    exact, standard = (families.run(call, np.float32, do, dfs, core=c) for c in ("recurrence", "chunked32"))
+    ref = families.run(call, np.float64, do, dfs)["dbeta"]
+    err = {n: np.max(np.abs(r["dbeta"] - ref) / np.abs(ref)) for n, r in (("exact", exact), ("standard", standard))}
+    assert err["standard"] > 30 * err["exact"], err
