@@ -10,6 +10,11 @@ C x C x K tensor (pairwise) or the boundary factorization's per-channel factors.
 kernels/decay.py (``log_decay``, ``gap``: no cancellation) on a one-channel view, so the exponents are as
 accurate as the other kernels'. Differentiable by JAX autodiff through the scan (no hand-written backward).
 
+Known limit (found by ``validate --cases quick``, case ``gdn_gva2_mixed_logits``: FAIL on ``dg`` only): under extreme
+per-head decay (``g ~ -40`` a token) autodiff differentiates ``exp(G_r)`` and ``exp(G_C - G_r)`` after they underflow,
+so the tiny ``dg`` of those heads comes out 0 (the factorized kernel's hand-written backward keeps them). The forward
+and the other gradients pass; it is a speed experiment, not one of the kernels ``make check`` validates.
+
 :func:`benchmark` times it against ``gdn-factorized`` (the lead's measurement; ci/benchmarks is separate).
 """
 
