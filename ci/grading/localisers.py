@@ -347,14 +347,32 @@ def _forward_right(ev):
         v.grade == PASS for v in ev.report.verdicts if v.name in FORWARD) else "within the precision-loss bound")
 
 
+def off_besides(ev, results):
+    """The verdicts over tolerance (not PASS, as the case's grade line counts them) outside ``results``."""
+    return [v for v in ev.report.verdicts if v.grade != PASS and v.name not in results]
+
+
+def only_phrase(ev, results, what, plural=False):
+    """``(lead, detail)`` for "only ``what`` differs" said of the FAIL ``results``, consistent with the grade line:
+    when other results are over tolerance too (PRECISION), "only ... exceed(s) the precision-loss bound" and how
+    many of the results are over tolerance (``plural``: ``what`` takes a plural verb)."""
+    others = off_besides(ev, results)
+    if not others:
+        return f"only {what} differ{'' if plural else 's'}", None
+    n_off, n = len(others) + len(results), len(ev.report.verdicts)
+    return (f"only {what} exceed{'' if plural else 's'} the precision-loss bound",
+            f"{n_off}/{n} results over tolerance, {names(others)} within that bound: PRECISION")
+
+
 def initial_state_gradient(ev):
     """Only ``dh0`` wrong: the state cotangent carried back to h0, or a forward step on h0."""
     if not ev.gradients_only or tuple(v.name for v in ev.gradients) != ("dh0",):
         return None
-    return Finding("initial-state", f"only dh0 differs ({_forward_right(ev)}, the other gradients too): the state "
-                                    "cotangent carried back to h0, or a forward step acting on h0 that the "
-                                    "forward output cannot resolve (e.g. the first token's erase reading the "
-                                    "decayed h0)", None, results=("dh0",))
+    lead, detail = only_phrase(ev, ("dh0",), "dh0")
+    detail = detail or f"{_forward_right(ev)}, the other gradients too"
+    return Finding("initial-state", f"{lead} ({detail}): the state cotangent carried back to h0, or a forward step "
+                                    "acting on h0 that the forward output cannot resolve (e.g. the first token's "
+                                    "erase reading the decayed h0)", None, results=("dh0",))
 
 
 def backward(ev):
@@ -373,11 +391,12 @@ def backward(ev):
             shown = ", ".join(map(str, onsets[:5])) + (", ..." if len(onsets) > 5 else "")
             where = f"; errors in {v.name} begin at tokens {shown} (every {period} tokens)"
             break
-    return Finding("backward", f"only gradients differ ({names(grads)}; {_forward_right(ev)}){where}: the backward, "
-                               "or a forward step the forward output cannot resolve -- one acting on h0 or on a "
-                               "decayed state (e.g. the first token's erase), or one whose erase or write gate is "
-                               "zero in this problem", None, results=results, period=period,
-                   evidence={"onsets": onsets} if period else {})
+    lead, detail = only_phrase(ev, results, "gradients", plural=True)
+    detail = f"{names(grads)}; " + (detail or _forward_right(ev))
+    return Finding("backward", f"{lead} ({detail}){where}: the backward, or a forward step the forward output "
+                               "cannot resolve -- one acting on h0 or on a decayed state (e.g. the first token's "
+                               "erase), or one whose erase or write gate is zero in this problem", None,
+                   results=results, period=period, evidence={"onsets": onsets} if period else {})
 
 
 def cancellation_finding(report, bad, g):

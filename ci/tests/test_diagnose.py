@@ -123,7 +123,7 @@ def test_a_forward_step_only_the_gradients_see_is_not_blamed_on_the_backward():
     report, _ = judge(buggy.h0_decayed_twice, decay="extreme", h0=True)
     f = primary(report)
     assert f.kind == "initial-state" and f.results == ("dh0",), report.format()
-    assert "only dh0 differs" in f.text and "a forward step acting on h0" in f.text
+    assert "only dh0" in f.text and "a forward step acting on h0" in f.text
     assert "backward bug" not in report.format()
     for g in report.diagnosis:
         if g.kind == "exponent-cancellation":
