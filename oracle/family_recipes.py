@@ -246,8 +246,9 @@ def _in_mode(family, mode, j):
 
 
 def _mode_sets():
-    """``(quick, full)``: per family, the first float32 mode recipe using one call mode alone for every call mode the
-    family takes (quick), and every mode recipe it takes (full), named ``<family>_<mode recipe>``."""
+    """``(quick, full)``: per family, for every call mode it takes (and every form of its in-kernel gate), the first
+    float32 mode recipe using that mode alone (quick), and every mode recipe it takes (full), named
+    ``<family>_<mode recipe>``."""
     quick, full = {}, {}
     catalogue = mode_recipes.names("full")
     for family in families.MAPPED:
@@ -255,12 +256,13 @@ def _mode_sets():
             recipe = _in_mode(family, mode, j)
             if recipe is not None:
                 full[f"{family}_{mode}"] = recipe
-        for m in mode_recipes.MODES:
-            for mode in mode_recipes.names("quick") + catalogue:
-                r = mode_recipes.get(mode)
-                if r.modes == (m,) and r.precision == "float32" and f"{family}_{mode}" in full:
-                    quick[f"{family}_{mode}"] = full[f"{family}_{mode}"]
-                    break
+        seen = set()
+        for mode in mode_recipes.names("quick") + catalogue:
+            r = mode_recipes.get(mode)
+            kind = (r.modes, r.gate)
+            if len(r.modes) == 1 and r.precision == "float32" and f"{family}_{mode}" in full and kind not in seen:
+                seen.add(kind)
+                quick[f"{family}_{mode}"] = full[f"{family}_{mode}"]
     return quick, full
 
 

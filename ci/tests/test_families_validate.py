@@ -267,18 +267,19 @@ def test_the_suites_family_mutants_fail_validate(cli, tmp_path, kernel):
     assert k["family"] == kernel.split("_")[0] and k["n_failed"] >= 1, k["n_failed"]
 
 
-def test_the_dt_bias_mutant_fails_the_gate_cases(cli, tmp_path):
-    """dt_bias added after the softplus (kernels/testing_families.py) shows only where the in-kernel gate runs: the
-    family's gate case fails, judged through the CLI with the gate mode alone."""
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_the_dt_bias_mutant_fails_the_gate_cases(cli, tmp_path, family):
+    """dt_bias added after the softplus (kernels/testing_families.py) shows only where the softplus gate runs: the
+    family's softplus gate case fails (KDA's bounded one passes), judged through the CLI with the gate mode alone."""
     path = tmp_path / "v.json"
-    code, out, _ = cli("validate", "--kernel", "gdn2_oracle.kernels.testing_families:gdn_dt_bias_after_softplus",
+    code, out, _ = cli("validate", "--kernel", f"gdn2_oracle.kernels.testing_families:{family}_dt_bias_after_softplus",
                        "--cases", "quick", "--dtype", "float32", "--modes", "gate", "--no-progress", "--json", path)
     assert code == 1, out
     [k] = json.loads(path.read_text())["kernels"]
     failed = {c["case"] for c in k["cases"] if c["grade"] == FAIL}
-    gate_cases = {n for n in family_recipes.names("quick") if n.startswith("gdn_")
-                  and "gate" in family_recipes.get(n).modes}
-    assert gate_cases and failed == gate_cases, (failed, gate_cases)
+    softplus = {n for n in family_recipes.names("quick") if n.startswith(f"{family}_")
+                and family_recipes.get(n).mode and family_recipes.get(n).structure().gate == "softplus"}
+    assert softplus and failed == softplus, (failed, softplus)
     assert any("ddt_bias" == v["name"] and not v["passed"] for c in k["cases"] for v in c["verdicts"])
 
 
