@@ -7,6 +7,8 @@ Use them as ``gdn2_oracle.kernels.testing_modes:NAME``.
 
 * ``leaky_state``: packed sequence n > 0 starts from sequence n - 1's final state (the state leaks across a
   sequence start) instead of its own ``h0[n]``;
+* ``leak_inside_chunk``: a sequence that starts inside a 64-token chunk starts from the previous sequence's final
+  state (a chunk kernel that resets its state only at chunk starts); one starting on a chunk edge from its ``h0[n]``;
 * ``zero_later_states``: every sequence (or batch row) but the first starts from zeros instead of its ``h0[n]``;
 * ``final_one_early``: the final state is taken one token early (the state before each sequence's last token);
 * ``l2norm_eps_outside``: the q/k L2 norm as ``x / (||x|| + eps)`` instead of ``x / sqrt(||x||^2 + eps)``;
@@ -56,8 +58,9 @@ def _lengths(kw, T):
     return [T] if cu is None else np.diff(np.asarray(cu)).tolist()
 
 
-def _leak(xs, kw):
-    """Packed: each sequence alone (dense calls), sequence n > 0 from sequence n - 1's final state."""
+def _leak(xs, kw, carried=lambda t0: True):
+    """Packed: each sequence alone (dense calls), sequence n > 0 starting at token ``t0`` from sequence n - 1's final
+    state where ``carried(t0)``, else from its own ``h0[n]`` (zeros without h0)."""
     if kw["cu_seqlens"] is None:
         return _base(xs, kw)
     cu = np.asarray(kw["cu_seqlens"])
@@ -66,7 +69,7 @@ def _leak(xs, kw):
     outs, finals, inter, state = [], [], [], None
     for n in range(len(cu) - 1):
         t0, t1 = int(cu[n]), int(cu[n + 1])
-        start = (None if h0 is None else h0[n:n + 1]) if n == 0 else state
+        start = (None if h0 is None else h0[n:n + 1]) if n == 0 or not carried(t0) else state
         if t1 == t0:
             state = start if start is not None else _zero_state(xs, kw)
             finals.append(state)
@@ -79,6 +82,11 @@ def _leak(xs, kw):
             inter.append(res[2])
     out = (jnp.concatenate(outs, axis=1), jnp.concatenate(finals, axis=0))
     return out + ((jnp.concatenate(inter, axis=1),) if kw["return_intermediate_states"] else ())
+
+
+def _leak_inside_chunk(xs, kw):
+    """Packed: the state carried across a sequence start only where it falls inside a chunk of the kernel's."""
+    return _leak(xs, kw, carried=lambda t0: t0 % _BASE.chunk_size != 0)
 
 
 def _zero_state(xs, kw):
@@ -142,6 +150,7 @@ def _lower_bound_outside(xs, kw):
 
 
 leaky_state = ModeMutant("leaky_state", _leak)
+leak_inside_chunk = ModeMutant("leak_inside_chunk", _leak_inside_chunk)
 zero_later_states = ModeMutant("zero_later_states", _zero_later)
 final_one_early = ModeMutant("final_one_early", _final_early)
 l2norm_eps_outside = ModeMutant("l2norm_eps_outside", _l2norm_outside)
@@ -149,5 +158,5 @@ lower_bound_outside = ModeMutant("lower_bound_outside", _lower_bound_outside)
 # The correct kernel behind the same wrapper (a control for the tests).
 correct = ModeMutant("correct", _base)
 
-MUTANTS = {m.name: m for m in (leaky_state, zero_later_states, final_one_early, l2norm_eps_outside,
+MUTANTS = {m.name: m for m in (leaky_state, leak_inside_chunk, zero_later_states, final_one_early, l2norm_eps_outside,
                                lower_bound_outside)}

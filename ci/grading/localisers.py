@@ -22,6 +22,7 @@ from gdn2_oracle.oracle.call_modes import FLA_CHUNK
 from .finding import LOGIC_ERROR, Finding
 from .grades import FAIL, PASS, PRECISION
 from .profiles import (
+    CHUNKS,
     JUMP,
     MIN_BAD_FRACTION,
     MIN_CLEAN_TOKENS,
@@ -80,6 +81,32 @@ def decay_spike(g, t):
 def correlations(prof, g):
     """``{chunk: rank correlation of the per-token error with max |G| over chunk-token chunks}``."""
     return {c: rank_correlation(prof, chunk_log_decay(g, c)) for c in chunk_sizes(len(prof))}
+
+
+def sequence_spans(cu_seqlens):
+    """``[(n, start, end)]``: the non-empty sequences of a packed call's ``cu_seqlens`` (tokens ``start:end``)."""
+    cu = np.asarray(cu_seqlens).ravel().astype(int)
+    return [(n, int(a), int(b)) for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])) if b > a]
+
+
+def sequence_of(spans, t):
+    """``(n, start)`` of the sequence of ``spans`` holding token ``t``, or None."""
+    return next(((n, a) for n, a, b in spans if a <= t < b), None)
+
+
+def listed(xs, most=6):
+    """``xs`` comma-separated, at most ``most`` of them then ``...``."""
+    xs = list(xs)
+    return ", ".join(map(str, xs[:most])) + (", ..." if len(xs) > most else "")
+
+
+def edge_chunk(failing_starts, right_starts):
+    """The largest chunk size of :data:`CHUNKS` on whose edges every right sequence after token 0 starts and no
+    failing one does (a kernel that resets its state only at its chunks' starts), or None."""
+    if not right_starts:
+        return None
+    fits = [C for C in CHUNKS if all(t % C == 0 for t in right_starts) and all(t % C for t in failing_starts)]
+    return max(fits, default=None)
 
 
 # --- the evidence -----------------------------------------------------------------------------------------------
@@ -173,11 +200,43 @@ class CaseEvidence:
 
     @cached_property
     def onset(self):
-        """``(t0, phrase)``: a FAIL ``o``'s first bad token and a phrase saying so, or ``(None, "")``."""
+        """``(t0, phrase)``: a FAIL ``o``'s first bad token and a phrase saying so (in a packed call, which sequence's
+        token it is), or ``(None, "")``."""
         o = self.o_profile
         if o is None or not o.bad.any():
             return None, ""
-        return o.t0, f"; o over tolerance from token {o.t0} ({o.frac:.0%} of the tokens from there)"
+        where = ""
+        if self.spans is not None and (seq := sequence_of(self.spans, o.t0)) is not None:
+            n, a = seq
+            where = f", {'the first token' if o.t0 == a else f'token {o.t0 - a}'} of sequence {n}"
+        return o.t0, f"; o over tolerance from token {o.t0}{where} ({o.frac:.0%} of the tokens from there)"
+
+    @cached_property
+    def spans(self):
+        """A packed call's non-empty sequences (:func:`sequence_spans`), or None (not packed)."""
+        cu = getattr(self.problem, "cu_seqlens", None)
+        return None if cu is None else sequence_spans(cu)
+
+    @cached_property
+    def packed(self):
+        """``(result, [(n, start, end, first bad token or None)])``: a packed call's sequences and where the errors of
+        its first FAIL per-token result (``o`` first) begin in each; None when not packed or no such profile."""
+        if self.spans is None:
+            return None
+        profiled = [v for v in self.fails if len(self.report.profiles.get(v.name, ())) == self.spans[-1][2]]
+        v = next((v for v in profiled if v.name == "o"), profiled[0] if profiled else None)
+        if v is None or not self.spans:
+            return None
+        bad = bad_tokens(self.report.profiles[v.name], v.tol_ratio)
+        return v.name, [(n, a, b, a + int(np.argmax(bad[a:b])) if bad[a:b].any() else None) for n, a, b in self.spans]
+
+    @property
+    def starts_explain(self):
+        """In a packed call ``o`` fails and in every failing sequence its errors begin at the sequence's first
+        token."""
+        p = self.packed
+        return (p is not None and p[0] == "o" and any(f is not None for *_, f in p[1])
+                and all(f in (None, a) for _, a, _, f in p[1]))
 
     @cached_property
     def o_profile(self):
@@ -317,10 +376,54 @@ def non_finite(ev):
                    token, results=tuple(v.name for v in bad), evidence={"first_non_finite": firsts})
 
 
+def sequences_finding(ev):
+    """A packed call's failing sequences, whether their errors begin at a sequence start, and the likely cause."""
+    name, seqs = ev.packed
+    failing = [s for s in seqs if s[3] is not None]
+    right = [s for s in seqs if s[3] is None]
+    n_all = len(np.ravel(ev.problem.cu_seqlens)) - 1
+    which = (f"{name} over tolerance in {len(failing)} of the {len(seqs)} non-empty sequence(s) of this packed call "
+             f"(cu_seqlens, {n_all} sequences): sequence(s) {listed(n for n, *_ in failing)} (tokens "
+             f"{listed(a if b == a + 1 else f'{a}-{b - 1}' for _, a, b, _ in failing)})"
+             + (f"; sequence(s) {listed(n for n, *_ in right)} right" if right else "; no sequence right"))
+    evidence = {"sequences": n_all, "failing": [n for n, *_ in failing], "right": [n for n, *_ in right],
+                "first_bad": [f for *_, f in failing], "starts": [a for _, a, _, f in failing]}
+    token = failing[0][3]
+    if name not in FORWARD:
+        return Finding("packed", f"{which} (a gradient: its errors spread backwards from the step that caused them, "
+                                 "so where they begin is not read)", token, results=(name,), evidence=evidence)
+    if not ev.starts_explain:
+        late = [(n, a, f) for n, a, _, f in failing if f != a]
+        shown = listed(f"sequence {n} at token {f} ({f - a} after its start)" for n, a, f in late)
+        return Finding("packed", f"{which}; errors begin inside sequences, not at a sequence start: {shown}",
+                       token, results=(name,), evidence=evidence)
+    starts = [a for _, a, _, _ in failing]
+    C = edge_chunk(starts, [a for _, a, _, _ in right if a > 0])
+    inside = (f", at sequence starts inside a {C}-token chunk (the sequences starting on a chunk edge, at token(s) "
+              f"{listed(a for _, a, _, _ in right if a > 0)}, are right)") if C else ""
+    h0 = ", or the wrong row of h0 read" if getattr(ev.problem, "initial_state", None) is not None else ""
+    return Finding("sequence-start", f"{which}; in every failing sequence the errors begin at its first token (a "
+                                     f"sequence start: token(s) {listed(starts)}): the state a sequence starts from "
+                                     "is wrong -- not reset at a sequence start (the previous sequence's state "
+                                     f"carried across cu_seqlens){inside}{h0}", token, results=(name,),
+                   evidence={**evidence, **({"chunk": C} if C else {})})
+
+
+def packed_forward(ev):
+    """A packed call whose ``o`` fails: its failing sequences (:func:`sequences_finding`)."""
+    return sequences_finding(ev) if ev.packed is not None and ev.packed[0] == "o" else None
+
+
+def packed_gradients(ev):
+    """A packed call whose ``o`` does not fail: the sequences of its first failing gradient."""
+    return sequences_finding(ev) if ev.packed is not None and ev.packed[0] != "o" else None
+
+
 def o_localisation(ev):
-    """A FAIL ``o``'s errors localised by its profile: the first of :data:`O_PROFILE_LOCALISERS` that holds."""
+    """A FAIL ``o``'s errors localised by its profile: the first of :data:`O_PROFILE_LOCALISERS` that holds (not
+    when a packed call's errors begin at sequence starts: their onsets are those starts)."""
     o = ev.o_profile
-    if o is None or not o.bad.any():
+    if o is None or not o.bad.any() or ev.starts_explain:
         return None
     return next((f for f in (loc(o) for loc in O_PROFILE_LOCALISERS) if f is not None), None)
 
@@ -480,8 +583,8 @@ def unexplained_cancellation(ev):
 
 
 # The per-case diagnoses, most specific first: every one that holds is kept, in this order.
-LOCALISERS = [non_finite, o_localisation, final_state, initial_state_gradient, backward, explained_cancellation,
-              logic, unexplained_cancellation]
+LOCALISERS = [non_finite, packed_forward, o_localisation, final_state, initial_state_gradient, backward,
+              packed_gradients, explained_cancellation, logic, unexplained_cancellation]
 
 
 def systematic(ev):

@@ -307,9 +307,10 @@ class ModeCase(CachedCase):
         return self._baseline(self._cum, "chunked32", result_dtypes, chunk_size)
 
     def diagnosis_problem(self):
-        """What the diagnosis reads: the log-decay the core saw (after the gate) and the initial state."""
+        """What the diagnosis reads: the log-decay the core saw (after the gate), the initial state, the packing."""
         call = self.core_call()
-        return SimpleNamespace(g=preprocess.call_log_decay(call), initial_state=call.initial_state)
+        return SimpleNamespace(g=preprocess.call_log_decay(call), initial_state=call.initial_state,
+                               cu_seqlens=call.cu_seqlens)
 
     def judge(self, got, *, chunk_size=None) -> Report:
         """Grade a kernel's results ``got`` (a mapping over :meth:`names`) against this case's reference;

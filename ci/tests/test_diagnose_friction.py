@@ -1,15 +1,21 @@
 """Diagnoses that misled new users, each run on the situation that misled and held to the corrected line
 (ci/grading/diagnose.py, docs/judging.md "Diagnoses"): a localiser's "only X differs" agrees with the case's
-grade line.
+grade line; a packed call's errors are placed in its sequences.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
+
+from gdn2_oracle.ci.commands.validate import case_lines
 from gdn2_oracle.ci.grading.case import Case
 from gdn2_oracle.ci.grading.grades import PASS
 from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.running.cases import CallCase
 from gdn2_oracle.kernels import testing_diagnose as buggy
-from gdn2_oracle.oracle import Recipe
+from gdn2_oracle.kernels import testing_modes
+from gdn2_oracle.oracle import Recipe, mode_recipes
 
 SHAPE = (1, 200, 2, 16, 16)
 
@@ -47,3 +53,38 @@ def test_only_dh0_differs_where_it_alone_is_over_tolerance():
     report = judge(buggy.h0_decayed_twice, decay="extreme")
     assert [v.name for v in report.verdicts if v.grade != PASS] == ["dh0"], report.format()
     assert report.diagnosis[0].text.startswith("only dh0 differs (o and final_state within tolerance"), report.format()
+
+
+# --------------------------------------------------------------------------------------------
+# a packed call's state carried across a sequence start: named as such, in sequences, not tokens
+
+
+@pytest.mark.parametrize("mutant,recipe,carried", [
+    ("leak_inside_chunk", "varlen_quick", lambda t: t % testing_modes.leak_inside_chunk.chunk_size != 0),
+    ("leaky_state", "varlen_edges_no_h0", lambda t: True),
+])
+def test_a_state_carried_across_a_sequence_start_is_named_in_sequences(mutant, recipe, carried):
+    """Was: "logic: O(1) relative error ...; o over tolerance from token 1": no word of sequences or a reset. The
+    sequences that fail are those whose start carries the previous state (every one after the first non-empty
+    sequence for ``leaky_state``; those starting inside a 64-token chunk for ``leak_inside_chunk``)."""
+    r = mode_recipes.get(recipe)
+    res = CallCase.from_recipe(recipe, r).run(testing_modes.MUTANTS[mutant])
+    f = res.diagnosis_dicts()[0]
+    cu = np.asarray(r.cu_seqlens)
+    spans = [(n, int(a)) for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])) if b > a]
+    expect = [n for i, (n, a) in enumerate(spans) if i > 0 and carried(a)]
+    right = [n for n, _ in spans if n not in expect]
+    assert f["primary"] and f["kind"] == "sequence-start", f
+    assert f["evidence"]["failing"] == expect and f["evidence"]["right"] == right, f
+    assert f["evidence"]["first_bad"] == [a for n, a in spans if n in expect], f  # each at its sequence's start
+    assert f"o over tolerance in {len(expect)} of the {len(spans)} non-empty sequence(s)" in f["text"], f["text"]
+    assert "sequence(s) " + ", ".join(map(str, expect)) in f["text"], f["text"]
+    assert "in every failing sequence the errors begin at its first token" in f["text"], f["text"]
+    assert "not reset at a sequence start (the previous sequence's state carried across cu_seqlens)" in f["text"]
+    assert ("inside a 64-token chunk" in f["text"]) == (mutant == "leak_inside_chunk"), f["text"]
+    assert ("wrong row of h0" in f["text"]) == r.initial_state, f["text"]
+    lines = case_lines({"name": mutant}, res.to_dict())
+    assert lines[1].startswith("      diagnosis sequence-start: o over tolerance in "), lines
+    also = [line for line in lines if "o over tolerance from token" in line]  # the onset names its sequence
+    assert all(f"the first token of sequence {expect[0]}" in line for line in also), also
+    assert not any("jump every" in line for line in lines), lines  # sequence starts are not a period
