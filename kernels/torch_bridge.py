@@ -159,6 +159,8 @@ def _nonzero_probe(names, zeros):
 class TorchKernel:
     """A torch callable ``fn`` behind the JAX contract of docs/DESIGN.md §2 (options: the module docstring)."""
 
+    no_backward = None  # why the torch function has no backward (a forward-only kernel), or None
+
     def __init__(self, fn, *, name, options=None, note=None, modules=None, mode_keywords=None):
         if not callable(fn):
             raise ValueError(f"name: {name!r} is not callable ({type(fn).__name__})")
@@ -287,7 +289,7 @@ class TorchKernel:
         out_avals = tuple(jax.ShapeDtypeStruct(s, d) for s, d in specs)
         in_avals = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in arrays)
         n_in = len(arrays)
-        forward_only = dict(static).get("return_intermediate_states", False)
+        refusal = self.backward_refusal(static)
 
         def host_forward(*xs):
             return self.host_forward(names, xs, scale, static, specs)
@@ -303,15 +305,22 @@ class TorchKernel:
             return call(*xs), xs
 
         def call_bwd(xs, cts):
-            if forward_only:
-                raise ValueError("return_intermediate_states: forward only (FLA returns the states at chunk starts "
-                                 "only under torch.inference_mode(), with no backward)")
+            if refusal is not None:
+                raise ValueError(refusal)
             return tuple(jax.pure_callback(host_backward, in_avals, *xs, *cts, vmap_method="sequential"))
 
         call.defvjp(call_fwd, call_bwd)
         if single:
             return lambda *xs: call(*xs)[0]
         return call
+
+    def backward_refusal(self, static):
+        """Why a call with the mode keywords ``static`` has no backward (its VJP is a ValueError saying so), or None:
+        with ``return_intermediate_states``, or when the kernel is forward only (``no_backward``)."""
+        if dict(static).get("return_intermediate_states", False):
+            return ("return_intermediate_states: forward only (FLA returns the states at chunk starts only under "
+                    "torch.inference_mode(), with no backward)")
+        return self.no_backward
 
     # --- the torch side ---------------------------------------------------------------------
 
@@ -383,7 +392,7 @@ class TorchKernel:
     def _probe(self, names, arrays, scale, static):
         """Run the kernel once on zeros of the call's shapes and dtypes: ``([(shape, dtype)], single)``."""
         torch = import_torch()
-        forward_only = dict(static).get("return_intermediate_states", False)
+        forward_only = self.backward_refusal(static) is not None
         zeros = [to_torch(np.zeros(x.shape, jnp.dtype(x.dtype)), self.device).requires_grad_(not forward_only)
                  for x in arrays]
         with _grad_mode(torch, forward_only):
@@ -474,11 +483,16 @@ class FamilyTorchKernel(TorchKernel):
     ``use_gate_in_kernel``, and ``lower_bound``) and, differentiated like the other inputs, ``A_log`` and
     ``dt_bias``. ``order``: the positional order of the five tensors as names separated by ``,`` or a tuple
     (default ``q,k,v,g,beta``; FLA's naive GDN recurrence takes ``q,k,v,beta,g``). Options as
-    :class:`TorchKernel`'s (``device``, keywords passed through); ``family`` is the kernel's attribute."""
+    :class:`TorchKernel`'s (``device``, keywords passed through); ``family`` is the kernel's attribute.
+
+    ``packed``: ``fn`` takes FLA's ``cu_seqlens`` (packed sequences: ``B == 1``, host-readable offsets handed to
+    torch as a LongTensor, states ``[N, HV, K, V]``); the kernel then takes it too. ``no_backward``: why ``fn``
+    has no backward (a forward-only kernel: its VJP is a ValueError saying so)."""
 
     TENSORS = ("q", "k", "v", "g", "beta")
 
-    def __init__(self, fn, *, name, family, options=None, note=None, modules=None):
+    def __init__(self, fn, *, name, family, options=None, note=None, modules=None, packed=False,
+                 no_backward=None):
         if family not in FAMILIES:
             raise ValueError(f"family: {family!r} not one of {FAMILIES}")
         options = dict(options or {})
@@ -488,20 +502,28 @@ class FamilyTorchKernel(TorchKernel):
             raise ValueError(f"order: {order!r} is not the five tensors {self.TENSORS} in some order")
         super().__init__(fn, name=name, options=options, note=note, modules=modules, mode_keywords=())
         self.family, self.order = family, order
-        self.__signature__ = inspect.signature(type(self).__call__)
+        self.packed, self.no_backward = bool(packed), no_backward
+        sig = inspect.signature(type(self).__call__)
+        self.__signature__ = sig if self.packed else sig.replace(
+            parameters=[p for p in sig.parameters.values() if p.name != "cu_seqlens"])
 
     def mapping(self):
         return {"order": ",".join(self.order), "family": getattr(self, "family", None), **self.kwargs}
 
     def __call__(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                  use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                 use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, check_values=False):
+                 use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, cu_seqlens=None,
+                 check_values=False):
         flags = dict(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                      use_gate_in_kernel=use_gate_in_kernel)
-        _, scale, lb = check_family_call(self.family, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                         flags=dict(flags, output_final_state=output_final_state), A_log=A_log,
-                                         dt_bias=dt_bias, lower_bound=lower_bound)
+        shape, scale, lb = check_family_call(self.family, q, k, v, g, beta, scale=scale,
+                                             initial_state=None if cu_seqlens is not None else initial_state,
+                                             flags=dict(flags, output_final_state=output_final_state), A_log=A_log,
+                                             dt_bias=dt_bias, lower_bound=lower_bound, packed=cu_seqlens is not None)
+        static = {**{n: bool(f) for n, f in flags.items()}, **({} if lb is None else {"lower_bound": lb})}
+        if cu_seqlens is not None:
+            static["cu_seqlens"] = self._offsets(cu_seqlens, shape, initial_state)
         if check_values:
             check_family_values(use_gate_in_kernel, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                                 A_log=A_log, dt_bias=dt_bias)
@@ -511,8 +533,7 @@ class FamilyTorchKernel(TorchKernel):
         for p, x in (("A_log", A_log), ("dt_bias", dt_bias)):
             if x is not None:
                 named[p] = x
-        static = tuple(sorted({**{n: bool(f) for n, f in flags.items()}, **({} if lb is None else
-                                                                            {"lower_bound": lb})}.items()))
+        static = tuple(sorted(static.items()))
         names, arrays = tuple(named), tuple(named.values())
         key = (names, tuple((tuple(x.shape), jnp.dtype(x.dtype).name) for x in arrays), scale, static)
         if key not in self._calls:
@@ -520,11 +541,27 @@ class FamilyTorchKernel(TorchKernel):
         o, final = self._calls[key](*arrays)
         return o, (final if output_final_state else None)
 
+    def _offsets(self, cu_seqlens, shape, initial_state):
+        """``cu_seqlens`` as a tuple of ints (kernels/modes.py's checks; the initial state ``[N, HV, K, V]``),
+        ValueError naming it when the kernel takes none or it is traced (it fixes N and the results' shapes)."""
+        if not self.packed:
+            raise ValueError(f"cu_seqlens: kernel {self.__name__!r} takes no packed sequences")
+        if isinstance(cu_seqlens, jax.core.Tracer):
+            raise ValueError("cu_seqlens: traced; a torch kernel needs its values on the host (they fix the number "
+                             "of sequences and the results' shapes): pass it as a NumPy array")
+        B, T, _, HV, K, V = shape
+        cu = check_cu_seqlens(np.asarray(cu_seqlens), B, T, True)
+        check_state(initial_state, (len(cu) - 1, HV, K, V), True, False)
+        return tuple(int(x) for x in cu)
+
     def invoke(self, names, ts, scale, static=()):
-        """Call the torch function: the five tensors in ``order``, the scale, the state, the flags and the gate
-        parameters as keywords, ``output_final_state=True``."""
+        """Call the torch function: the five tensors in ``order``, the scale, the state, the flags, the gate
+        parameters and ``cu_seqlens`` (a LongTensor on the device) as keywords, ``output_final_state=True``."""
+        torch = import_torch()
         given = dict(zip(names, ts))
         kwargs = {**self.kwargs, **dict(static), "scale": scale, "output_final_state": True}
+        if "cu_seqlens" in kwargs:
+            kwargs["cu_seqlens"] = torch.tensor(kwargs["cu_seqlens"], dtype=torch.long, device=self.device)
         if "h0" in given:
             kwargs["initial_state"] = given["h0"]
         for name in PARAMS:
