@@ -1,27 +1,38 @@
-"""FLA's GDN-2 and KDA kernels as peers, through the torch bridge (optional extra: ``pip install '.[fla]'``).
+"""FLA's GDN-2, KDA and Gated DeltaNet kernels as peers, through the torch bridge (optional extra: ``pip install
+'.[fla]'``).
 
 flash-linear-attention (PyPI ``fla-core``, import name ``fla``) ships, per model, a token-by-token
 reference and a chunked reference in pure PyTorch (``fla/ops/<model>/naive.py``) and the Triton
-chunk kernels it trains with. Registered names (``kernels.get(name, **options)``; options are the
-torch bridge's, ``kernels/torch_bridge.py``, e.g. ``device=cpu``, plus ``chunk_size`` for the chunked ones):
+kernels it trains (chunk) and decodes (fused recurrent) with. Registered names (``kernels.get(name, **options)``;
+options are the torch bridge's, ``kernels/torch_bridge.py``, e.g. ``device=cpu``, plus ``chunk_size`` for the
+chunked ones; the Triton ones take ``interpret=1``):
 
 * ``fla-gdn2-naive-recurrent`` -- ``fla.ops.gdn2.naive.naive_recurrent_gdn2``;
 * ``fla-gdn2-naive-chunk``     -- ``fla.ops.gdn2.naive.naive_chunk_gdn2`` (``chunk_size``, default 64);
 * ``fla-gdn2-chunk``           -- ``fla.ops.gdn2.chunk_gdn2`` (Triton: a CUDA device, or ``interpret=1``);
 * ``fla-kda-naive-recurrent``  -- ``fla.ops.kda.naive.naive_recurrent_kda``;
 * ``fla-kda-naive-chunk``      -- ``fla.ops.kda.naive.naive_chunk_kda`` (``chunk_size``, default 64);
-* ``fla-kda-chunk``            -- ``fla.ops.kda.chunk_kda`` (Triton: a CUDA device, or ``interpret=1``);
+* ``fla-kda-chunk``            -- ``fla.ops.kda.chunk_kda`` (Triton);
+* ``fla-kda-fused-recurrent``  -- ``fla.ops.kda.fused_recurrent_kda`` (Triton; forward only);
 * ``fla-gdn-naive-recurrent``  -- ``fla.ops.gated_delta_rule.naive.naive_recurrent_gated_delta_rule``;
-* ``fla-gdn-naive-chunk``      -- ``fla.ops.gated_delta_rule.naive.naive_chunk_gated_delta_rule`` (``chunk_size``).
+* ``fla-gdn-naive-chunk``      -- ``fla.ops.gated_delta_rule.naive.naive_chunk_gated_delta_rule`` (``chunk_size``);
+* ``fla-gdn-chunk``            -- ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (Triton);
+* ``fla-gdn-fused-recurrent``  -- ``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule`` (Triton; forward
+  only).
 
 FLA's GDN-2 signature is the suite's (``q, k, v, g, b, w, scale, initial_state, output_final_state``),
 so the GDN-2 peers are ``torch:`` kernels with ``output_final_state=True`` and nothing else.
-The naive KDA and GDN references are family kernels (kernels/families.py: called like ``chunk_kda`` /
-``chunk_gated_delta_rule``, ``family`` "kda" / "gdn"; :class:`torch_bridge.FamilyTorchKernel`), with FLA's
-beta sigmoid, L2 norm and gate transcribed in torch around them (:data:`FAMILY_NOTE`); GDN's have no GVA, so the
-adapter repeats q, k to the value heads. ``fla-kda-naive-*[signature=gdn2]`` and ``fla-kda-chunk`` take the
-GDN-2 contract instead: one gate ``beta`` per head and token, so they cover the suite's KDA problems, ``b = w =
-beta * 1`` (:data:`KDA_NOTE`), and refuse other cases by name.
+The KDA and GDN peers are family kernels (kernels/families.py: called like ``chunk_kda`` /
+``chunk_gated_delta_rule``, ``family`` "kda" / "gdn"; :class:`torch_bridge.FamilyTorchKernel`, which passes
+``output_final_state=True``). The naive references get FLA's beta sigmoid, L2 norm and gate transcribed in torch
+around them (:data:`FAMILY_NOTE`); GDN's have no GVA, so the adapter repeats q, k to the value heads. The Triton
+ones are called as they are, with the flags, ``A_log``/``dt_bias``/``lower_bound`` and ``cu_seqlens`` (B = 1,
+states ``[N, HV, K, V]``) passed through (:data:`TRITON_FAMILY_NOTE`); ``fused_recurrent_gated_delta_rule`` takes
+``beta`` after ``gk, gv``, so it gets ``g`` and ``beta`` by keyword. FLA's fused-recurrent kernels have no
+backward, so those peers are forward only: their VJP is a ValueError with the reason (:data:`NO_BACKWARD`), and a
+case that differentiates them (every ``validate`` family case) reports that. ``fla-kda-naive-*[signature=gdn2]``
+and ``fla-kda-chunk[signature=gdn2]`` take the GDN-2 contract instead: one gate ``beta`` per head and token, so
+they cover the suite's KDA problems, ``b = w = beta * 1`` (:data:`KDA_NOTE`), and refuse other cases by name.
 
 Loading: importing ``fla.ops`` or ``fla.ops.<model>`` runs their ``__init__.py``, which import the
 Triton kernels (and so Triton, and a GPU). The naive references need only torch and einops, so we
@@ -29,8 +40,9 @@ locate the package with ``importlib.util.find_spec`` (which does not execute it)
 ``ops/<model>/naive.py`` by file path. The Triton kernels import ``fla.ops`` as usual, only where CUDA
 is present -- or, with ``interpret=1``, in Triton's interpreter on the CPU (``kernels/triton_interpret.py``:
 ``TRITON_INTERPRET=1`` is set before Triton is imported, two shims make FLA's kernels run there; float32
-only, :data:`INTERPRET_NOTE`). Needs Triton (``pip install --no-deps triton==3.9.0``). The variable stays
-set for the process, so the compiled ``fla-*-chunk`` is refused in a process that interprets.
+only, every floating tensor argument is checked, :data:`INTERPRET_NOTE`; device ``cpu`` unless given). Needs
+Triton (``pip install --no-deps triton==3.9.0``). The variable stays set for the process, so the compiled
+``fla-*-chunk`` / ``fla-*-fused-recurrent`` are refused in a process that interprets.
 """
 
 from __future__ import annotations
@@ -120,13 +132,13 @@ def _triton(model, attr, name, interpret=False):
 
 
 def float32_only(fn, name):
-    """``fn`` refusing (ValueError) any floating tensor argument other than float32: the interpreter's bf16
-    ``tl.dot`` is wrong (:data:`triton_interpret.BF16_DOT_NOTE`), so such a call would report a logic error
-    that is the interpreter's."""
+    """``fn`` refusing (ValueError) any floating tensor argument, positional or keyword, other than float32: the
+    interpreter's bf16 ``tl.dot`` is wrong (:data:`triton_interpret.BF16_DOT_NOTE`), so such a call would report a
+    logic error that is the interpreter's."""
 
     def kernel(*args, **kwargs):
         torch = import_torch()
-        for i, x in enumerate(args):
+        for i, x in [*enumerate(args), *kwargs.items()]:
             if torch.is_tensor(x) and x.is_floating_point() and x.dtype != torch.float32:
                 raise ValueError(f"dtype: {name}[interpret=1] refuses {str(x.dtype).replace('torch.', '')} inputs "
                                  f"(argument {i}): {triton_interpret.BF16_DOT_NOTE}; validate it with "
@@ -183,14 +195,14 @@ def gdn2_naive_chunk(**options):
 def gdn2_chunk(interpret=False, **options):
     """``fla-gdn2-chunk``: FLA's Triton chunk kernel for GDN-2 (CUDA; ``interpret=1``: Triton's interpreter on
     the CPU, float32 only, device ``cpu`` unless given)."""
-    fn, options, note, modules = _chunk("gdn2", "chunk_gdn2", "fla-gdn2-chunk", interpret, options)
+    fn, options, note, modules = _triton_peer("gdn2", "chunk_gdn2", "fla-gdn2-chunk", interpret, options)
     return TorchKernel(fn, name="fla-gdn2-chunk", options={"output_final_state": True, **options}, note=note,
                        modules=modules or None)
 
 
-def _chunk(model, attr, name, interpret, options):
-    """``(torch function, bridge options, note, modules)`` of FLA's Triton chunk kernel, compiled or interpreted
-    (``modules``: the ones the report's source hash covers besides the bridge's default)."""
+def _triton_peer(model, attr, name, interpret, options):
+    """``(torch function, bridge options, note, modules)`` of FLA's Triton kernel ``fla.ops.<model>.<attr>``,
+    compiled or interpreted (``modules``: the ones the report's source hash covers besides the bridge's default)."""
     interpret = _interpret_flag(interpret)
     fn = _triton(model, attr, name, interpret)
     if not interpret:
@@ -229,10 +241,12 @@ def kda_naive_chunk(chunk_size=64, signature="kda", **options):
                        note=f"{KDA_NOTE}; {CHUNK_NOTE}", modules=_naive_modules("kda"))
 
 
-def kda_chunk(interpret=False, **options):
-    """``fla-kda-chunk``: FLA's Triton chunk kernel for KDA (CUDA; ``interpret=1``: Triton's interpreter on the
-    CPU, float32 only), on b = w = beta * 1."""
-    fn, options, note, modules = _chunk("kda", "chunk_kda", "fla-kda-chunk", interpret, options)
+def kda_chunk(interpret=False, signature="kda", **options):
+    """``fla-kda-chunk``: FLA's Triton ``chunk_kda`` in the kda family's signature (CUDA; ``interpret=1``: Triton's
+    interpreter on the CPU, float32 only); ``signature="gdn2"``: in the GDN-2 contract, on b = w = beta * 1 only."""
+    if _signature_option(signature, "fla-kda-chunk") == "kda":
+        return _family_triton("kda", "chunk_kda", "fla-kda-chunk", "kda", interpret, options)
+    fn, options, note, modules = _triton_peer("kda", "chunk_kda", "fla-kda-chunk", interpret, options)
     return TorchKernel(kda_as_gdn2(fn), name="fla-kda-chunk", options={"output_final_state": True, **options},
                        note=KDA_NOTE + (f"; {note}" if note else ""), modules=modules or (__name__,))
 
@@ -310,3 +324,56 @@ def gdn_naive_chunk(chunk_size=64, **options):
     fn = load_naive("gated_delta_rule").naive_chunk_gated_delta_rule
     return _family_peer("fla-gdn-naive-chunk", "gdn", fn, {"chunk_size": chunk_size, **options},
                         f"{FAMILY_NOTE}; {GDN_NOTE}", gva=False)
+
+
+# --- FLA's Triton kernels in their families' signatures ---------------------------------------------------------
+
+TRITON_FAMILY_NOTE = ("FLA's Triton kernel in its family's signature, called as it is: the beta sigmoid, the q/k "
+                      "L2 norm and the in-kernel gate (use_gate_in_kernel with A_log, dt_bias; KDA's lower_bound) "
+                      "are FLA's own, fused in its kernels; takes cu_seqlens (B = 1, states [N, HV, K, V])")
+NO_BACKWARD = ("forward only: FLA's fused_recurrent kernels have no backward (fused_recurrent_gated_delta_rule's "
+               "raises NotImplementedError, fused_recurrent_kda's results carry no autograd graph), so o and "
+               "final_state are its results; a case that differentiates it is refused")
+
+
+def _family_triton(model, attr, name, family, interpret, options, *, adapt=None, forward_only=False):
+    """A :class:`FamilyTorchKernel` around FLA's Triton kernel ``fla.ops.<model>.<attr>`` (compiled, or interpreted
+    through :func:`_triton_peer`), ``adapt``-ed to the family signature where its own differs; ``forward_only``:
+    its VJP is refused with :data:`NO_BACKWARD`."""
+    fn, options, note, modules = _triton_peer(model, attr, name, interpret, options)
+    if adapt is not None:
+        fn = adapt(fn)
+    notes = "; ".join(n for n in (TRITON_FAMILY_NOTE, NO_BACKWARD if forward_only else None, note) if n)
+    return FamilyTorchKernel(fn, name=name, family=family, options=options, note=notes, modules=modules or None,
+                             packed=True, no_backward=f"{name}: {NO_BACKWARD}" if forward_only else None)
+
+
+def beta_by_keyword(fused_recurrent):
+    """``fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, ...)`` in the gdn family's
+    positional order ``(q, k, v, g, beta, ...)``: ``g`` and ``beta`` passed by keyword."""
+
+    def kernel(q, k, v, g, beta, **kwargs):
+        return fused_recurrent(q, k, v, g=g, beta=beta, **kwargs)
+
+    kernel.__name__ = f"{getattr(fused_recurrent, '__name__', 'kernel')}_gdn"
+    return kernel
+
+
+def gdn_chunk(interpret=False, **options):
+    """``fla-gdn-chunk``: FLA's Triton ``chunk_gated_delta_rule`` in the gdn family's signature (CUDA;
+    ``interpret=1``: Triton's interpreter on the CPU, float32 only; ``chunk_size`` 16, 32 or 64 passed through)."""
+    return _family_triton("gated_delta_rule", "chunk_gated_delta_rule", "fla-gdn-chunk", "gdn", interpret, options)
+
+
+def gdn_fused_recurrent(interpret=False, **options):
+    """``fla-gdn-fused-recurrent``: FLA's Triton ``fused_recurrent_gated_delta_rule`` in the gdn family's signature,
+    forward only (CUDA; ``interpret=1``: Triton's interpreter on the CPU, float32 only)."""
+    return _family_triton("gated_delta_rule", "fused_recurrent_gated_delta_rule", "fla-gdn-fused-recurrent", "gdn",
+                          interpret, options, adapt=beta_by_keyword, forward_only=True)
+
+
+def kda_fused_recurrent(interpret=False, **options):
+    """``fla-kda-fused-recurrent``: FLA's Triton ``fused_recurrent_kda`` in the kda family's signature, forward only
+    (CUDA; ``interpret=1``: Triton's interpreter on the CPU, float32 only)."""
+    return _family_triton("kda", "fused_recurrent_kda", "fla-kda-fused-recurrent", "kda", interpret, options,
+                          forward_only=True)

@@ -36,7 +36,9 @@ OPTIONAL = {
         ("fla-gdn2-naive-recurrent", "gdn2_naive_recurrent"), ("fla-gdn2-naive-chunk", "gdn2_naive_chunk"),
         ("fla-gdn2-chunk", "gdn2_chunk"), ("fla-kda-naive-recurrent", "kda_naive_recurrent"),
         ("fla-kda-naive-chunk", "kda_naive_chunk"), ("fla-kda-chunk", "kda_chunk"),
-        ("fla-gdn-naive-recurrent", "gdn_naive_recurrent"), ("fla-gdn-naive-chunk", "gdn_naive_chunk"))},
+        ("fla-gdn-naive-recurrent", "gdn_naive_recurrent"), ("fla-gdn-naive-chunk", "gdn_naive_chunk"),
+        ("fla-gdn-chunk", "gdn_chunk"), ("fla-gdn-fused-recurrent", "gdn_fused_recurrent"),
+        ("fla-kda-fused-recurrent", "kda_fused_recurrent"))},
 }
 # ``torch:package.module:attr[options]``: a PyTorch callable behind the contract (kernels/torch_bridge.py).
 TORCH_PREFIX = "torch:"

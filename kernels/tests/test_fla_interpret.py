@@ -1,5 +1,6 @@
 """FLA's Triton chunk kernels on the CPU, in Triton's interpreter: ``fla-gdn2-chunk[interpret=1]`` and
-``fla-kda-chunk[interpret=1]`` (kernels/fla_peers.py, kernels/triton_interpret.py).
+``fla-kda-chunk[interpret=1,signature=gdn2]`` (kernels/fla_peers.py, kernels/triton_interpret.py; the KDA and GDN
+kernels in their families' signatures: test_fla_family_peers.py).
 
 Triton (``triton==3.9.0``, installed by ``make test``) is required: these tests never skip, a missing Triton
 fails them with the install line. The interpreted kernels run in one subprocess (:func:`interpreted`):
@@ -26,7 +27,7 @@ from gdn2_oracle.kernels.triton_interpret import ENV, LoopIndex
 
 INSTALL = f"make test installs it; by hand: pip install --no-deps '{triton_interpret.TRITON_PIN}'"
 GDN2 = "fla-gdn2-chunk[interpret=1]"
-KDA = "fla-kda-chunk[interpret=1]"
+KDA = "fla-kda-chunk[interpret=1,signature=gdn2]"  # the GDN-2 contract (its default is the kda family's)
 # Small float32 golden cases: K != V and two sequences, negative gates, one past a 16-token chunk, and
 # extreme decay with an initial state (graded PRECISION: FLA forms exponents as differences of cumulative sums).
 GOLDEN_MODERATE = ("kv_16x32", "gates_negative", "len_c16_plus1")
