@@ -113,3 +113,6 @@ gdn_gva_modulo = family_mutant("gva_modulo", "gdn")
 kda_gva_modulo = family_mutant("gva_modulo", "kda")
 gdn_kv_in_vk_pool = family_mutant("kv_in_vk_pool", "gdn")
 kda_kv_in_vk_pool = family_mutant("kv_in_vk_pool", "kda")
+# Module-level instances of the GDN-2 mutants, for ``module:attr`` kernel specs (``validate --kernel``).
+rejected_committed = mutant("rejected_committed")
+accept_off_by_one = mutant("accept_off_by_one")

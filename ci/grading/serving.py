@@ -40,7 +40,7 @@ from gdn2_oracle.oracle.generate import round_to
 from .case import CachedCase
 from .grades import PASS, Verdict
 from .rule import ABS_FLOOR, AGREE_FRACTION, FLOOR, MULTIPLE, agreement_tolerance, grade, tolerance
-from .serving_diagnosis import diagnose
+from .serving_diagnosis import diagnose, sequence_errors
 from .tolerance import Report
 
 STATE_DTYPES = serving.STATE_DTYPES
@@ -276,6 +276,7 @@ class SessionJudge:
         self.nonzero = []  # (call, count) of nonzero idle outputs
         self.idle_total = self.keep_total = 0
         self.first_token = np.zeros(n)  # per call: largest error at a sequence's first token / max|o| of the call
+        self.per_sequence = []  # per call: o's errors per live sequence, the state's per slot (sequence_errors)
         self.done = 0
 
     def add(self, i, o, pool_before, pool_after):
@@ -301,6 +302,7 @@ class SessionJudge:
             scale = max(float(np.max(np.abs(rc.o))), ABS_FLOOR)
             self.first_token[i] = float(np.max(d)) / scale if np.all(np.isfinite(d)) else math.inf
         self.metrics["state"].add(i, _f64(after[rc.state_slots]), rc.state)
+        self.per_sequence.append(sequence_errors(rc, o64, after))
         idle = o64[rc.idle]
         self.idle_total += idle.size
         if np.any(idle != 0):  # NaN counts as nonzero

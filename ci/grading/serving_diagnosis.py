@@ -8,7 +8,8 @@ function added to the list, its priority its position there. Heuristics: the gra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -23,6 +24,32 @@ FLOAT16_MAX = float(np.finfo(np.float16).max)
 IN_LOOP_MAX = 1.0
 # The 16-bit formats a state kept inside the token loop may be rounded to, tried in this order.
 LOOP_DTYPES = ("bfloat16", "float16")
+
+
+def largest(d):
+    """The largest ``|d|`` (0 when empty, inf when some value is not finite)."""
+    d = np.asarray(d, np.float64)
+    return 0.0 if d.size == 0 else (float(np.max(np.abs(d))) if np.all(np.isfinite(d)) else math.inf)
+
+
+def sequence_errors(rc, o, pool_after):
+    """One call's errors where they live: ``{"o": {n: (largest |error| over live sequence n's judged outputs, at
+    its first token)}, "state": {slot: largest |error| of the state written there}}`` (absolute; inf: not finite),
+    of the kernel's ``o`` and pool after the call against the judge's reference call ``rc``."""
+    got = np.asarray(o, np.float64)[rc.judged]
+    per_seq = {}
+    for seq in rc.plan.sequences:
+        if not seq.live:
+            continue
+        mask = np.zeros(rc.judged.shape, bool)
+        mask[seq.row, seq.start:seq.start + seq.length] = True
+        sel = mask[rc.judged]
+        d = got[sel] - rc.o[sel]
+        first = d[:1] if rc.judged[seq.row, seq.start] else d[:0]
+        per_seq[seq.n] = (largest(d), largest(first))
+    after = np.asarray(pool_after, np.float64)
+    state = {int(slot): largest(after[slot] - ref) for slot, ref in zip(rc.state_slots, rc.state)}
+    return {"o": per_seq, "state": state}
 
 
 @dataclass
@@ -67,6 +94,28 @@ class ServingEvidence:
         return (j.o_dtype == "float16" and any(v.name == "o" for v in self.nonfinite)
                 and j.session.peak_output() > FLOAT16_MAX)
 
+    def threshold(self, name):
+        """The absolute error over which one value of result ``name`` is wrong: its max_err tolerance times its scale
+        (inf when the result passes)."""
+        v = next((v for v in self.report.verdicts if v.name == name), None)
+        if v is None or v.grade == PASS:
+            return math.inf
+        return v.tol_max * self.judge.metrics[name].scales[1]
+
+    @cached_property
+    def first_wrong(self):
+        """``(call, sequences, slots, errors)``: the first call with a live sequence's output or a written slot's
+        state over its tolerance (:func:`sequence_errors`), those sequences and slots; None without per-sequence
+        errors or when none is over."""
+        per = getattr(self.judge, "per_sequence", None) or []
+        t_o, t_s = self.threshold("o"), self.threshold("state")
+        for i, errs in enumerate(per):
+            seqs = [n for n, (big, _) in errs["o"].items() if not big <= t_o]
+            slots = [slot for slot, big in errs["state"].items() if not big <= t_s]
+            if seqs or slots:
+                return i, seqs, slots, errs
+        return None
+
     @cached_property
     def in_loop(self):
         """``(dtype, hits, loop baseline)`` when every moderate FAIL (err_ratio below IN_LOOP_MAX) is of the size of
@@ -89,6 +138,50 @@ class ServingEvidence:
 def names(vs):
     """The verdicts' result names, comma-separated."""
     return ", ".join(v.name for v in vs)
+
+
+def accept_count(call, n):
+    """Sequence ``n``'s accept count ``a_n`` in a speculative call (1 when the call gives none)."""
+    acc = call.num_accepted_tokens
+    return 1 if acc is None else int(np.asarray(acc)[n])
+
+
+def seq_phrase(call, plan, n, first_off):
+    """Sequence ``n`` of a call: its slots and, in a speculative call, its accept count and the slot it must start
+    from; whether its first token is already off."""
+    seq = plan.sequences[n]
+    if plan.speculative:
+        a = accept_count(call, n)
+        head = (f"sequence {n} (accept count a_{n} = {a}: must start from slot idx[{n}, {a - 1}] = {seq.read}, of "
+                f"draft slots {', '.join(map(str, np.asarray(call.state_indices)[n]))})")
+    else:
+        head = f"sequence {n} (reads slot {seq.read}, writes slot(s) {', '.join(str(s) for _, s in seq.writes)})"
+    return head + (", off from its first token" if first_off else ", its first token right")
+
+
+def where_first_wrong(ev):
+    """``"; first wrong at call i: ..."``: the first wrong call's first wrong sequence (its slots, accept count),
+    the other sequences and the slots whose state is off, or ""."""
+    hit = ev.first_wrong
+    if hit is None:
+        return ""
+    i, seqs, slots, errs = hit
+    call, plan = ev.judge.session.calls[i], ev.judge.ref[i].plan
+    off_first = [n for n in seqs if not errs["o"][n][1] <= ev.threshold("o")]
+    out = f"; first wrong at call {i}"
+    if seqs:
+        out += ": o of " + seq_phrase(call, plan, seqs[0], seqs[0] in off_first)
+    if len(seqs) > 1:
+        counts = (f" (accept counts {', '.join(str(accept_count(call, n)) for n in seqs[1:])})"
+                  if plan.speculative else "")
+        out += f"; also sequence(s) {', '.join(map(str, seqs[1:]))}{counts}"
+    if slots:
+        shown = ", ".join(map(str, slots[:8])) + (", ..." if len(slots) > 8 else "")
+        out += f"; the state written to {len(slots)} slot(s) off ({shown})"
+    if plan.speculative and off_first:
+        out += (": a sequence off from its first token started from a wrong state -- the slot it reads must be "
+                "idx[n, a_n - 1] (the last accepted draft's), not idx[n, a_n] nor the last draft column")
+    return out
 
 
 def pool_bookkeeping(ev):
@@ -127,7 +220,7 @@ def non_finite(ev):
     first = ev.first_nonfinite_call
     return Finding("non-finite", f"NaN or inf in {names(ev.nonfinite)} from call {first}: a NaN read from a slot "
                                  "it should not read (a rejected draft's state, a padding row's tokens) or an "
-                                 "overflow", first)
+                                 f"overflow{where_first_wrong(ev)}", first)
 
 
 def state_in_loop(ev):
@@ -159,7 +252,8 @@ def logic(ev):
         where = (f"; from call {at}, whose sequences start right (first tokens within "
                  f"{first_token[at]:.2g}): the update or the slot written")
     worst = max(big, key=lambda v: v.err_ratio)
-    return Finding("logic", f"O(1) relative error in {names(big)} (err_ratio up to {worst.err_ratio:.2g}){where}", at)
+    return Finding("logic", f"O(1) relative error in {names(big)} (err_ratio up to {worst.err_ratio:.2g}){where}"
+                            f"{where_first_wrong(ev)}", at)
 
 
 def stored_state(ev):
@@ -192,12 +286,13 @@ def systematic(ev):
     over = worst.err_ratio / (worst.bound_ratio or worst.tol_ratio)
     where = "" if at is None else f", first over tolerance at call {at}"
     return Finding("systematic", f"{names(ev.finite)} off by err_ratio up to {worst.err_ratio:.2g} ({over:.3g}x the "
-                                 f"bound){where}: not the rounding of the stored state", at)
+                                 f"bound){where}: not the rounding of the stored state{where_first_wrong(ev)}", at)
 
 
 def diagnose(judge, report, rec, store):
     """What a non-PASS serving report points at: the findings of :data:`SERVING_LOCALISERS` that hold, else
-    :func:`systematic`."""
+    :func:`systematic`; the first marked ``primary``."""
     ev = ServingEvidence(judge, report, rec, store)
     found = [f for f in (loc(ev) for loc in SERVING_LOCALISERS) if f is not None]
-    return found or [f for f in (systematic(ev),) if f is not None]
+    found = found or [f for f in (systematic(ev),) if f is not None]
+    return [replace(f, primary=i == 0) for i, f in enumerate(found)]

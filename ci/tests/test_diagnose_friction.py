@@ -1,6 +1,7 @@
 """Diagnoses that misled new users, each run on the situation that misled and held to the corrected line
 (ci/grading/diagnose.py, docs/judging.md "Diagnoses"): a localiser's "only X differs" agrees with the case's
-grade line; a packed call's errors are placed in its sequences.
+grade line; a packed call's errors are placed in its sequences; a serving session's in its sequences, slots and
+accept counts.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from gdn2_oracle.ci.grading.case import Case
 from gdn2_oracle.ci.grading.grades import PASS
 from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.running.cases import CallCase
+from gdn2_oracle.ci.running.serving import serving_cases
+from gdn2_oracle.kernels import testing_decode, testing_modes
 from gdn2_oracle.kernels import testing_diagnose as buggy
-from gdn2_oracle.kernels import testing_modes
 from gdn2_oracle.oracle import Recipe, mode_recipes
 
 SHAPE = (1, 200, 2, 16, 16)
@@ -88,3 +90,30 @@ def test_a_state_carried_across_a_sequence_start_is_named_in_sequences(mutant, r
     also = [line for line in lines if "o over tolerance from token" in line]  # the onset names its sequence
     assert all(f"the first token of sequence {expect[0]}" in line for line in also), also
     assert not any("jump every" in line for line in lines), lines  # sequence starts are not a period
+
+
+# --------------------------------------------------------------------------------------------
+# a speculative bug named by its call, sequence, slots and accept count
+
+
+def test_an_accept_count_off_by_one_is_named_by_sequence_slot_and_accept_count():
+    """Was: a line beginning "also non-finite: ... from call 0" naming no sequence, slot or accept count. The kernel
+    reads idx[n, a_n] (clipped to the last draft) instead of idx[n, a_n - 1]: the first wrong sequence is the first
+    live one whose two slots differ."""
+    [case] = serving_cases(("float32",), only=("speculative_accept",))
+    res = case.run(testing_decode.accept_off_by_one)
+    calls = case.session.calls
+    wrong = [(c, n) for c, call in enumerate(calls) for n in range(call.state_indices.shape[0])
+             if (seq := call.plan(case.session.shape[0]).sequences[n]).live
+             and call.state_indices[n, min(int(call.num_accepted_tokens[n]), call.state_indices.shape[1] - 1)]
+             != seq.read]
+    c, n = wrong[0]
+    idx, a = calls[c].state_indices, int(calls[c].num_accepted_tokens[n])
+    lines = case_lines({"name": "accept_off_by_one"}, res.to_dict())
+    assert lines[1].startswith("      diagnosis "), lines  # the first finding is primary: no line begins "also"
+    text = lines[1]
+    assert (f"first wrong at call {c}: o of sequence {n} (accept count a_{n} = {a}: must start from slot "
+            f"idx[{n}, {a - 1}] = {idx[n, a - 1]}, of draft slots {', '.join(map(str, idx[n]))}), off from its first "
+            "token") in text, text
+    assert "the slot it reads must be idx[n, a_n - 1]" in text, text
+    case.release()
