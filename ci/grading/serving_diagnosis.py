@@ -140,17 +140,22 @@ def names(vs):
     return ", ".join(v.name for v in vs)
 
 
+def has_drafts(call):
+    """Whether a call's ``state_indices`` has a draft axis (``[N, S]``: accept counts and draft slots)."""
+    return np.ndim(call.state_indices) == 2
+
+
 def accept_count(call, n):
-    """Sequence ``n``'s accept count ``a_n`` in a speculative call (1 when the call gives none)."""
+    """Sequence ``n``'s accept count ``a_n`` in a call with draft slots (1 when the call gives none)."""
     acc = call.num_accepted_tokens
     return 1 if acc is None else int(np.asarray(acc)[n])
 
 
 def seq_phrase(call, plan, n, first_off):
-    """Sequence ``n`` of a call: its slots and, in a speculative call, its accept count and the slot it must start
+    """Sequence ``n`` of a call: its slots and, with draft slots, its accept count and the slot it must start
     from; whether its first token is already off."""
     seq = plan.sequences[n]
-    if plan.speculative:
+    if has_drafts(call):
         a = accept_count(call, n)
         head = (f"sequence {n} (accept count a_{n} = {a}: must start from slot idx[{n}, {a - 1}] = {seq.read}, of "
                 f"draft slots {', '.join(map(str, np.asarray(call.state_indices)[n]))})")
@@ -173,12 +178,12 @@ def where_first_wrong(ev):
         out += ": o of " + seq_phrase(call, plan, seqs[0], seqs[0] in off_first)
     if len(seqs) > 1:
         counts = (f" (accept counts {', '.join(str(accept_count(call, n)) for n in seqs[1:])})"
-                  if plan.speculative else "")
+                  if has_drafts(call) else "")
         out += f"; also sequence(s) {', '.join(map(str, seqs[1:]))}{counts}"
     if slots:
         shown = ", ".join(map(str, slots[:8])) + (", ..." if len(slots) > 8 else "")
         out += f"; the state written to {len(slots)} slot(s) off ({shown})"
-    if plan.speculative and off_first:
+    if has_drafts(call) and off_first:
         out += (": a sequence off from its first token started from a wrong state -- the slot it reads must be "
                 "idx[n, a_n - 1] (the last accepted draft's), not idx[n, a_n] nor the last draft column")
     return out
