@@ -194,10 +194,7 @@ class TorchKernel:
             raise ValueError(f"mode_keywords: {bad} not among FLA's mode keywords {list(MODE_KEYWORDS)}")
         self.__signature__ = _signature(self.mode_keywords)
         self.modules = tuple(modules) if modules else _module_names(fn)
-        torch = import_torch()
-        mapping = ", ".join(f"{k}={v}" for k, v in self.mapping().items())
-        self._note = (f"{note + '; ' if note else ''}torch {torch.__version__} on {self.device} "
-                     f"through the torch bridge ({mapping})")
+        self._note_prefix = f"{note + '; ' if note else ''}torch {import_torch().__version__} on {self.device}"
         self._calls = {}
         self.notes = []
 
@@ -205,7 +202,8 @@ class TorchKernel:
     def note(self):
         """What a report says about this kernel: its torch version, device and mapping, and what was learned
         while running it."""
-        return "; ".join([self._note, *self.notes])
+        mapping = ", ".join(f"{k}={v}" for k, v in self.mapping().items())
+        return "; ".join([f"{self._note_prefix} through the torch bridge ({mapping})", *self.notes])
 
     def mapping(self):
         """The argument mapping in force (for notes and reports)."""
@@ -471,9 +469,24 @@ def _module_names(fn):
     return (mod,) if isinstance(mod, str) and mod in sys.modules else ()
 
 
-def torch_kernel(target, **options):
-    """The ``torch:`` spec: ``target`` is ``package.module:attr``, a torch callable; options as documented."""
-    return TorchKernel(resolve(target), name=f"torch:{target}", options=options)
+def torch_kernel(target, family=None, **options):
+    """The ``torch:`` spec: ``target`` is ``package.module:attr``, a torch callable; options as documented. With
+    ``family`` (``gdn`` / ``kda``) the callable is in that FLA family's signature (:class:`FamilyTorchKernel`;
+    packed sequences when it names ``cu_seqlens``)."""
+    fn = resolve(target)
+    if family is None:
+        return TorchKernel(fn, name=f"torch:{target}", options=options)
+    return FamilyTorchKernel(fn, name=f"torch:{target}", family=family, options=options,
+                             packed=_names_keyword(fn, "cu_seqlens"))
+
+
+def _names_keyword(fn, name):
+    """Whether callable ``fn`` takes keyword ``name`` (by name or through ``**kwargs``; unknown signature: yes)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
 class FamilyTorchKernel(TorchKernel):
@@ -503,9 +516,14 @@ class FamilyTorchKernel(TorchKernel):
         super().__init__(fn, name=name, options=options, note=note, modules=modules, mode_keywords=())
         self.family, self.order = family, order
         self.packed, self.no_backward = bool(packed), no_backward
+        # the keywords the wrapper takes: those of the family call the torch function takes too (FLA's flags, the gate
+        # parameters, cu_seqlens when packed), so the judge runs it on the cases it can be called on
         sig = inspect.signature(type(self).__call__)
-        self.__signature__ = sig if self.packed else sig.replace(
-            parameters=[p for p in sig.parameters.values() if p.name != "cu_seqlens"])
+        own = ("self", "q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state", "check_values")
+        self.__signature__ = sig.replace(parameters=[
+            p for p in sig.parameters.values()
+            if p.name in own or (p.name == "cu_seqlens" and self.packed)
+            or (p.name != "cu_seqlens" and _names_keyword(fn, p.name))])
 
     def mapping(self):
         return {"order": ",".join(self.order), "family": getattr(self, "family", None), **self.kwargs}
@@ -521,7 +539,8 @@ class FamilyTorchKernel(TorchKernel):
                                              initial_state=None if cu_seqlens is not None else initial_state,
                                              flags=dict(flags, output_final_state=output_final_state), A_log=A_log,
                                              dt_bias=dt_bias, lower_bound=lower_bound, packed=cu_seqlens is not None)
-        static = {**{n: bool(f) for n, f in flags.items()}, **({} if lb is None else {"lower_bound": lb})}
+        # only the flags that are on: a torch function need not take the others
+        static = {**{n: True for n, f in flags.items() if f}, **({} if lb is None else {"lower_bound": lb})}
         if cu_seqlens is not None:
             static["cu_seqlens"] = self._offsets(cu_seqlens, shape, initial_state)
         if check_values:

@@ -73,8 +73,9 @@ def spec_family(spec: KernelSpec):
     fam = spec.options.get(FAMILY_OPTION)
     if fam is None:
         return spec, None
-    if ":" not in spec.name:
-        found = keyword_names(spec_lib.factory(spec.name))
+    if ":" not in spec.name or spec.name.startswith(spec_lib.TORCH_PREFIX):
+        make = spec_lib.factory(spec.name) if ":" not in spec.name else spec_lib.resolve(spec_lib.TORCH_FACTORY)
+        found = keyword_names(make)
         if found is not None and FAMILY_OPTION in found[0]:
             return spec, fam
     rest = {k: v for k, v in spec.options.items() if k != FAMILY_OPTION}

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from gdn2_oracle.kernels import spec
+from gdn2_oracle.oracle import family_recipes
 
 torch = pytest.importorskip("torch")  # the [torch] extra; make test installs the CPU build
 
@@ -57,7 +58,10 @@ def test_a_torch_family_kernel_written_elsewhere_passes_quick(cli, tmp_path, fam
     kernel = f"torch:{HERE}:delta_rule[family={family},output_final_state=True]"
     code, out, k = _validate(cli, tmp_path, kernel)
     assert code == 0, out
-    assert k["family"] == family and k["passed"] and k["n_cases"] >= 7, k["n_cases"]
+    takes = {"use_qk_l2norm_in_kernel", "l2norm"}  # its only keyword besides the contract's: the q/k norm
+    expected = {n for n in family_recipes.names("quick") if n.startswith(f"{family}_")
+                and set(family_recipes.get(n).flags()) | set(family_recipes.get(n).modes) <= takes}
+    assert k["family"] == family and k["passed"] and {c["case"] for c in k["cases"]} == expected, k["n_cases"]
     judged = {c["case"] for c in k["cases"]}
     assert any("gva4" in n for n in judged) and any("gva2" in n for n in judged)
     # the flags and modes it does not take are listed, not run: no case errs
