@@ -310,20 +310,29 @@ def _family_peer(name, family, naive, options, note, **adapter):
                              note=note, modules=_naive_modules("gated_delta_rule" if family == "gdn" else family))
 
 
+# FLA's naive Gated DeltaNet references return o in float32 whatever the inputs (kernels/adapt.py's o_dtype): a
+# bfloat16 call is judged on that float32 o, not refused as a broken contract.
+GDN_NAIVE_O_DTYPE = "float32"
+
+
 def gdn_naive_recurrent(**options):
     """``fla-gdn-naive-recurrent``: FLA's token-by-token Gated DeltaNet reference
     (``naive_recurrent_gated_delta_rule(q, k, v, beta, g)``: beta before g), in the gdn family's signature."""
     fn = load_naive("gated_delta_rule").naive_recurrent_gated_delta_rule
-    return _family_peer("fla-gdn-naive-recurrent", "gdn", fn, options, f"{FAMILY_NOTE}; {GDN_NOTE}", gva=False,
-                        beta_first=True)
+    kernel = _family_peer("fla-gdn-naive-recurrent", "gdn", fn, options, f"{FAMILY_NOTE}; {GDN_NOTE}", gva=False,
+                          beta_first=True)
+    kernel.o_dtype = GDN_NAIVE_O_DTYPE
+    return kernel
 
 
 def gdn_naive_chunk(chunk_size=64, **options):
     """``fla-gdn-naive-chunk``: FLA's chunked Gated DeltaNet reference (``chunk_size``, default 64; it pads T
     itself), in the gdn family's signature."""
     fn = load_naive("gated_delta_rule").naive_chunk_gated_delta_rule
-    return _family_peer("fla-gdn-naive-chunk", "gdn", fn, {"chunk_size": chunk_size, **options},
-                        f"{FAMILY_NOTE}; {GDN_NOTE}", gva=False)
+    kernel = _family_peer("fla-gdn-naive-chunk", "gdn", fn, {"chunk_size": chunk_size, **options},
+                          f"{FAMILY_NOTE}; {GDN_NOTE}", gva=False)
+    kernel.o_dtype = GDN_NAIVE_O_DTYPE
+    return kernel
 
 
 # --- FLA's Triton kernels in their families' signatures ---------------------------------------------------------
