@@ -215,7 +215,7 @@ def test_interpreted_family_peer_refuses_bfloat16_with_the_reason(interpreted):
     assert "tl.dot on bfloat16 operands" in refusal, refusal
 
 
-def test_fla_kda_chunk_keeps_the_gdn2_contract_under_an_option(interpreted):
+def test_interpreted_fla_kda_chunk_keeps_the_gdn2_contract_under_an_option(interpreted):
     assert interpreted[0]["gdn2_signature"] == {"type": "TorchKernel", "family": None}
 
 
