@@ -16,9 +16,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import mpmath
 import numpy as np
 
-from . import call_modes, modes, preprocess, recurrence
+from . import call_modes, modes, mp, preprocess, recurrence
 from .call import Call
 from .problem import GRADS, Grads, Problem, as_float_array, check_scale
 
@@ -274,13 +275,14 @@ class FamilyCall:
                     lower_bound=self.lower_bound, qk_l2norm=self.use_qk_l2norm_in_kernel,
                     intermediate_chunk_size=self.intermediate_chunk_size, **dict(self.call_keywords))
 
-    def project_results(self, results, dtype=np.float64, *, standard=False):
+    def project_results(self, results, dtype=np.float64, *, standard=False, ar=None):
         """A GDN-2 results dict of :meth:`to_call`'s call (``oracle.modes.run_call``'s) as this call's: ``dbeta =
         sum_k db + sum_v dw`` through beta's sigmoid, GDN's ``dg = sum_k dg_k`` and ``ddt_bias`` summed over K; the
         outputs, states and the other gradients as they are (None stays None). The sigmoid's slope is exact
         (``e / (1 + e)^2``), or with ``standard`` the usual ``y (1 - y)`` of the activation's output (FLA's
-        ``fused_beta_sigmoid_bwd``, autodiff of a sigmoid: ``1 - y`` cancels for large logits)."""
-        ar = recurrence.Arith(dtype)
+        ``fused_beta_sigmoid_bwd``, autodiff of a sigmoid: ``1 - y`` cancels for large logits). ``ar``: the element
+        type to work in instead of ``dtype`` (``oracle.mp.MPArith``: mpmath)."""
+        ar = ar or recurrence.Arith(dtype)
         out = {n: results.get(n) for n in ("o", "final_state", "intermediate_states", "dq", "dk", "dv", "dg",
                                             "dh0", "dA_log", "ddt_bias")}
         if "db" not in results:
@@ -484,3 +486,29 @@ def forward_and_vjp(fcall: FamilyCall, do, dfinal_state, dtype=np.float64):
     """Forward and hand-derived adjoint in working precision ``dtype``: ``((o, final_state), FamilyGrads)``."""
     out = run(fcall, dtype, do, dfinal_state)
     return (out["o"], out["final_state"]), FamilyGrads(*(out[n] for n in FamilyGrads._fields))
+
+
+def run_mpf(fcall: FamilyCall, prec, do=None, dfinal_state=None):
+    """:func:`run` at ``prec`` bits (every mode): beta's sigmoid, the mapped call's pipeline (``oracle.modes.run_call``
+    with ``b = beta 1_K``, ``w = beta 1_V`` in mpmath as overrides) and the projection in mpmath; mpf object arrays."""
+    mp.check_prec(prec)
+    mapped = fcall.to_call()
+    if do is not None:
+        do, dfinal_state = mapped.check_cotangents(do, dfinal_state)
+    with mpmath.workprec(int(prec)):
+        ar = mp.MPArith()
+        beta = fcall._beta(fcall._values(ar))
+        B, T, H, HV, K, V = fcall.shape
+        gates = {"b": np.broadcast_to(beta[..., None], (B, T, HV, K)),
+                 "w": np.broadcast_to(beta[..., None], (B, T, HV, V))}
+        results = modes.run_call(mapped, ar, do, dfinal_state, {n: np.array(x) for n, x in gates.items()})
+        return fcall.project_results(results, ar=ar)
+
+
+def mp_run(fcall: FamilyCall, do=None, dfinal_state=None, prec=mp.DEFAULT_PREC):
+    """``(results, errors)``: :func:`run_mpf` at ``prec`` bits rounded to float64, and ``|x_prec - x_2prec|`` per
+    element (the error estimate of ``oracle/mp.py``), by name (results absent from the call are None / left out)."""
+    lo = run_mpf(fcall, prec, do, dfinal_state)
+    hi = run_mpf(fcall, 2 * prec, do, dfinal_state)
+    errors = {n: mp.error_estimate(x, hi[n]) for n, x in lo.items() if x is not None}
+    return {n: None if x is None else mp.to_float64(x) for n, x in lo.items()}, errors

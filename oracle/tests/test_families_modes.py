@@ -153,3 +153,26 @@ def test_the_standard_algorithm_differentiates_the_sigmoid_as_y_one_minus_y():
     ref = families.run(call, np.float64, do, dfs)["dbeta"]
     err = {n: np.max(np.abs(r["dbeta"] - ref) / np.abs(ref)) for n, r in (("exact", exact), ("standard", standard))}
     assert err["standard"] > 30 * err["exact"], err
+
+
+@pytest.mark.parametrize("family", families.MAPPED)
+def test_mpmath_family_calls_in_every_mode_agree_with_float64(family):
+    lengths = (3, 0, 9)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    q, k, v, g, beta = _family_inputs(family, 1, int(cu[-1]), K=4, V=4)
+    g = RNG.standard_normal(g.shape)  # a raw gate
+    A_log = np.log(RNG.uniform(1, 4, 4))
+    dt_bias = RNG.standard_normal(4 * 4 if family == "kda" else 4)
+    h0 = RNG.standard_normal((3, 4, 4, 4))
+    call = families.call(family, q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, state_v_first=True,
+                         use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
+                         allow_neg_eigval=True, use_qk_l2norm_in_kernel=True)
+    do, dfs = RNG.standard_normal(v.shape), RNG.standard_normal(h0.shape)
+    got, errors = families.mp_run(call, do, dfs, prec=80)
+    want = families.run(call, np.float64, do, dfs)
+    for name, x in want.items():
+        if x is None:
+            assert got[name] is None, name
+            continue
+        _close(got[name], x, name)
+        assert np.max(errors[name]) <= 1e-18 * max(1.0, float(np.max(np.abs(x)))), name
