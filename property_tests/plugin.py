@@ -97,8 +97,12 @@ def profile_name(config):
 def kernel_names(config):
     """The kernel specs named by --gdn2-kernel or env GDN2_KERNEL, split by the one spec grammar
     (``kernels.split_specs``: commas inside ``[...]`` separate options); empty: the suite's default."""
-    values = config.getoption("gdn2_kernel", default=None) or [os.environ.get("GDN2_KERNEL", "")]
-    values = [v for v in values if v.strip()]
+    given = config.getoption("gdn2_kernel", default=None)
+    blank = [v for v in given or () if not v.strip()]
+    if blank:  # as the CLI's --kernel '': a name left empty is a mistake, not the suite's default
+        raise pytest.UsageError(f"--gdn2-kernel {blank[0]!r}: an empty kernel name (leave the option out for the "
+                                "suite's default kernels)")
+    values = [v for v in given or [os.environ.get("GDN2_KERNEL", "")] if v.strip()]
     if not values:
         return []
     from gdn2_oracle.kernels import split_specs  # the grammar only (no JAX), when a kernel is named

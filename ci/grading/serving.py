@@ -286,6 +286,9 @@ class SessionJudge:
         rc = self.ref[i]
         o_dtype, p_dtype = dtype_name(o), dtype_name(pool_after)
         self.o_dtype = self.o_dtype or o_dtype
+        if o_dtype not in STATE_DTYPES:
+            raise ValueError(f"o: call {i} returned o as {o_dtype}; a serving kernel returns o in one of "
+                             f"{', '.join(STATE_DTYPES)}")
         if o_dtype != self.o_dtype:
             raise ValueError(f"o: call {i} returned {o_dtype}, earlier calls {self.o_dtype}")
         if p_dtype != self.state_dtype or dtype_name(pool_before) != self.state_dtype:

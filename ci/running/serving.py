@@ -148,9 +148,19 @@ class ServingRunner:
                 pool, extra = np.swapaxes(pool, -1, -2), {**extra, V_FIRST_KEYWORD: True}
             out = self.fn(*xs, initial_state=jnp.asarray(pool), scale=scale, **ints, **extra)
         if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise ValueError(f"o: a serving kernel returns (o, new_pool), got {type(out).__name__}")
+            raise ValueError(f"o: a serving kernel returns (o, new_pool), got {returned(out)}")
         new_pool = np.asarray(out[1])
         return np.asarray(out[0]), (np.swapaxes(new_pool, -1, -2) if self.v_first else new_pool)
+
+
+def returned(out):
+    """What a kernel returned, in words: ``a 3-tuple``, ``a list of 1``, ``one array float32[2, 1, 4]``."""
+    if isinstance(out, (tuple, list)):
+        return f"a {len(out)}-tuple" if isinstance(out, tuple) else f"a list of {len(out)}"
+    shape, dtype = getattr(out, "shape", None), getattr(out, "dtype", None)
+    if shape is not None:
+        return f"one array {dtype}[{', '.join(map(str, shape))}] (o alone?)"
+    return type(out).__name__
 
 
 def run_session(fn, session: Session, *, keep=False, v_first=False):

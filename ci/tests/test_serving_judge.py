@@ -315,3 +315,24 @@ def test_flas_fused_recurrent_kernel_under_the_interpreter_is_judged_in_its_doma
     outside = validate("serving_pool_gather_scatter")
     assert outside.returncode == 1, outside.stdout + outside.stderr  # not a segfault (-11)
     assert "no guard for padding slot -1" in outside.stdout, outside.stdout
+
+
+def test_serving_contract_messages_name_the_result():
+    """A float64 ``o`` and a 3-tuple where ``(o, new_pool)`` is expected are said in those words."""
+    session = scripted(recipes.pool_gather_scatter)
+    j = session.judge("float32")
+    pool = _cast(session.pool, "float32")
+    o = np.zeros(session.calls[0].q.shape[:3] + (recipes.V,), np.float64)
+    with pytest.raises(ValueError, match=r"^o: call 0 returned o as float64; a serving kernel returns o in one of"):
+        j.add(0, o, pool, pool)
+    assert runner.returned((o, pool, pool)) == "a 3-tuple"
+    assert runner.returned(o).startswith("one array float64[")
+    case = runner.serving_cases(("float32",), only=("pool_gather_scatter",))[0]
+    decode = kernels.get("decode")
+
+    def three(*args, **kw):
+        return (*decode(*args, **kw), None)
+
+    three.__signature__ = __import__("inspect").signature(decode)
+    res = case.run(three)
+    assert res.outcome == "error" and "returns (o, new_pool), got a 3-tuple" in res.error, res.error

@@ -125,3 +125,10 @@ def test_the_suite_keeps_its_compiled_programs_in_the_compile_cache(tmp_path, mo
     code, out = pytest_run(run, *args, env={"XDG_CACHE_HOME": str(home)})
     assert code == 0 and "1 passed" in out, out
     assert entries(ours)
+
+
+def test_an_empty_gdn2_kernel_is_a_usage_error(tmp_path):
+    """``--gdn2-kernel ''`` is a usage error naming the option, as ``validate --kernel ''`` is; not the default."""
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-kernel", "",
+                           "--collect-only", "-q")
+    assert code == 4 and "--gdn2-kernel ''" in out and "empty kernel name" in out, out
