@@ -1,7 +1,8 @@
 """Serving (decode) properties of any kernel that takes a state pool, graded by ``ci/grading/serving.py``.
 
 The kernels: the selected ones (``--gdn2-kernel`` / ``GDN2_KERNEL``) that take a state pool (``state_pool``, or
-FLA's ``initial_state`` + ``ssm_state_indices``: ``ci/running/serving.py``), else ``decode``; tests take the
+FLA's ``initial_state`` + ``ssm_state_indices``: ``ci/running/serving.py``; a named kernel that takes none is
+skipped with the reason), or, none named, ``decode``; tests take the
 argument ``serving_kernel`` (this module's ``pytest_generate_tests``). Every run of calls is judged against the
 float64 serving oracle chained on the exact pool (grades PASS / PRECISION / FAIL: a 16-bit pool is PRECISION
 where its rounding once per store costs more than the float32 tolerance; docs/serving.md), and two ways of
@@ -41,6 +42,7 @@ from gdn2_oracle.oracle import serving as oracle_serving
 from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.serving import DecodeCall
 from gdn2_oracle.property_tests import grading, strategies
+from gdn2_oracle.property_tests.plugin import kernel_names
 
 # The plain contract's properties: a Gated DeltaNet or KDA kernel is skipped with the reason (conftest.py).
 pytestmark = pytest.mark.gdn2_family(GDN2)
@@ -72,16 +74,29 @@ def _runner(fn):
 
 
 def serving_kernels(config):
-    """The selected kernels (built when pytest started: conftest.py) that take a state pool, else ``decode``."""
-    out = [ServingKernel(k.name, k.fn) for k in config._gdn2_kernels if accepts_serving(k.fn)]
-    return out or [ServingKernel(FALLBACK, strategies.kernel_fn(FALLBACK))]
+    """The selected kernels (built when pytest started: conftest.py): those that take a state pool run, a kernel named
+    with ``--gdn2-kernel`` / ``GDN2_KERNEL`` that takes none is a skip with the reason; no kernel named: the defaults
+    that take a pool, else ``decode``."""
+    named = kernel_names(config)
+    out = [k for k in config._gdn2_kernels if accepts_serving(k.fn) or k.name in named]
+    if not named and not out:
+        return [ServingKernel(FALLBACK, strategies.kernel_fn(FALLBACK))]
+    return [ServingKernel(k.name, k.fn) for k in out]
+
+
+def no_pool(name):
+    """The skip reason of a named kernel that takes no state pool."""
+    return (f"kernel {name} takes no state pool (neither state_pool nor FLA's initial_state + ssm_state_indices): "
+            "the serving properties are not run on it")
 
 
 def pytest_generate_tests(metafunc):
-    """Parametrize ``serving_kernel`` over :func:`serving_kernels` (ids = the names as selected)."""
+    """Parametrize ``serving_kernel`` over :func:`serving_kernels` (ids = the names as selected); a kernel without a
+    state pool is skipped with the reason, never passed on another kernel's behalf."""
     if "serving_kernel" in metafunc.fixturenames:
-        ks = serving_kernels(metafunc.config)
-        metafunc.parametrize("serving_kernel", ks, ids=[k.name for k in ks], scope="session")
+        ks = [pytest.param(k, id=k.name, marks=() if accepts_serving(k.fn) else
+                           pytest.mark.skip(reason=no_pool(k.name))) for k in serving_kernels(metafunc.config)]
+        metafunc.parametrize("serving_kernel", ks, scope="session")
 
 
 # --- helpers ------------------------------------------------------------------------------------------------

@@ -132,3 +132,12 @@ def test_an_empty_gdn2_kernel_is_a_usage_error(tmp_path):
     code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests", "--gdn2-kernel", "",
                            "--collect-only", "-q")
     assert code == 4 and "--gdn2-kernel ''" in out and "empty kernel name" in out, out
+
+
+def test_serving_properties_skip_a_named_kernel_without_a_pool_with_the_reason(tmp_path):
+    """A kernel named without a state pool: the serving tests are skipped saying so, not passed on ``decode``."""
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_serving", "--gdn2-kernel",
+                           "pairwise", "-q", "-rs")
+    assert code == 0 and "9 skipped" in out and "passed" not in out, out
+    assert "kernel pairwise takes no state pool (neither state_pool nor FLA's initial_state + ssm_state_indices)" in out
+    assert "[decode" not in out
