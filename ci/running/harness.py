@@ -36,6 +36,14 @@ class KernelError(RuntimeError):
     """A kernel raised inside a host callback (e.g. a torch kernel); the message is the callback's exception."""
 
 
+def o_dtype_hint(name, got, declared):
+    """What to add to a wrong-dtype message: for an ``o`` returned in float32 by a kernel that declares no
+    ``o_dtype``, the spec option that accepts it."""
+    if name != "o" or declared or jnp.dtype(got) != jnp.dtype(jnp.float32):
+        return ""
+    return "; a kernel that returns o in float32 whatever its inputs is run with the spec option o_dtype=float32"
+
+
 def check_results(out, q, v, o_dtype=None):
     """ContractError unless ``out`` is ``(o, final_state)``: o ``[B, T, H, V]`` in v's dtype (or the ``o_dtype``
     the kernel declares), the final state ``[B, H, K, V]`` float32, for inputs ``q`` ``[B, T, H, K]`` and ``v``
@@ -56,7 +64,8 @@ def check_results(out, q, v, o_dtype=None):
         if tuple(x.shape) != shape:
             raise ContractError(f"returned {name} of shape {tuple(x.shape)}, expected {shape}")
         if jnp.dtype(x.dtype) != dtype:
-            raise ContractError(f"returned {name} of dtype {jnp.dtype(x.dtype).name}, expected {dtype.name}{why}")
+            raise ContractError(f"returned {name} of dtype {jnp.dtype(x.dtype).name}, expected {dtype.name}{why}"
+                                + o_dtype_hint(name, x.dtype, o_dtype))
 
 
 @per_kernel

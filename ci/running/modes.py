@@ -34,6 +34,7 @@ from .harness import (
     check_dtype,
     host_callback_error,
     host_cast,
+    o_dtype_hint,
     quiet_callback_failures,
     to_device,
 )
@@ -118,7 +119,7 @@ def _check(out, q, v, state_shape, n_results, intermediate_shape=None, o_dtype=N
             raise ContractError(f"returned {name} of shape {tuple(x.shape)}, expected {tuple(shape)}")
         if jnp.dtype(x.dtype) not in dtypes:
             raise ContractError(f"returned {name} of dtype {jnp.dtype(x.dtype).name}, expected "
-                                f"{' or '.join(d.name for d in dtypes)}")
+                                f"{' or '.join(d.name for d in dtypes)}" + o_dtype_hint(name, x.dtype, o_dtype))
 
 
 @per_kernel
