@@ -506,19 +506,40 @@ def format_validation(report, *, max_failures=60):
 
 
 def header_lines(report, modes):
-    """The run's first line (cases, their golden / generated split, dtypes, device, mesh, modes) and the kernels'
-    source lines."""
+    """The run's first line (cases, their golden / generated split, the dtypes of the cases run, device, mesh, modes),
+    a line per kernel not judged on every case (how many, and why not), and the kernels' source lines."""
     env = report.environment
     ran = max(report.kernels, key=lambda k: len(k["cases"]), default=None)  # the kernel that ran the most cases
     n_gold = sum(1 for c in ran["cases"] if c["source"] == "golden") if ran else 0
     split = (f"{n_gold} golden, {report.n_cases - n_gold} generated; "
              if ran and len(ran["cases"]) == report.n_cases else "")  # known only once a kernel ran every case
     return [f"gdn2-oracle validate: {report.n_cases} cases ({split}"
-            f"set {report.cases!r}), dtypes {','.join(report.dtypes)}; device {env['device_kind']} "
+            f"set {report.cases!r}), dtypes {','.join(run_dtypes(report))}; device {env['device_kind']} "
             f"({env['platform']}), jax {env['jax_version']}"
             + (f"; mesh {report.mesh}" if report.mesh else "")
             + (f"; modes {','.join(modes)}" if list(modes) != list(VALIDATE_MODES) else ""),
-            *source_lines(report.kernels)]
+            *judged_lines(report), *source_lines(report.kernels)]
+
+
+def run_dtypes(report):
+    """The dtypes of the cases the kernels were judged on (the selected ones when none was judged)."""
+    seen = {c["dtype"] for k in report.kernels for c in k["cases"]}
+    return [d for d in report.dtypes if d in seen] + sorted(seen - set(report.dtypes)) or list(report.dtypes)
+
+
+def judged_lines(report):
+    """One line per kernel judged on fewer than the run's cases: ``60 of 68 cases judged for K (8 need ...)``."""
+    lines = []
+    for k in report.kernels:
+        skipped, other = len(k.get("not_accepted_cases") or []), len(k.get("other_family_cases") or [])
+        if not skipped and not other:
+            continue
+        what = "a mode" if k.get("family", GDN2) == GDN2 else "a flag, a call mode or a state pool"
+        why = [f"{skipped} need {what} its signature does not take" if skipped else "",
+               f"{other} are of another family" if other else ""]
+        lines.append(f"  {len(k['cases'])} of {report.n_cases} cases judged for {k['name']} "
+                     f"({'; '.join(w for w in why if w)})")
+    return lines
 
 
 def verdict_rows(report):
