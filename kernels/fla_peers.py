@@ -342,7 +342,8 @@ TRITON_FAMILY_NOTE = ("FLA's Triton kernel in its family's signature, called as 
                       "are FLA's own, fused in its kernels; takes cu_seqlens (B = 1, states [N, HV, K, V])")
 NO_BACKWARD = ("forward only: FLA's fused_recurrent kernels have no backward (fused_recurrent_gated_delta_rule's "
                "raises NotImplementedError, fused_recurrent_kda's results carry no autograd graph), so o and "
-               "final_state are its results; a case that differentiates it is refused")
+               "final_state are its results: validate judges those (ci/running/modes.py: forward_only); its VJP "
+               "is refused with this reason")
 
 
 def _family_triton(model, attr, name, family, interpret, options, *, adapt=None, forward_only=False):

@@ -312,10 +312,11 @@ class ModeCase(CachedCase):
         return SimpleNamespace(g=preprocess.call_log_decay(call), initial_state=call.initial_state,
                                cu_seqlens=call.cu_seqlens)
 
-    def judge(self, got, *, chunk_size=None) -> Report:
-        """Grade a kernel's results ``got`` (a mapping over :meth:`names`) against this case's reference;
-        ``chunk_size``: the kernel's, where its states at chunk starts are taken (default the call's)."""
-        names = self.names()
+    def judge(self, got, *, chunk_size=None, names=None) -> Report:
+        """Grade a kernel's results ``got`` (a mapping over :meth:`names`, or over ``names``, a subset of them: a
+        forward-only kernel's) against this case's reference; ``chunk_size``: the kernel's, where its states at chunk
+        starts are taken (default the call's)."""
+        names = self.names() if names is None else tuple(n for n in self.names() if n in names)
         result_dtypes = {n: dtype_name(got[n]) for n in names if n in got}
         return compare(names, got, self.yardstick(result_dtypes, chunk_size), self.diagnosis_problem())
 

@@ -90,7 +90,7 @@ class CallCase(Runs, ModeCase):
         return modes.mode_results(fn, call, do, dfs, dtype=self.dtype, mesh=mesh)
 
     def graded(self, fn, got):
-        return self.judge(got, chunk_size=modes.kernel_chunk_size(fn))
+        return self.judge(got, chunk_size=modes.kernel_chunk_size(fn), names=modes.judged_names(fn, self.call))
 
     def exact(self, fn):
         return self.reference(chunk_size=modes.kernel_chunk_size(fn))

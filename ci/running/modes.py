@@ -43,8 +43,37 @@ from .per_kernel import per_kernel
 
 def accepted_modes(fn):
     """The modes (of ``ci.grading.modes.MODES``) whose keywords ``fn``'s signature accepts, in that order (a
-    callable without a signature: none)."""
-    return tuple(m for m in MODES if accepts_keywords(fn, KEYWORDS[m]))
+    callable without a signature: none), less those its spec option ``modes=`` leaves out (:func:`chosen_modes`)."""
+    return chosen_modes(fn, tuple(m for m in MODES if accepts_keywords(fn, KEYWORDS[m])), among=MODES)
+
+
+def chosen_modes(fn, accepted, among=None):
+    """``accepted`` (mode names) less those kernel ``fn``'s spec option ``modes=`` leaves out (its ``chosen_modes``,
+    kernels/adapt.py). ValueError naming ``modes`` for a name not in the registry, or one of ``among`` (default:
+    every mode) that ``accepted`` lacks (the option opts out of modes; it cannot opt in to one the signature lacks)."""
+    chosen = getattr(fn, "chosen_modes", None)
+    if chosen is None:
+        return tuple(accepted)
+    known = call_modes.names()
+    unknown = [m for m in chosen if m not in known]
+    if unknown:
+        raise ValueError(f"modes: unknown call mode(s) {unknown}; known: {', '.join(known)}")
+    lacking = [m for m in chosen if m in (among or known) and m not in accepted and not call_modes.is_base(m)]
+    if lacking:
+        words = sorted({w for m in lacking for w in call_modes.get(m).keywords})
+        raise ValueError(f"modes: {lacking} named, but the kernel's signature does not take its keywords {words}")
+    return tuple(m for m in accepted if m in chosen)
+
+
+# The results a forward-only kernel is judged on (a call's forward: the output and the states).
+FORWARD_RESULTS = ("o", "final_state", "intermediate_states")
+
+
+def forward_only(fn):
+    """Why kernel ``fn`` has no backward (its ``no_backward`` attribute: FLA's fused recurrent inference kernels, say),
+    or None: such a kernel is judged on its forward results only (:data:`FORWARD_RESULTS`)."""
+    why = getattr(fn, "no_backward", None)
+    return why if isinstance(why, str) and why else None
 
 
 def kernel_chunk_size(fn):
@@ -144,6 +173,20 @@ def runner(fn, static: Static, state_shape):
 
 
 @per_kernel
+def forward_runner(fn, static: Static, state_shape):
+    """A jitted forward ``(inputs, h0, params) -> (o, final_state)`` for a kernel with no backward
+    (:func:`forward_only`)."""
+    kw = static.keywords()
+
+    def run(inputs, h0, params):
+        out = fn(*inputs, scale=static.scale, initial_state=h0, **kw, **dict(zip(static.params, params)))
+        _check(out, inputs[0], inputs[2], state_shape, 2, o_dtype=getattr(fn, "o_dtype", None))
+        return tuple(out)
+
+    return jax.jit(run)
+
+
+@per_kernel
 def state_runner(fn, static: Static, state_shape, intermediate_shape):
     """A jitted forward-only ``(inputs, h0, params) -> intermediate states`` (``return_intermediate_states``).
 
@@ -195,7 +238,10 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     jdo, jdfs = to_device(do, jdt), to_device(dfinal_state, jnp.float32)
     try:
         with quiet_callback_failures(), mesh_lib.using(mesh):
-            out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))
+            if forward_only(fn):
+                out = jax.block_until_ready(forward_runner(fn, static, call.state_shape)(inputs, h0, params))
+            else:
+                out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))
             inter = None
             if static.forward_keywords:
                 shape = intermediate_shape(call, kernel_chunk_size(fn))
@@ -209,8 +255,16 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     got = {n: np.asarray(x) for n, x in zip(names, out)}
     if inter is not None:
         got["intermediate_states"] = np.asarray(inter)
-    assert set(got) == set(result_names(call)), (sorted(got), result_names(call))
+    want = judged_names(fn, call)
+    assert set(got) == set(want), (sorted(got), want)
     return got
+
+
+def judged_names(fn, call: Call):
+    """The results kernel ``fn`` is judged on for ``call``: every one (``result_names``), or for a forward-only kernel
+    (:func:`forward_only`) its forward results."""
+    names = result_names(call)
+    return tuple(n for n in names if n in FORWARD_RESULTS) if forward_only(fn) else names
 
 
 def validate(fn, case: ModeCase) -> Report:

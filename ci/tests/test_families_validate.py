@@ -329,3 +329,18 @@ def test_the_standard_sigmoid_derivative_is_precision_not_a_failure():
         result = FamilyRunCase.from_recipe("one_token_logits_high", recipe).run(fn)
         graded[name] = (result.grade, {v.name for v in result.verdicts if v.grade != PASS})
     assert graded == {"ours": (PASS, set()), "standard": ("PRECISION", {"dbeta"})}, graded
+
+
+def test_a_forward_only_kernel_is_judged_on_its_forward_results():
+    """A kernel that declares it has no backward (``no_backward``: FLA's fused recurrent inference kernels) is run
+    forward only and judged on ``o`` and the final state (the same grades); a wrong forward still fails."""
+    def forward_only(kernel):
+        def fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+            return kernel(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state)
+        fn.family, fn.no_backward = "gdn", "inference only"
+        return fn
+
+    for kernel, grade in ((gdn_correct, PASS), (family_kernel("gdn", "gva_mod"), FAIL)):
+        result = FamilyRunCase.named("gdn_gva2_moderate_h0").run(forward_only(kernel))
+        assert result.grade == grade and {v.name for v in result.verdicts} == {"o", "final_state"}, result.verdicts
