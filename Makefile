@@ -59,6 +59,8 @@ test-all: test test-release
 check: $(STAMP)
 	mkdir -p $(REPORTS)
 	$(VENV)/bin/gdn2-oracle validate --cases golden --json $(REPORTS)/validate.json
+	$(VENV)/bin/gdn2-oracle validate --kernel gdn-factorized --kernel kda-factorized --cases golden \
+		--json $(REPORTS)/validate-families.json
 	$(PY) -m gdn2_oracle.ci.cache_selfcheck
 	$(VENV)/bin/gdn2-oracle bench --kernel pairwise --kernel factorized --batch 1 --seq 1024 --heads 2 --dim 64 \
 		--dtype float32 --repeats 5 --json $(REPORTS)/bench.json --plot $(REPORTS)/bench.png
