@@ -25,7 +25,7 @@ TENSORS = ("q", "k", "v", "g", "b", "w")
 EXTRAS = ("s", "h")  # scale and initial state, when the kernel takes them positionally
 LAYOUTS = ("bthk", "bhtk")
 MAPPING = ("order", "layout", "scale_arg", "state_arg", "decay_base")
-WRAPPING = ("pad", "o_dtype")
+WRAPPING = ("pad", "o_dtype", "modes")
 O_DTYPES = ("float32",)
 _PAD = re.compile(r"([KVT])(\d+)")
 
@@ -137,10 +137,33 @@ def with_o_dtype(fn, o_dtype):
     return kernel
 
 
-def wrap(fn, *, pad=None, o_dtype=None):
-    """``fn`` with the wrapping options applied (``pad`` innermost, then ``o_dtype``)."""
+def parse_names(text, option):
+    """``"a+b"`` -> ``("a", "b")``: ``+``-separated names; ValueError naming ``option``."""
+    names = tuple(n.strip() for n in str(text).split("+"))
+    if not all(n.isidentifier() for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"{option}: {text!r} is not distinct names separated by '+', e.g. {option}=dense+l2norm")
+    return names
+
+
+def with_modes(fn, modes):
+    """``fn`` declared to take part in the call modes ``modes`` only (``"dense+l2norm"``; ``chosen_modes``): the
+    judge reads it besides the signature (ci/running/modes.py ``chosen_modes``)."""
+    names = parse_names(modes, "modes")
+
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    kernel.chosen_modes = names
+    return kernel
+
+
+def wrap(fn, *, pad=None, o_dtype=None, modes=None):
+    """``fn`` with the wrapping options applied (``pad`` innermost, then ``o_dtype``, then ``modes``)."""
     if pad is not None:
         fn = padded(fn, pad)
     if o_dtype is not None:
         fn = with_o_dtype(fn, o_dtype)
+    if modes is not None:
+        fn = with_modes(fn, modes)
     return fn

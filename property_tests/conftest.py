@@ -82,7 +82,7 @@ def _modes_missing(item, kernel, config):
     needed = [m for mark in item.iter_markers("gdn2_modes") for m in mark.args]
     if not needed:
         return []
-    from gdn2_oracle.ci.running.modes import accepted_modes  # only when a mode test is collected
+    from gdn2_oracle.ci.running.modes import accepted_modes, chosen_modes  # only when a mode test is collected
     from gdn2_oracle.ci.running.serving import accepts_serving
     from gdn2_oracle.oracle import call_modes
 
@@ -92,6 +92,7 @@ def _modes_missing(item, kernel, config):
         accepted = set(accepted_modes(kernel.fn)) | serving
     else:  # those its family has (FLA's entry point) and its signature takes
         accepted = set(family_running.accepted_family_modes(kernel.fn, family)) | serving
+    accepted = set(chosen_modes(kernel.fn, sorted(accepted)))  # less those its spec option modes= leaves out
     ok = accepted & set(config._gdn2_modes)
     return [m for m in needed if m not in ok]
 

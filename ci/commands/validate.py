@@ -203,11 +203,15 @@ def case_family(case):
 
 def accepted_modes(fn, family=GDN2):
     """The modes other than dense that kernel ``fn`` accepts: training-call keywords (a family kernel: those its
-    family has, ``ci.running.families.accepted_family_modes``), a state pool."""
+    family has, ``ci.running.families.accepted_family_modes``), a state pool; less those its spec option ``modes=``
+    leaves out (``ci.running.modes.chosen_modes``)."""
     serving = SERVING_MODES if serving_running.accepts_serving(fn) else ()
-    if family != GDN2:
-        return [*family_running.accepted_family_modes(fn, family), *serving]
-    return [*mode_running.accepted_modes(fn), *serving]
+    try:
+        if family != GDN2:
+            return list(mode_running.chosen_modes(fn, [*family_running.accepted_family_modes(fn, family), *serving]))
+        return list(mode_running.chosen_modes(fn, [*mode_running.accepted_modes(fn), *serving]))
+    except ValueError as exc:  # the spec option modes= names a mode the kernel cannot take part in
+        raise UsageError(f"--kernel: {exc}") from None
 
 
 def case_grade(c):

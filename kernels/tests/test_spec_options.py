@@ -19,14 +19,36 @@ def float32_o(q, k, v, g, b, w, *, scale=None, initial_state=None):
     return o.astype(jnp.float32), state
 
 
-def validate(cli, kernel, case, dtype="float32", *more):
-    """``(exit status, stdout + stderr)`` of ``validate`` on one case of the quick set."""
-    code, out, err = cli("validate", "--kernel", kernel, "--case", case, "--dtype", dtype, "--no-progress", *more)
+def validate(cli, kernel, *cases, dtype="float32"):
+    """``(exit status, stdout + stderr)`` of ``validate`` on the named cases of the quick set."""
+    named = [a for c in cases for a in ("--case", c)]
+    code, out, err = cli("validate", "--kernel", kernel, *named, "--dtype", dtype, "--no-progress")
     return code, out + err
 
 
 def test_a_float32_o_error_names_the_option_that_accepts_it(cli):
-    code, text = validate(cli, f"{HERE}:float32_o", "bf16_moderate", "bfloat16")
+    code, text = validate(cli, f"{HERE}:float32_o", "bf16_moderate", dtype="bfloat16")
     assert code != 0 and "expected bfloat16 (v's dtype)" in text and "o_dtype=float32" in text, text
-    code, text = validate(cli, f"{HERE}:float32_o[o_dtype=float32]", "bf16_moderate", "bfloat16")
+    code, text = validate(cli, f"{HERE}:float32_o[o_dtype=float32]", "bf16_moderate", dtype="bfloat16")
     assert code == 0 and "PASS" in text, text
+
+
+def one_state_per_row(q, k, v, g, b, w, *, scale=None, initial_state=None, cu_seqlens=None):
+    """A correct dense kernel whose ``cu_seqlens`` means something else (one state per batch row, as
+    deltanet-tpu's): it ignores FLA's packed sequences, so packed calls come out wrong."""
+    return _pairwise(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+
+
+def test_modes_opts_a_kernel_out_of_the_packed_cases(cli):
+    cases = ("decay_moderate", "varlen_quick")
+    code, text = validate(cli, f"{HERE}:one_state_per_row", *cases)
+    assert code != 0 and "FAIL" in text, text
+    code, text = validate(cli, f"{HERE}:one_state_per_row[modes=dense]", *cases)
+    assert code == 0 and "PASS" in text and "FAIL" not in text, text
+
+
+def test_modes_cannot_opt_in_to_a_mode_the_signature_lacks(cli):
+    code, text = validate(cli, f"{HERE}:one_state_per_row[modes=dense+l2norm]", "decay_moderate")
+    assert code == 2 and "modes:" in text and "use_qk_l2norm_in_kernel" in text, text
+    code, text = validate(cli, f"{HERE}:one_state_per_row[modes=dense+varlenn]", "decay_moderate")
+    assert code == 2 and "modes: unknown call mode" in text, text
