@@ -65,6 +65,17 @@ def chosen_modes(fn, accepted, among=None):
     return tuple(m for m in accepted if m in chosen)
 
 
+# The results a forward-only kernel is judged on (a call's forward: the output and the states).
+FORWARD_RESULTS = ("o", "final_state", "intermediate_states")
+
+
+def forward_only(fn):
+    """Why kernel ``fn`` has no backward (its ``no_backward`` attribute: FLA's fused recurrent inference kernels, say),
+    or None: such a kernel is judged on its forward results only (:data:`FORWARD_RESULTS`)."""
+    why = getattr(fn, "no_backward", None)
+    return why if isinstance(why, str) and why else None
+
+
 def kernel_chunk_size(fn):
     """The chunk size a kernel takes its states at chunk starts at: its ``chunk_size`` attribute, else FLA's
     (``call_modes.FLA_CHUNK``)."""
@@ -162,6 +173,20 @@ def runner(fn, static: Static, state_shape):
 
 
 @per_kernel
+def forward_runner(fn, static: Static, state_shape):
+    """A jitted forward ``(inputs, h0, params) -> (o, final_state)`` for a kernel with no backward
+    (:func:`forward_only`)."""
+    kw = static.keywords()
+
+    def run(inputs, h0, params):
+        out = fn(*inputs, scale=static.scale, initial_state=h0, **kw, **dict(zip(static.params, params)))
+        _check(out, inputs[0], inputs[2], state_shape, 2, o_dtype=getattr(fn, "o_dtype", None))
+        return tuple(out)
+
+    return jax.jit(run)
+
+
+@per_kernel
 def state_runner(fn, static: Static, state_shape, intermediate_shape):
     """A jitted forward-only ``(inputs, h0, params) -> intermediate states`` (``return_intermediate_states``).
 
@@ -213,7 +238,10 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     jdo, jdfs = to_device(do, jdt), to_device(dfinal_state, jnp.float32)
     try:
         with quiet_callback_failures(), mesh_lib.using(mesh):
-            out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))
+            if forward_only(fn):
+                out = jax.block_until_ready(forward_runner(fn, static, call.state_shape)(inputs, h0, params))
+            else:
+                out = jax.block_until_ready(runner(fn, static, call.state_shape)(inputs, h0, params, jdo, jdfs))
             inter = None
             if static.forward_keywords:
                 shape = intermediate_shape(call, kernel_chunk_size(fn))
@@ -227,8 +255,16 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     got = {n: np.asarray(x) for n, x in zip(names, out)}
     if inter is not None:
         got["intermediate_states"] = np.asarray(inter)
-    assert set(got) == set(result_names(call)), (sorted(got), result_names(call))
+    want = judged_names(fn, call)
+    assert set(got) == set(want), (sorted(got), want)
     return got
+
+
+def judged_names(fn, call: Call):
+    """The results kernel ``fn`` is judged on for ``call``: every one (``result_names``), or for a forward-only kernel
+    (:func:`forward_only`) its forward results."""
+    names = result_names(call)
+    return tuple(n for n in names if n in FORWARD_RESULTS) if forward_only(fn) else names
 
 
 def validate(fn, case: ModeCase) -> Report:
