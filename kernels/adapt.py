@@ -16,6 +16,7 @@ naive references do); the harness then judges that ``o`` as float32 (``fn.o_dtyp
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import re
 
@@ -25,7 +26,7 @@ TENSORS = ("q", "k", "v", "g", "b", "w")
 EXTRAS = ("s", "h")  # scale and initial state, when the kernel takes them positionally
 LAYOUTS = ("bthk", "bhtk")
 MAPPING = ("order", "layout", "scale_arg", "state_arg", "decay_base")
-WRAPPING = ("pad", "o_dtype", "modes")
+WRAPPING = ("pad", "o_dtype", "modes", "rename")
 O_DTYPES = ("float32",)
 _PAD = re.compile(r"([KVT])(\d+)")
 
@@ -158,8 +159,45 @@ def with_modes(fn, modes):
     return kernel
 
 
-def wrap(fn, *, pad=None, o_dtype=None, modes=None):
-    """``fn`` with the wrapping options applied (``pad`` innermost, then ``o_dtype``, then ``modes``)."""
+def parse_renames(rename):
+    """``"qk_l2norm:use_qk_l2norm_in_kernel+a:b"`` -> ``{"qk_l2norm": "use_qk_l2norm_in_kernel", "a": "b"}`` (the
+    kernel's keyword -> FLA's); ValueError naming ``rename``."""
+    pairs = [item.split(":") for item in str(rename).split("+")]
+    if not all(len(p) == 2 and all(n.strip().isidentifier() for n in p) for p in pairs):
+        raise ValueError(f"rename: {rename!r} is not MINE:FLAS pairs separated by '+', "
+                         "e.g. rename=qk_l2norm:use_qk_l2norm_in_kernel")
+    out = {mine.strip(): fla.strip() for mine, fla in pairs}
+    if len(out) != len(pairs) or len(set(out.values())) != len(out):
+        raise ValueError(f"rename: {rename!r} renames a keyword twice")
+    return out
+
+
+def renamed(fn, rename):
+    """``fn`` called with FLA's keyword names: a keyword FLA calls Y and ``fn`` calls X (``rename=X:Y``) is accepted
+    as Y and passed on as X; the signature shows Y, so the modes are read through the rename."""
+    mine = parse_renames(rename)
+    theirs = {fla: own for own, fla in mine.items()}
+
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        return fn(*args, **{theirs.get(k, k): v for k, v in kwargs.items()})
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return kernel
+    missing = sorted(set(mine) - set(sig.parameters))
+    if missing:
+        raise ValueError(f"rename: the kernel's signature has no keyword {missing}")
+    kernel.__signature__ = sig.replace(parameters=[p.replace(name=mine.get(p.name, p.name))
+                                                   for p in sig.parameters.values()])
+    return kernel
+
+
+def wrap(fn, *, pad=None, o_dtype=None, modes=None, rename=None):
+    """``fn`` with the wrapping options applied (``rename`` innermost, then ``pad``, ``o_dtype``, ``modes``)."""
+    if rename is not None:
+        fn = renamed(fn, rename)
     if pad is not None:
         fn = padded(fn, pad)
     if o_dtype is not None:

@@ -19,10 +19,10 @@ def float32_o(q, k, v, g, b, w, *, scale=None, initial_state=None):
     return o.astype(jnp.float32), state
 
 
-def validate(cli, kernel, *cases, dtype="float32"):
-    """``(exit status, stdout + stderr)`` of ``validate`` on the named cases of the quick set."""
+def validate(cli, kernel, *cases, dtype="float32", case_set="quick"):
+    """``(exit status, stdout + stderr)`` of ``validate`` on the named cases of ``case_set``."""
     named = [a for c in cases for a in ("--case", c)]
-    code, out, err = cli("validate", "--kernel", kernel, *named, "--dtype", dtype, "--no-progress")
+    code, out, err = cli("validate", "--kernel", kernel, "--cases", case_set, *named, "--dtype", dtype, "--no-progress")
     return code, out + err
 
 
@@ -52,3 +52,22 @@ def test_modes_cannot_opt_in_to_a_mode_the_signature_lacks(cli):
     assert code == 2 and "modes:" in text and "use_qk_l2norm_in_kernel" in text, text
     code, text = validate(cli, f"{HERE}:one_state_per_row[modes=dense+varlenn]", "decay_moderate")
     assert code == 2 and "modes: unknown call mode" in text, text
+
+
+def qk_l2norm_kernel(q, k, v, g, b, w, *, scale=None, initial_state=None, qk_l2norm=False):
+    """A correct kernel that calls FLA's ``use_qk_l2norm_in_kernel`` ``qk_l2norm``."""
+    return _pairwise(q, k, v, g, b, w, scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=qk_l2norm)
+
+
+def test_rename_maps_a_keyword_to_flas_and_modes_are_read_through_it(cli):
+    from gdn2_oracle.ci.running.modes import accepted_modes
+    from gdn2_oracle.oracle import call_modes
+
+    l2norm = next(m.name for m in call_modes.REGISTRY if m.keywords == ("use_qk_l2norm_in_kernel",))
+    assert l2norm not in accepted_modes(spec.get(f"{HERE}:qk_l2norm_kernel"))
+    renamed = f"{HERE}:qk_l2norm_kernel[rename=qk_l2norm:use_qk_l2norm_in_kernel]"
+    assert l2norm in accepted_modes(spec.get(renamed))
+    code, text = validate(cli, renamed, "mode_l2norm_near_zero", case_set="full")
+    assert code == 0 and "PASS" in text and "not accepted" not in text, text
+    code, text = validate(cli, f"{HERE}:qk_l2norm_kernel[rename=qk_norm:use_qk_l2norm_in_kernel]", "len_1")
+    assert code == 2 and "rename: the kernel's signature has no keyword ['qk_norm']" in text, text
