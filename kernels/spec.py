@@ -1,7 +1,9 @@
 """The one kernel-spec grammar and its resolution (docs/DESIGN.md §2, "Kernel specs").
 
 A spec is ``NAME``, ``package.module:attr`` or ``torch:package.module:attr``, optionally with options
-``[key=value,...]`` (values are Python literals, else strings). Several specs are separated by commas
+``[key=value,...]`` (values are Python literals, else strings; an unquoted ``@package.module:attr`` is a
+:class:`Reference` to that object, loaded when the kernel is built). ``factory=1`` on ``package.module:attr``
+calls it with the other options and uses its result as the kernel. Several specs are separated by commas
 outside brackets: ``factorized[chunk_size=32,leaf=8],pairwise`` is two specs. The CLI, the pytest plugin,
 ``GDN2_KERNEL``, bench and cost all parse with :func:`split_specs` and :func:`parse_spec`.
 """
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field
 from . import adapt
 from .registry import BUILTIN, DEFAULTS, OPTIONAL, TORCH_FACTORY, TORCH_PREFIX
 
-__all__ = ["DEFAULTS", "KernelSpec", "accepts", "get", "known", "names", "parse_spec", "parse_value", "register",
+__all__ = ["DEFAULTS", "FACTORY", "KernelSpec", "Reference", "accepts", "get", "known", "names", "parse_spec",
+           "parse_value", "register",
            "resolve", "split_specs"]
 
 # Names registered at run time (``register``): name -> factory callable or "module:attr".
@@ -25,8 +28,25 @@ _REGISTERED: dict = {}
 _OPEN, _CLOSE = "([{", ")]}"
 
 
+FACTORY = "factory"  # the option that calls a ``package.module:attr`` with the options to make the kernel
+
+
+class Reference(str):
+    """An option value ``@package.module:attr`` (unquoted): the object it names, loaded by :meth:`load`."""
+
+    def load(self, option):
+        """The object named; ValueError naming ``option`` if it cannot be loaded."""
+        try:
+            return load(self[1:])
+        except ValueError as exc:
+            raise ValueError(f"{option}: {self}: {str(exc).removeprefix('name: ')}") from None
+
+
 def parse_value(value):
-    """An option value: a Python literal (``8``, ``None``, ``'xla'``), else the string itself."""
+    """An option value: ``@package.module:attr`` unquoted (a :class:`Reference`), a Python literal (``8``, ``None``,
+    ``'xla'``), else the string itself."""
+    if isinstance(value, str) and value.startswith("@"):
+        return Reference(value)
     try:
         return ast.literal_eval(value)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -74,6 +94,9 @@ def parse_options(text, what="options"):
         if key in options:
             raise ValueError(f"{what}: {key!r} is given twice in {text!r}")
         options[key] = parse_value(value.strip())
+        module, colon, attr = options[key][1:].partition(":") if isinstance(options[key], Reference) else "x:x"
+        if not (colon and all(p.isidentifier() for p in (*module.split("."), *attr.split(".")))):
+            raise ValueError(f"{what}: {key}={value.strip()} is not a reference @package.module:attr")
     return options
 
 
@@ -97,6 +120,14 @@ def parse_spec(spec):
 
 def resolve(target):
     """The callable named by ``"package.module:attr"`` (ValueError naming ``name`` if it cannot be loaded)."""
+    obj = load(target)
+    if not callable(obj):
+        raise ValueError(f"name: {target!r} is not callable ({type(obj).__name__})")
+    return obj
+
+
+def load(target):
+    """The object named by ``"package.module:attr"`` (ValueError naming ``name`` if it cannot be loaded)."""
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ValueError(f"name: {target!r} is not of the form 'package.module:attr'")
@@ -111,8 +142,6 @@ def resolve(target):
             obj = getattr(obj, part)
         except AttributeError:
             raise ValueError(f"name: module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise ValueError(f"name: {target!r} is not callable ({type(obj).__name__})")
     return obj
 
 
@@ -205,7 +234,7 @@ def accepts(name, option):
     if name.startswith(TORCH_PREFIX) or option in adapt.WRAPPING:
         return True
     if ":" in name:
-        return option in adapt.MAPPING or _takes(resolve(name), option)
+        return option in adapt.MAPPING or option == FACTORY or _takes(resolve(name), option)
     return _takes(factory(name), option)
 
 
@@ -215,7 +244,7 @@ def get(spec, **options):
     ``decay_base``) applied and the others bound as keyword arguments of every call; ``pad`` and ``o_dtype``
     wrap any kernel (kernels/adapt.py)."""
     name, parsed = parse_spec(spec)
-    options = {**parsed, **options}
+    options = {k: v.load(k) if isinstance(v, Reference) else v for k, v in {**parsed, **options}.items()}
     own = _declared(factory(name)) if ":" not in name else set()  # a factory's own option of that name wins
     wrapping = {k: options.pop(k) for k in adapt.WRAPPING if k in options and k not in own}
     return adapt.wrap(_build(name, options), **wrapping)
@@ -232,6 +261,8 @@ def _build(name, options):
         return resolve(TORCH_FACTORY)(name[len(TORCH_PREFIX):], **options)
     if ":" in name:
         fn = resolve(name)
+        if options.pop(FACTORY, False):
+            fn = _made(fn, {k: options.pop(k) for k in list(options) if k not in adapt.MAPPING})
         if any(k in adapt.MAPPING for k in options):
             return adapt.mapped(fn, **options)
         return functools.partial(fn, **options) if options else fn
@@ -240,6 +271,15 @@ def _build(name, options):
     if refused:
         raise ValueError(f"options: {name!r} does not accept {refused}")
     return make(**options)
+
+
+def _made(make, options):
+    """The kernel ``make(**options)`` returns (``factory=1``); ValueError naming ``factory`` if it is not callable."""
+    kernel = make(**options)
+    if not callable(kernel):
+        raise ValueError(f"{FACTORY}: {getattr(make, '__name__', make)!r} returned a {type(kernel).__name__}, "
+                         "not a kernel")
+    return kernel
 
 
 @dataclass

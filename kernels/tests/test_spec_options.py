@@ -5,7 +5,10 @@ that is the point, fails or refuses it without).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
+import pytest
 
 from gdn2_oracle.kernels import spec
 
@@ -71,3 +74,42 @@ def test_rename_maps_a_keyword_to_flas_and_modes_are_read_through_it(cli):
     assert code == 0 and "PASS" in text and "not accepted" not in text, text
     code, text = validate(cli, f"{HERE}:qk_l2norm_kernel[rename=qk_norm:use_qk_l2norm_in_kernel]", "len_1")
     assert code == 2 and "rename: the kernel's signature has no keyword ['qk_norm']" in text, text
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A package's kernel configuration object (not a literal: it reaches the spec as a reference)."""
+
+    sign: float = 1.0
+
+
+GOOD, FLIPPED = Config(), Config(sign=-1.0)
+
+
+def make_kernel(*, config=GOOD, chunk=64):
+    """A package's factory: the kernel for ``config`` (``FLIPPED`` makes a wrong one, so the test sees it is used)."""
+    if chunk not in (16, 32, 64):
+        raise ValueError(f"chunk: {chunk!r}")
+
+    def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
+        o, state = _pairwise(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+        return o * config.sign, state
+
+    return kernel
+
+
+def test_factory_is_called_with_the_options_and_references_load_objects(cli):
+    code, text = validate(cli, f"{HERE}:make_kernel[factory=1,chunk=32,config=@{HERE}:GOOD]", "decay_moderate")
+    assert code == 0 and "PASS" in text, text
+    code, text = validate(cli, f"{HERE}:make_kernel[factory=1,config=@{HERE}:FLIPPED]", "decay_moderate")
+    assert code != 0 and "FAIL" in text, text
+    code, text = validate(cli, f"{HERE}:make_kernel[factory=1,config=@{HERE}:MISSING]", "decay_moderate")
+    assert code == 2 and "config: @" in text and "has no attribute 'MISSING'" in text, text
+
+
+def test_a_reference_is_parsed_unquoted_only():
+    options = spec.parse_spec("m:f[a=@pkg.mod:CONFIG,b='@x',c=3]")[1]
+    assert isinstance(options["a"], spec.Reference) and options["a"] == "@pkg.mod:CONFIG"
+    assert type(options["b"]) is str and options["c"] == 3
+    with pytest.raises(ValueError, match="a=@nocolon is not a reference"):
+        spec.parse_spec("m:f[a=@nocolon]")
