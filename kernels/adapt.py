@@ -26,7 +26,7 @@ TENSORS = ("q", "k", "v", "g", "b", "w")
 EXTRAS = ("s", "h")  # scale and initial state, when the kernel takes them positionally
 LAYOUTS = ("bthk", "bhtk")
 MAPPING = ("order", "layout", "scale_arg", "state_arg", "decay_base")
-WRAPPING = ("pad", "o_dtype", "modes", "rename")
+WRAPPING = ("pad", "o_dtype", "modes", "rename", "interpret")
 O_DTYPES = ("float32",)
 _PAD = re.compile(r"([KVT])(\d+)")
 
@@ -194,8 +194,28 @@ def renamed(fn, rename):
     return kernel
 
 
-def wrap(fn, *, pad=None, o_dtype=None, modes=None, rename=None):
-    """``fn`` with the wrapping options applied (``rename`` innermost, then ``pad``, ``o_dtype``, ``modes``)."""
+def interpreted(fn, interpret):
+    """``fn`` with every ``pallas_call`` it traces run in Pallas's TPU interpret mode (``interpret=1``: on a CPU;
+    JAX's ``pltpu.force_tpu_interpret_mode``), for a Pallas kernel with no ``interpret`` argument of its own;
+    ``interpret=0``: ``fn`` unchanged."""
+    if interpret in (0, False):
+        return fn
+    if interpret not in (1, True):
+        raise ValueError(f"interpret: expected 1 (Pallas interpret mode) or 0, got {interpret!r}")
+    from jax.experimental.pallas import tpu as pltpu
+
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
+            return fn(*args, **kwargs)
+
+    kernel.interpret = "tpu"
+    return kernel
+
+
+def wrap(fn, *, pad=None, o_dtype=None, modes=None, rename=None, interpret=None):
+    """``fn`` with the wrapping options applied (``rename`` innermost, then ``pad``, ``o_dtype``, ``modes``,
+    ``interpret``)."""
     if rename is not None:
         fn = renamed(fn, rename)
     if pad is not None:
@@ -204,4 +224,6 @@ def wrap(fn, *, pad=None, o_dtype=None, modes=None, rename=None):
         fn = with_o_dtype(fn, o_dtype)
     if modes is not None:
         fn = with_modes(fn, modes)
+    if interpret is not None:
+        fn = interpreted(fn, interpret)
     return fn

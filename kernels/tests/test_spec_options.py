@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental import pallas as pl
 
 from gdn2_oracle.kernels import spec
 
@@ -113,3 +115,31 @@ def test_a_reference_is_parsed_unquoted_only():
     assert type(options["b"]) is str and options["c"] == 3
     with pytest.raises(ValueError, match="a=@nocolon is not a reference"):
         spec.parse_spec("m:f[a=@nocolon]")
+
+
+def _copy_body(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+@jax.custom_vjp
+def pallas_copy(x):
+    """``x`` copied through a ``pl.pallas_call`` (no ``interpret`` argument: off a TPU it needs interpret mode)."""
+    return pl.pallas_call(_copy_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+pallas_copy.defvjp(lambda x: (pallas_copy(x), None), lambda _, dy: (dy,))
+
+
+def pallas_kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    """A correct kernel whose values pass through a Pallas call that takes no ``interpret`` argument."""
+    return _pairwise(pallas_copy(q), k, v, g, b, w, scale=scale, initial_state=initial_state)
+
+
+def test_interpret_runs_a_pallas_kernel_without_an_interpret_argument(cli):
+    if jax.default_backend() != "tpu":
+        code, text = validate(cli, f"{HERE}:pallas_kernel", "decay_moderate")
+        assert code != 0 and "interpret mode" in text, text
+    code, text = validate(cli, f"{HERE}:pallas_kernel[interpret=1]", "decay_moderate")
+    assert code == 0 and "PASS" in text, text
+    code, text = validate(cli, f"{HERE}:pallas_kernel[interpret=xla]", "decay_moderate")
+    assert code == 2 and "interpret: expected 1" in text, text
