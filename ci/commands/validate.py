@@ -66,7 +66,7 @@ from .output import (
 )
 from .provenance import environment, kernel_notes, source_lines
 
-CASE_SETS = ("golden", "quick", "full")
+CASE_SETS = ("smoke", "golden", "quick", "full")
 # Every mode validate judges: the dense contract, FLA chunk_gdn2's training-call modes, the serving modes
 # (decode steps on a state pool, speculative slots: docs/serving.md).
 SERVING_MODES = call_modes.names("serving")
@@ -93,6 +93,18 @@ QUICK = (
     ("gen_weak_erase_zero_T1024", (1, 1024, 1, 8, 8), "weak", "erase_zero", True),
     ("gen_none_uniform_T1000", (1, 1000, 1, 16, 16), "none", "uniform", False),
 )
+# smoke: the cases of the quick set that catch the most of the suite's wrong kernels (kernels/testing*.py) in about a
+# minute on two cores: few shapes (one compilation each), an initial state, erase / write / negative gates, extreme
+# decay, a length past 64- and 256-token blocks, a bfloat16 call; the quick set's training-call cases; one session per
+# serving mode; per family its initial-state, negative-eigenvalue and softplus-gate calls (docs/commands.md).
+SMOKE = (
+    "gates_erase_zero", "gates_negative", "gates_write_one", "scale_custom",  # one shape, [1, 40, 2, 16, 16]
+    "decay_extreme_h0", "gates_erase_zero_strong", "kv_16x32",  # one shape, [2, 24, 1, 16, 32]
+    "gen_weak_erase_zero_T1024", "bf16_strong_h0", "bf16_moderate",  # 1,024 tokens: past 256-token blocks
+    "serving_pool_gather_scatter", "serving_speculative_accept",
+)
+# the family cases, their family's name (``gdn_``, ``kda_``) taken out
+SMOKE_FAMILY = ("gva2_moderate_h0", "gva4_strong_neg_eigval", "gate_softplus", "serving_pool_g2", "serving_drafts_g4")
 FULL_LENGTHS = (1, 63, 65, 200)
 FULL_SHAPE = (1, None, 2, 32, 32)
 
@@ -136,6 +148,9 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
         raise ValueError(f"families: {unknown} not in {FAMILIES}")
+    if kind == "smoke":
+        cases = [c for c in build_cases("quick", dtypes, seed=seed, modes=modes, families=families) if in_smoke(c)]
+        return only_cases(cases, only, kind, dtypes, modes, families)
     cases = []
     if GDN2 in families:
         cases = gdn2_cases(kind, dtypes, seed, modes)
@@ -146,6 +161,20 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     serving = [m for m in SERVING_MODES if m in modes]
     if mapped and serving and kind != "golden":  # the families' serving sessions, in both pool layouts
         cases += serving_running.family_serving_cases(mapped, dtypes, seed, serving)
+    return only_cases(cases, only, kind, dtypes, modes, families)
+
+
+def in_smoke(case):
+    """Whether a case of the quick set is in the smoke set (:data:`SMOKE`): named there, a GDN-2 training-call case,
+    or a family case named in :data:`SMOKE_FAMILY`."""
+    family = case_family(case)
+    if family != GDN2:
+        return case.name.replace(f"{family}_", "", 1) in SMOKE_FAMILY
+    return case.name in SMOKE or (isinstance(case, CallCase) and bool(case.modes))
+
+
+def only_cases(cases, only, kind, dtypes, modes, families):
+    """``cases`` restricted to the names in ``only`` (None: all); an unknown name is a usage error."""
     if only:
         unknown = sorted(set(only) - {c.name for c in cases})
         if unknown:

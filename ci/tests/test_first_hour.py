@@ -12,7 +12,7 @@ PACKED = call_modes.names("training")[0]
 
 def header(out):
     """The validate header line of a run's stdout."""
-    return next(line for line in out.splitlines() if line.startswith("gdn2-oracle validate: "))
+    return next(line for line in out.splitlines() if line.startswith("gdn2-oracle validate: ") and "; device " in line)
 
 
 def test_header_names_the_dtypes_of_the_cases_run(cli):
@@ -31,3 +31,28 @@ def test_header_counts_the_cases_judged_per_kernel(cli):
     assert code == 0, out
     assert f"  1 of 2 cases judged for {PLAIN_KERNEL} (1 need a mode its signature does not take)" in out, out
     assert "cases judged for pairwise" not in out, out
+
+
+def test_the_smoke_set_is_a_small_part_of_the_quick_set():
+    """Smoke: quick's cases only, far fewer, both dtypes, the training-call and serving cases of quick kept."""
+    from gdn2_oracle.ci.commands import validate
+
+    smoke = validate.build_cases("smoke", families=validate.FAMILIES)
+    quick = {c.name for c in validate.build_cases("quick", families=validate.FAMILIES)}
+    names = [c.name for c in smoke]
+    assert set(names) <= quick and 10 <= len(names) <= len(quick) // 4, names
+    assert {c.dtype for c in smoke} == {"float32", "bfloat16"}
+    assert {m for c in smoke for m in c.modes} >= {PACKED, *call_modes.names("serving")}
+    assert set(validate.SMOKE) <= quick  # every name listed is a case of the quick set (no silent typo)
+
+
+def test_validate_cases_smoke_runs_and_catches_a_wrong_kernel(cli):
+    """``--cases smoke`` is a case set of the CLI."""
+    code, out, _ = cli("validate", "--kernel", "gdn2_oracle.kernels.testing:broken", "--cases", "smoke",
+                       "--case", "scale_custom", "--dtype", "float32", "--no-progress")
+    assert code == 1 and "FAIL" in out and "set 'smoke')" in out, out
+
+
+def test_an_unknown_case_set_is_a_usage_error(cli):
+    code, _, err = cli("validate", "--kernel", "pairwise", "--cases", "smok")
+    assert code == 2 and "smoke" in err and "quick" in err, err
