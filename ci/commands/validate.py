@@ -3,6 +3,7 @@
 A *case* (:class:`ci.grading.case.Case`) is one problem -- a golden, or an :class:`oracle.Recipe` -- with its
 cotangents and exact reference, fed to the kernels in one input dtype. Sources:
 
+* ``smoke``  -- a few cases of ``quick`` (:data:`SMOKE`): about a minute for one kernel on two cores;
 * ``golden`` -- every case of the golden corpus (256-bit mpmath references), in its own precision, the mode
   goldens (training calls, ``golden/mode_catalogue.py``) among them;
 * ``quick``  -- the golden corpus plus a handful of generated problems per dtype (float64 oracle);
@@ -323,13 +324,43 @@ class ValidateOptions:
     env: dict | None = None
 
 
-def run_validation(specs, options=ValidateOptions(), *, dump=None, on_stop=None):
+# The time model of the line said before a run: core-seconds per kernel program compiled (a case dtype and shape) and
+# per kernel call judged, fitted to cold runs (empty compilation and reference caches) on a 2-core CPU; a warm
+# compilation cache takes most of the first away. A guess, never a measurement: docs/commands.md.
+CORE_SECONDS_PER_PROGRAM = 16.0
+CORE_SECONDS_PER_CALL = 3.0
+
+
+def estimate_line(run):
+    """The line said before a run: how many cases for how many kernels, and about how long cold on this machine (None
+    when it cannot be said: an estimate never fails a run)."""
+    try:
+        import os
+
+        cores = max(1, min(os.cpu_count() or 1, 8))
+        calls = programs = 0
+        for kout, flags in zip(run.kernels_out, run.flags):
+            mine = [c for c in run.case_list if takes_part(c, kout["accepted_modes"], kout["family"], flags)]
+            calls += len(mine)
+            programs += len({(c.dtype, c.shape, type(c).__name__, c.modes) for c in mine})
+        seconds = (CORE_SECONDS_PER_PROGRAM * programs + CORE_SECONDS_PER_CALL * calls) / cores
+        span = f"about {round(seconds / 60)} min" if seconds >= 90 else f"about {max(10, round(seconds, -1)):.0f} s"
+        return (f"gdn2-oracle validate: starting {len(run.case_list)} cases x {len(run.built)} kernel(s) (set "
+                f"{run.options.cases!r}): {calls} kernel calls; {span} on this machine cold ({cores} cores), less with "
+                "a warm compilation cache")
+    except Exception:  # noqa: BLE001 - the estimate is a courtesy: whatever goes wrong, the run goes on
+        return None
+
+
+def run_validation(specs, options=ValidateOptions(), *, dump=None, on_stop=None, on_start=None):
     """Validate every kernel spec (:class:`kernels.KernelSpec`) as ``options`` (:class:`ValidateOptions`) say; returns
     the :class:`ValidationReport`. A kernel is judged on a mode case only when it accepts all of the case's modes
     (:func:`ci.running.modes.accepted_modes`).
 
     ``dump`` (a :class:`ci.commands.dump.Dumper`, ``--dump``): each case not graded PASS is written by it right
     after it is judged, its arrays then dropped (an OSError writing it is said on stderr once; the run goes on).
+
+    ``on_start(line)``: given the line said before any work (the cases, the kernels, :func:`estimate_line`'s time).
 
     ``on_stop(report, reason)``: a watchdog (ci/running/watchdog.py) stops the run when a kernel call passes
     ``options.case_timeout`` (that case graded FAIL, "timed out") or hangs through a Ctrl-C / SIGTERM; ``on_stop`` gets
@@ -338,6 +369,9 @@ def run_validation(specs, options=ValidateOptions(), *, dump=None, on_stop=None)
     Kernels are built first, so an unknown name or import failure raises ``UsageError`` before any work.
     """
     run = ValidationRun(specs, options, dump)
+    line = estimate_line(run) if on_start is not None else None
+    if line:
+        on_start(line)
     loop = RunLoop(run.report, "cases", total=len(run.built) * len(run.case_list), desc="validate", unit_name="case",
                    show_progress=options.show_progress, case_timeout=options.case_timeout,
                    on_timeout=run.timed_out, on_stop=on_stop)
@@ -695,8 +729,9 @@ def add_parser(sub):
     v.add_argument("--dtype", type=cli_args.dtypes, default=list(KERNEL_DTYPES), metavar="LIST",
                    help=f"input dtypes, comma-separated (default {','.join(KERNEL_DTYPES)})")
     v.add_argument("--cases", choices=CASE_SETS, default="quick",
-                   help="golden corpus only; plus a few generated regimes (quick, default); plus every "
-                        "decay x gate regime at several lengths (full)")
+                   help="smoke: 14 of quick's cases, about a minute for one kernel on two cores (a first check); "
+                        "golden: the corpus only; quick (default): plus a few generated regimes, 6-12 min; full: "
+                        "plus every decay x gate regime at several lengths")
     v.add_argument("--case", action="append", metavar="NAME", help="only this case of the set (repeatable)")
     cli_args.add_seed(v, "seed of the generated problems")
     v.add_argument("--modes", type=modes_arg, default=None, metavar="LIST",
@@ -751,7 +786,8 @@ def run(args):
                                   modes=args.modes, mesh=cli_args.built_mesh(args), case_timeout=args.case_timeout,
                                   compile_workers=args.compile_workers, program_cache=not args.no_program_cache,
                                   show_progress=not args.no_progress)
-        report = run_validation(specs, options, dump=dumper, on_stop=report_so_far)
+        report = run_validation(specs, options, dump=dumper, on_stop=report_so_far,
+                                on_start=lambda line: print(line, flush=True))
     print(format_validation(report, max_failures=args.max_failures), flush=True)
     if out["json"] and write_after_work("--json", out["json"], lambda: write_json(out["json"], report.to_json())):
         print(f"report: {out['json']}", flush=True)

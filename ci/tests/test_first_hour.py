@@ -46,11 +46,22 @@ def test_the_smoke_set_is_a_small_part_of_the_quick_set():
     assert set(validate.SMOKE) <= quick  # every name listed is a case of the quick set (no silent typo)
 
 
-def test_validate_cases_smoke_runs_and_catches_a_wrong_kernel(cli):
-    """``--cases smoke`` is a case set of the CLI."""
+def test_validate_cases_smoke_runs_says_its_estimate_first_and_catches_a_wrong_kernel(cli):
+    """``--cases smoke`` is a case set of the CLI; the first line says the cases, kernels and an estimate."""
     code, out, _ = cli("validate", "--kernel", "gdn2_oracle.kernels.testing:broken", "--cases", "smoke",
                        "--case", "scale_custom", "--dtype", "float32", "--no-progress")
-    assert code == 1 and "FAIL" in out and "set 'smoke')" in out, out
+    first = out.splitlines()[0]
+    assert code == 1 and "FAIL" in out, out
+    assert first.startswith("gdn2-oracle validate: starting 1 cases x 1 kernel(s) (set 'smoke'): 1 kernel calls; "
+                            "about ")
+    assert "on this machine cold" in first and "warm compilation cache" in first, first
+
+
+def test_the_estimate_never_fails_a_run():
+    """A run the estimate cannot read gives no line, not an exception."""
+    from gdn2_oracle.ci.commands import validate
+
+    assert validate.estimate_line(object()) is None
 
 
 def test_an_unknown_case_set_is_a_usage_error(cli):
