@@ -51,8 +51,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(case_module, "baseline", counting("baseline", case_module.baseline))
     monkeypatch.setattr(case_module, "cumulative_baseline",
                         counting("cumulative_baseline", case_module.cumulative_baseline))
-    monkeypatch.setattr(oracle_modes, "forward_and_vjp_modes", counting("modes", oracle_modes.forward_and_vjp_modes))
-    monkeypatch.setattr(oracle_modes, "forward_modes", counting("modes", oracle_modes.forward_modes))
+    monkeypatch.setattr(oracle_modes, "run_call", counting("modes", oracle_modes.run_call))  # every mode pipeline
     n["reference_fn"] = counting("reference", references.reference_results)
     return n
 
