@@ -308,7 +308,8 @@ def _in_suite(item):
 def pytest_collection_modifyitems(config, items):
     names = getattr(config, "_gdn2_kernel_names", None)  # set by the suite's conftest.py: absent, not our run
     if names is not None and not config.option.collectonly and any(map(_in_suite, items)):
-        judged = {_kernel_of(item) for item in items if OTHER_FAMILY not in item.stash}
+        judged = {_kernel_of(item) for item in items  # skipped (another family's; no state pool): not judged
+                  if OTHER_FAMILY not in item.stash and item.get_closest_marker("skip") is None}
         config.stash[UNJUDGED] = [n for n in names if n not in judged]
 
 

@@ -85,10 +85,12 @@ def test_domain_with_no_sweep_the_kernel_takes_is_empty(cli, tmp_path):
 @pytest.mark.slow
 def test_the_plugin_run_that_judges_a_selected_kernel_on_nothing_is_not_a_pass(tmp_path):
     """Before: the serving tests ran on the fallback ``decode`` kernel only and the run passed (exit 0), the selected
-    kernel (which takes no state pool) judged on nothing."""
+    kernel (which takes no state pool) judged on nothing. Now they are skipped with the reason, and a run whose only
+    tests for the kernel were skipped judged it on nothing: EMPTY (exit 5), not a pass."""
     code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_serving", "--gdn2-kernel", PLAIN,
-                           "-k", "pool_gather_scatter", "-q")
-    assert code == 5 and "passed" in out and f"gdn2: EMPTY for {PLAIN}" in out, out
+                           "-k", "pool_gather_scatter", "-q", "-rs")
+    assert code == 5 and "skipped" in out and "passed" not in out and f"gdn2: EMPTY for {PLAIN}" in out, out
+    assert "takes no state pool" in out, out
 
 
 SWALLOWS_CTRL_C = '''

@@ -234,7 +234,7 @@ def _buildable(argv):
     """Whether a command's kernels can be built here and it needs no other host: no peer or FLA kernel (the
     peers are optional, FLA's Triton kernels need CUDA, the KDA peers refuse most cases) and no
     ``--distributed`` (its other hosts: ci/tests/test_multihost.py runs two)."""
-    return "--distributed" not in argv and not any(k.startswith(("atomic-", "fla-", "torch:fla."))
+    return "--distributed" not in argv and not any(k.startswith(("atomic-", "fla-") + OPTIONAL_PREFIXES)
                                                    for a in argv for k in a.split(","))
 
 
