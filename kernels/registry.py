@@ -22,6 +22,9 @@ BUILTIN = {
     # ssm_state_indices, ...; kernels/family_decode.py)
     "gdn-decode": "gdn2_oracle.kernels.family_decode:gdn_decode",
     "kda-decode": "gdn2_oracle.kernels.family_decode:kda_decode",
+    # Gated DeltaNet decode on replay states (a checkpoint plus a ring of recent tokens, vLLM's ReplaySSM;
+    # kernels/replay_kernel.py), judged through a replay session driver (ci/running/drivers.py)
+    "replay-recurrent": "gdn2_oracle.kernels.replay_kernel:replay_recurrent",
     # FLA's families (docs/DESIGN.md §2 "Families in FLA"): called like chunk_gated_delta_rule / chunk_kda
     # (q, k, v, g, beta, ...), not with the GDN-2 contract; their ``family`` attribute says which
     **{f"{fam}-{core}": f"gdn2_oracle.kernels.families:{fam}_{core}"
@@ -43,6 +46,9 @@ OPTIONAL = {
 # ``torch:package.module:attr[options]``: a PyTorch callable behind the contract (kernels/torch_bridge.py).
 TORCH_PREFIX = "torch:"
 TORCH_FACTORY = "gdn2_oracle.kernels.torch_bridge:torch_kernel"
+# ``replayssm:PACKAGE[options]``: vLLM's ReplaySSM functions found by name in PACKAGE (kernels/replayssm.py).
+REPLAYSSM_PREFIX = "replayssm:"
+REPLAYSSM_FACTORY = "gdn2_oracle.kernels.replayssm:replayssm_kernel"
 # The kernels validated, benchmarked and property-tested when none is named.
 DEFAULTS = ("pairwise", "factorized")
 # The serving kernel property-tested when none of those named takes a state pool.

@@ -26,7 +26,7 @@ dtype. Every function is functional (new arrays come back; slots not written are
 
 * :func:`new_cache` -- zeros; ``buf = capacity``, or the next power of two ``>= capacity`` with speculation.
 * :func:`load` -- prefill hand-off: states into the checkpoints, cursors to 0.
-* :func:`decode` -- one token per row, caller-supplied ``write_pos`` (tokens since the load, mod ``capacity``);
+* :func:`recurrent_step` -- one token per row, caller-supplied ``write_pos`` (tokens since the load, mod ``capacity``);
   the step at ``write_pos == capacity - 1`` is a flush (``S_t`` to the checkpoint, no entry written).
 * :func:`spec_decode` -- a speculative window of ``max_spec_len`` tokens per row from the slot's cursors
   (verify: window after the committed entries; flush: history folded into the checkpoint first).
@@ -35,9 +35,9 @@ dtype. Every function is functional (new arrays come back; slots not written are
 Two live rows sharing a slot in one call give unspecified results. Shape and dtype checks are static (ValueError
 naming the argument); cursor values are trusted (a ring position is always taken ``mod buf``).
 
-Test support (``kernels/tests/test_replay_decode.py``): :func:`decode`, :func:`spec_decode` and :func:`commit` take
-``mutant=None`` or a name from :data:`MUTANTS`, a deliberately wrong variant (a function applies the mutants that
-concern it and ignores the others, so one name can be passed to every call of a scenario):
+Test support (``kernels/tests/test_replay_decode.py``): :func:`recurrent_step`, :func:`spec_decode` and
+:func:`commit` take ``mutant=None`` or a name from :data:`MUTANTS`, a deliberately wrong variant (a function
+applies the mutants that concern it and ignores the others, so one name can be passed to every call of a scenario):
 
 * ``late_flush`` (decode): flushes at ``write_pos == capacity`` instead of ``capacity - 1`` -- one step late, so
   the entry at ``capacity - 1`` is written and the next step (``write_pos`` 0) has lost the history;
@@ -298,7 +298,7 @@ def _write_keys(kc, rows, pos, kt, H, G, mutant):
 # --- non-speculative decode ---------------------------------------------------------------------------------------
 
 
-def decode(q, k, v, g, beta, cache, slots, write_pos, *, capacity, scale=None, mutant=None):
+def recurrent_step(q, k, v, g, beta, cache, slots, write_pos, *, capacity, scale=None, mutant=None):
     """One token per row ``-> (o [N, HV, V] in v.dtype, cache)``: ``o = alpha S_prev q_s + d_t (k . q_s)``; the
     token's entry goes to ring position ``write_pos``, or ``S_t`` to the checkpoint at ``write_pos == capacity - 1``.
 
@@ -493,5 +493,5 @@ def _reset(cache, slots, flag):
                           is_flush=put(cache.is_flush, zero + flag))
 
 
-__all__ = ["DTYPES", "MUTANTS", "NULL_BLOCK_ID", "ReplayCache", "commit", "decode", "load", "new_cache", "reset",
-           "ring_size", "spec_decode"]
+__all__ = ["DTYPES", "MUTANTS", "NULL_BLOCK_ID", "ReplayCache", "commit", "load", "new_cache", "recurrent_step",
+           "reset", "ring_size", "spec_decode"]

@@ -283,6 +283,55 @@ def family_drafts(family, G, dtype="float32", seed=0, drafts=3):
                                  f"(G = {G})")
 
 
+def family_long_steps(family, G, dtype="float32", seed=0, steps=40):
+    """A ``family`` kernel's ``steps`` single-token decode calls for 2 sequences (slots 3 and 0) and a NaN padding row,
+    the first call a prefill chunk of 5 tokens continuing from each slot: long enough that a replay ring of up to
+    ``steps`` entries is folded into its checkpoint (exactly at its threshold for rings of 2, 4, 8, 16 and 32) and a
+    slot nobody addresses (1, 2) stays untouched across many calls."""
+    calls = []
+    xs, cu = _family_packed([5, 5, 2], dtype, seed + 70, family, G, nan_seqs=(2,))
+    calls.append(_call(xs, [3, 0, -1], cu))
+    for c in range(steps - 1):
+        xs = family_tokens(3, 1, dtype, seed + 71 + c, family, G)
+        for x in xs:
+            x[2] = np.nan
+        calls.append(_call(xs, [3, 0, -1]))
+    pool = pool_values(4, G * H, K, V, seed + 69)
+    return SessionScript(f"serving_{family}_long_steps_g{G}{_suffix(dtype)}", calls, pool, dtype=dtype,
+                         mode=DECODE_MODE, regime={"seed": seed, "steps": steps, "value_heads_per_key_head": G},
+                         family=family, purpose=f"{family} decode over {steps} calls after a prefill chunk: ring "
+                                                "flushes and wraps of replay states (G = {G})".replace("{G}", str(G)))
+
+
+def family_long_drafts(family, G, dtype="float32", seed=0, drafts=3, windows=12):
+    """A ``family`` kernel's ``windows`` speculative calls of ``drafts`` draft slots for 2 live rows and a padding
+    row, the accept counts cycling through 1..drafts (NaN rejected drafts): enough windows that a replay ring of 8
+    or 16 entries flushes and wraps its circular base several times."""
+    S, live = drafts, 2
+    idx = np.full((live + 1, S), -1, np.int64)
+    for n in range(live):
+        idx[n] = np.arange(n * S, (n + 1) * S)
+
+    def accepted(c):
+        return np.array([1 if c == 0 else (2 * n + c) % S + 1 for n in range(live)] + [1], np.int64)
+
+    calls = []
+    for c in range(windows):
+        xs = family_tokens(live + 1, S, dtype, seed + 80 + c, family, G)
+        nxt = accepted(c + 1)
+        for x in xs:
+            for n in range(live):
+                x[n, nxt[n]:] = np.nan
+            x[live] = np.nan
+        calls.append(_call(xs, idx, acc=accepted(c)))
+    pool = pool_values(live * S + 1, G * H, K, V, seed + 79, nan_slots=[s for n in range(live) for s in idx[n, 1:]])
+    return SessionScript(f"serving_{family}_long_drafts_g{G}{_suffix(dtype)}", calls, pool, dtype=dtype,
+                         mode=SPECULATIVE_MODE, regime={"seed": seed, "drafts": S, "windows": windows,
+                                                        "value_heads_per_key_head": G}, family=family,
+                         purpose=f"{family} speculative windows over {windows} calls: ring flushes and circular "
+                                 f"wraps of replay states (G = {G})")
+
+
 def _suffix(dtype):
     """A session name's dtype suffix: none for float32, ``_bf16`` otherwise."""
     return "" if dtype == "float32" else "_bf16"
@@ -306,7 +355,9 @@ FAMILY_RECIPES = {
     f"{family}_{kind}": (family, mode, G, functools.partial(build, family, G))
     for family in ("gdn", "kda")
     for kind, mode, G, build in (("pool_steps", DECODE_MODE, 2, family_pool_steps),
-                                 ("drafts", SPECULATIVE_MODE, 4, family_drafts))}
+                                 ("drafts", SPECULATIVE_MODE, 4, family_drafts),
+                                 ("long_steps", DECODE_MODE, 2, family_long_steps),
+                                 ("long_drafts", SPECULATIVE_MODE, 2, family_long_drafts))}
 
 
 def family_sessions(families, dtypes=("float32", "bfloat16"), seed=0, modes=MODES):

@@ -34,8 +34,9 @@ import math
 
 import numpy as np
 
-from gdn2_oracle.oracle import serving
+from gdn2_oracle.oracle import replay, serving
 from gdn2_oracle.oracle.generate import round_to
+from gdn2_oracle.oracle.recurrence import Arith
 
 from .case import CachedCase
 from .grades import PASS, Verdict
@@ -215,7 +216,9 @@ class Session(CachedCase):
     def baseline(self, kind, o_dtype, state_dtype):
         """``{"o": (err_ratio, max_err), "state": (...)}`` of a float32 oracle chain against the reference, its
         results rounded to the kernel's result dtypes. ``kind``: ``rec`` (float32 pool), ``store`` (every stored
-        state rounded to ``state_dtype``), ``loop:DT`` (the running state rounded to DT after every token)."""
+        state rounded to ``state_dtype``), ``loop:DT`` (the running state rounded to DT after every token),
+        ``replay:L`` (the replay representation with rings of L, ``oracle/replay.py``, its checkpoint and caches
+        stored in ``state_dtype``; its states are the ones it encodes, not rounded again)."""
         key = (kind, o_dtype, state_dtype)
         if key not in self._base:
             options = {"dtype": np.float32}
@@ -226,12 +229,20 @@ class Session(CachedCase):
                 options["store_dtype"] = state_dtype
             ref = self.reference()
 
+            def runs():
+                if kind.startswith("replay:"):
+                    store = None if state_dtype == "float32" else state_dtype
+                    yield from replay.chain(self, int(kind[7:]), arith=Arith(np.float32), store_dtype=store)
+                    return
+                for _, r, _ in self.chain(**options):
+                    yield r.o, serving.round_state(r.pool, state_dtype)
+
             def errors():
                 m = {n: _Metric(len(ref)) for n in GRADED}
-                for i, ((_, r, _), rc) in enumerate(zip(self.chain(**options), ref)):
+                for i, ((o, pool), rc) in enumerate(zip(runs(), ref)):
                     with np.errstate(invalid="ignore"):
-                        m["o"].add(i, serving.round_state(r.o[rc.judged], o_dtype), rc.o)
-                        m["state"].add(i, serving.round_state(r.pool[rc.state_slots], state_dtype), rc.state)
+                        m["o"].add(i, serving.round_state(o[rc.judged], o_dtype), rc.o)
+                        m["state"].add(i, pool[rc.state_slots], rc.state)
                 return {n: x.errors() for n, x in m.items()}
 
             self._base[key] = self._timed(errors)
@@ -241,9 +252,10 @@ class Session(CachedCase):
         """The largest |o| of the float64 reference over the session's judged outputs."""
         return max((float(np.max(np.abs(rc.o))) for rc in self.reference() if rc.o.size), default=0.0)
 
-    def judge(self, state_dtype, o_dtype=None):
-        """A :class:`SessionJudge` for a kernel whose pool is stored in ``state_dtype``."""
-        return SessionJudge(self, state_dtype, o_dtype)
+    def judge(self, state_dtype, o_dtype=None, replay_capacity=None):
+        """A :class:`SessionJudge` for a kernel whose pool is stored in ``state_dtype`` (or, with
+        ``replay_capacity``, a replay representation with rings of that many entries stored in it)."""
+        return SessionJudge(self, state_dtype, o_dtype, replay_capacity)
 
     def initial_pool(self):
         """The initial pool (float64 values; the runner casts it to the kernel's pool dtype, exactly)."""
@@ -261,14 +273,18 @@ def stored_state_bound(e_rec, e_store, result_dtype, state_dtype):
 
 class SessionJudge:
     """Judges one kernel on a :class:`Session`, call by call: :meth:`add` each call's results (NumPy arrays in
-    the dtypes the kernel returned), then :meth:`report`."""
+    the dtypes the kernel returned), then :meth:`report`. ``replay_capacity``: the kernel keeps replay states (a
+    checkpoint and rings of that many entries, stored in ``state_dtype``); its driver hands over the pool they
+    encode, in float64, and its baselines are the replay representation's (``Session.baseline``)."""
 
-    def __init__(self, session, state_dtype, o_dtype=None):
+    def __init__(self, session, state_dtype, o_dtype=None, replay_capacity=None):
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype: {state_dtype!r} not one of {STATE_DTYPES}")
         if not session.exact_in(state_dtype):
             raise ValueError(f"state_dtype: session {session.name!r} starts from a pool not exact in {state_dtype}")
         self.session, self.state_dtype, self.o_dtype = session, state_dtype, o_dtype
+        self.replay_capacity = replay_capacity
+        self.pool_dtype = state_dtype if replay_capacity is None else "float64"  # what a driver hands over
         self.ref = session.reference()
         n = len(self.ref)
         self.metrics = {name: _Metric(n) for name in GRADED}
@@ -291,8 +307,8 @@ class SessionJudge:
                              f"{', '.join(STATE_DTYPES)}")
         if o_dtype != self.o_dtype:
             raise ValueError(f"o: call {i} returned {o_dtype}, earlier calls {self.o_dtype}")
-        if p_dtype != self.state_dtype or dtype_name(pool_before) != self.state_dtype:
-            raise ValueError(f"state_pool: call {i} returned the pool in {p_dtype}, expected {self.state_dtype} "
+        if p_dtype != self.pool_dtype or dtype_name(pool_before) != self.pool_dtype:
+            raise ValueError(f"state_pool: call {i} returned the pool in {p_dtype}, expected {self.pool_dtype} "
                              "(the dtype it was handed)")
         o, before, after = np.asarray(o), np.asarray(pool_before), np.asarray(pool_after)
         if o.shape != rc.judged.shape + rc.o.shape[1:] or after.shape != before.shape:
@@ -317,6 +333,16 @@ class SessionJudge:
             self.changed.append((i, diff))
         self.done += 1
 
+    def baselines(self, o_dtype):
+        """``(rec, store)``: the session's baselines for this kernel (``Session.baseline``)."""
+        s = self.session
+        if self.replay_capacity is not None:
+            kind = f"replay:{int(self.replay_capacity)}"
+            rec = s.baseline(kind, o_dtype, "float32")
+            return rec, (s.baseline(kind, o_dtype, self.state_dtype) if self.state_dtype != "float32" else rec)
+        rec = s.baseline("rec", o_dtype, self.state_dtype)
+        return rec, (s.baseline("store", o_dtype, self.state_dtype) if self.state_dtype != "float32" else rec)
+
     def report(self) -> Report:
         """The graded :class:`tolerance.Report`: verdicts ``o``, ``state``, ``untouched``, ``padding`` and, when not
         PASS, a diagnosis; ``profiles`` holds the per-call error profiles of results over their tolerance."""
@@ -324,8 +350,7 @@ class SessionJudge:
             raise ValueError(f"report: {self.done} of {len(self.ref)} calls were added")
         s = self.session
         o_dtype = self.o_dtype or s.dtype
-        rec = s.baseline("rec", o_dtype, self.state_dtype)
-        store = s.baseline("store", o_dtype, self.state_dtype) if self.state_dtype != "float32" else rec
+        rec, store = self.baselines(o_dtype)
         report = Report(dtype=s.dtype)
         for name in GRADED:
             m = self.metrics[name]

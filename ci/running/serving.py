@@ -48,10 +48,12 @@ from gdn2_oracle.oracle.serving import GDN2, V_FIRST_KEYWORD
 
 from ..grading.result import CaseResult
 from ..grading.serving import STATE_DTYPES, Session
+from . import replay_backends
+from .drivers import PoolDriver, ReplayDriver
 from .families import kernel_family
 from .harness import host_cast, to_device
 
-CONVENTIONS = ("pool", "fla")  # state_pool / FLA's initial_state + ssm_state_indices
+CONVENTIONS = ("pool", "fla", "replay")  # state_pool / FLA's initial_state + ssm_state_indices / replay states
 
 
 def _named(fn, name):
@@ -61,7 +63,10 @@ def _named(fn, name):
 
 def convention(fn):
     """``"pool"`` (takes ``state_pool``), ``"fla"`` (takes ``initial_state`` and ``ssm_state_indices``; a torch
-    kernel must) or None (not a serving kernel)."""
+    kernel must), ``"replay"`` (its ``session_driver`` attribute says so: a replay kernel, run by a
+    :class:`ReplayDriver` over its backend, ``ci/running/replay_backends.py``) or None (not a serving kernel)."""
+    if getattr(fn, "session_driver", None) == "replay":
+        return "replay"
     if isinstance(fn, TorchKernel):
         return "fla" if takes_fla_pool(fn.fn) else None
     if _named(fn, "state_pool"):
@@ -163,21 +168,32 @@ def returned(out):
     return type(out).__name__
 
 
+def driver(fn, session_family=GDN2, v_first=False):
+    """The session driver of kernel ``fn`` (``ci/running/drivers.py``): a replay kernel's :class:`ReplayDriver`,
+    else a :class:`PoolDriver` over a :class:`ServingRunner` (``fn`` may be one, or a driver already)."""
+    if all(hasattr(fn, n) for n in ("start", "step", "replay_capacity")):  # a driver already (docs/drivers.md)
+        return fn
+    if isinstance(fn, ServingRunner):
+        return PoolDriver(fn)
+    if convention(fn) == "replay":
+        if v_first:
+            raise ValueError(f"{V_FIRST_KEYWORD}: a replay kernel keeps its own checkpoint layout")
+        return ReplayDriver(replay_backends.backend(fn), getattr(fn, "__name__", None))
+    return PoolDriver(ServingRunner(fn, serving_family(fn, session_family), v_first))
+
+
 def run_session(fn, session: Session, *, keep=False, v_first=False):
-    """Run kernel ``fn`` (or a :class:`ServingRunner`) on every call of ``session``, chained on its own pool, and
+    """Run kernel ``fn`` (or its driver, :func:`driver`) on every call of ``session``, chained on its own states, and
     grade it (``ci/grading/serving.py``): the Report, or with ``keep`` ``(report, [(o, pool after), ...])``. A family
     session runs a family kernel in FLA's family signature; ``v_first``: with the ``[V, K]`` pool."""
-    if isinstance(fn, ServingRunner):
-        runner = fn
-    else:
-        runner = ServingRunner(fn, serving_family(fn, session.family), v_first)
-    if runner.family != session.family:
-        raise ValueError(f"family: a {runner.family} kernel cannot run the {session.family} session {session.name!r}")
-    judge = session.judge(runner.state_dtype)
-    pool = runner.pool(session.initial_pool())
+    drv = driver(fn, session.family, v_first)
+    if drv.family != session.family:
+        raise ValueError(f"family: a {drv.family} kernel cannot run the {session.family} session {session.name!r}")
+    judge = session.judge(drv.state_dtype, replay_capacity=drv.replay_capacity)
+    pool = drv.start(session)
     kept = []
     for i, call in enumerate(session.calls):
-        o, new_pool = runner.step(call, pool, session.dtype)
+        o, new_pool = drv.step(call, session.dtype)
         judge.add(i, o, pool, new_pool)
         if keep:
             kept.append((o, new_pool))

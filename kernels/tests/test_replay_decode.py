@@ -112,7 +112,7 @@ def run_decode(capacity, steps=40, mutant=None, state_dtype="float32", cache_dty
         for x in xs:
             x[2] = np.nan  # the padding row
         wp = np.array([n[1], n[2], 0], np.int32)
-        o, cache = rd.decode(*(jnp.asarray(x) for x in xs), cache, jnp.asarray(SLOTS), jnp.asarray(wp),
+        o, cache = rd.recurrent_step(*(jnp.asarray(x) for x in xs), cache, jnp.asarray(SLOTS), jnp.asarray(wp),
                              capacity=capacity, mutant=mutant)
         o = _f64(o)
         out["pad"] = max(out["pad"], float(np.max(np.where(np.isnan(o[2]), np.inf, np.abs(o[2])))))
@@ -220,7 +220,7 @@ def test_decode_flush_writes_no_entry():
     cache, _ = _loaded(rng, rd.new_cache(P, H, HV, K, V, 3))
     xs = [jnp.asarray(x) for x in _tokens(rng, (3,))]
     slots = jnp.asarray(SLOTS)
-    _, c1 = rd.decode(*xs, cache, slots, jnp.array([1, 2, 0], jnp.int32), capacity=3)
+    _, c1 = rd.recurrent_step(*xs, cache, slots, jnp.array([1, 2, 0], jnp.int32), capacity=3)
     ring = (np.asarray(c1.d), np.asarray(c1.k), np.asarray(c1.g))
     before = (np.asarray(cache.d), np.asarray(cache.k), np.asarray(cache.g))
     # row 0 (slot 1, write_pos 1): entry at position 1 only, checkpoint unchanged
@@ -339,18 +339,18 @@ def _bad_calls():
         ("cache", lambda: rd.load(tuple(c), slots, jnp.zeros((3, HV, V, K)))),
         ("states", lambda: rd.load(c, slots, jnp.zeros((3, HV, K, V)))),
         ("slots", lambda: rd.load(c, slots.astype(jnp.float32), jnp.zeros((3, HV, V, K)))),
-        ("q", lambda: rd.decode(*swap(xs, 0, xs[0][:, :1]), c, slots, i3, **dec)),
-        ("k", lambda: rd.decode(*swap(xs, 1, xs[1][..., :4]), c, slots, i3, **dec)),
-        ("v", lambda: rd.decode(*swap(xs, 2, xs[2][:, :2]), c, slots, i3, **dec)),
-        ("g", lambda: rd.decode(*swap(xs, 3, xs[3][..., None]), c, slots, i3, **dec)),
-        ("beta", lambda: rd.decode(*swap(xs, 4, xs[4].astype(jnp.int32)), c, slots, i3, **dec)),
-        ("slots", lambda: rd.decode(*xs, c, slots[:2], i3, **dec)),
-        ("write_pos", lambda: rd.decode(*xs, c, slots, i3.astype(jnp.float32), **dec)),
-        ("capacity", lambda: rd.decode(*xs, c, slots, i3, capacity=9)),
-        ("capacity", lambda: rd.decode(*xs, c, slots, i3, capacity=None)),
-        ("scale", lambda: rd.decode(*xs, c, slots, i3, **dec, scale="1")),
-        ("mutant", lambda: rd.decode(*xs, c, slots, i3, **dec, mutant="nope")),
-        ("cache", lambda: rd.decode(*xs, c._replace(k=c.k[:, :, :4]), slots, i3, **dec)),
+        ("q", lambda: rd.recurrent_step(*swap(xs, 0, xs[0][:, :1]), c, slots, i3, **dec)),
+        ("k", lambda: rd.recurrent_step(*swap(xs, 1, xs[1][..., :4]), c, slots, i3, **dec)),
+        ("v", lambda: rd.recurrent_step(*swap(xs, 2, xs[2][:, :2]), c, slots, i3, **dec)),
+        ("g", lambda: rd.recurrent_step(*swap(xs, 3, xs[3][..., None]), c, slots, i3, **dec)),
+        ("beta", lambda: rd.recurrent_step(*swap(xs, 4, xs[4].astype(jnp.int32)), c, slots, i3, **dec)),
+        ("slots", lambda: rd.recurrent_step(*xs, c, slots[:2], i3, **dec)),
+        ("write_pos", lambda: rd.recurrent_step(*xs, c, slots, i3.astype(jnp.float32), **dec)),
+        ("capacity", lambda: rd.recurrent_step(*xs, c, slots, i3, capacity=9)),
+        ("capacity", lambda: rd.recurrent_step(*xs, c, slots, i3, capacity=None)),
+        ("scale", lambda: rd.recurrent_step(*xs, c, slots, i3, **dec, scale="1")),
+        ("mutant", lambda: rd.recurrent_step(*xs, c, slots, i3, **dec, mutant="nope")),
+        ("cache", lambda: rd.recurrent_step(*xs, c._replace(k=c.k[:, :, :4]), slots, i3, **dec)),
         ("q", lambda: rd.spec_decode(*xs, c, slots, i3, **keys)),
         ("v", lambda: rd.spec_decode(*swap(ws, 2, ws[2][:, :2]), c, slots, i3, **keys)),
         ("lengths", lambda: rd.spec_decode(*ws, c, slots, i3[:1], **keys)),

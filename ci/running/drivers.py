@@ -1,0 +1,81 @@
+"""Session drivers: a serving session mapped onto one kernel's API, and the states its representation encodes.
+
+The suite describes a serving session once (``ci.grading.serving.Session``: sequences on a slot table, prefill
+hand-offs, decode steps, speculative windows with accept counts, padding rows). A *driver* runs it on one kernel and
+reports, after each call, the outputs and the pool of ``[K, V]`` states the kernel's representation encodes; the judge
+(``SessionJudge``: grades, hard checks, diagnoses) is the same for every driver. The protocol (docs/drivers.md)::
+
+    class MyDriver:
+        name: str                    # for reports
+        state_dtype: str             # what the kernel stores states in (float32, bfloat16, float16)
+        replay_capacity: int | None  # None: the states are pool slots; else the rings of a replay representation
+        def start(self, session) -> pool            # [P, HV, K, V]: the pool the kernel starts from
+        def step(self, call, dtype) -> (o, pool)    # one oracle.serving.DecodeCall; o [B, T, HV, V] in the
+                                                    # kernel's output dtype; the pool its representation encodes
+
+A pool driver hands over its pool in ``state_dtype``; a replay driver (``replay_capacity`` set) the pool it encodes
+in float64 (``oracle.replay.fold`` of what it stores), and is graded against the replay representation's baselines.
+
+* :class:`PoolDriver`: one state per slot (the suite's ``state_pool`` and FLA's ``ssm_state_indices``), through
+  ``ci/running/serving.py``'s :class:`ServingRunner`;
+* :class:`ReplayDriver`: a checkpoint plus a ring of recent tokens per sequence (vLLM's ReplaySSM), over a *backend*
+  that runs one call's :class:`oracle.replay_slots.CallPlan` (``ci/running/replay_backends.py``). The slot map
+  (``oracle/replay_slots.py``) turns the session's pool slots into replay slots, commits and loads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gdn2_oracle.oracle.replay_slots import SlotMap
+
+DRIVERS = ("pool", "replay")
+
+
+class PoolDriver:
+    """The pool convention: the kernel reads and writes the session's slots itself (``ServingRunner``)."""
+
+    replay_capacity = None
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.name = getattr(runner.fn, "__name__", "kernel")
+        self.state_dtype = runner.state_dtype
+        self.family = runner.family
+        self.pool = None
+
+    def start(self, session):
+        self.pool = self.runner.pool(session.initial_pool())
+        return self.pool
+
+    def step(self, call, dtype):
+        o, self.pool = self.runner.step(call, self.pool, dtype)
+        return o, self.pool
+
+
+class ReplayDriver:
+    """A replay representation (module docstring) over ``backend``: ``capacity``, ``state_dtype``, ``family``,
+    ``setup(slots, HV, H, K, V, window)``, ``run(plan, call, dtype) -> o`` and ``state(p, ahead)`` (float64 ``[HV, K,
+    V]``: the state replay slot p encodes ``ahead`` tokens past its cursor)."""
+
+    def __init__(self, backend, name=None):
+        self.backend = backend
+        self.name = name or getattr(backend, "name", "replay")
+        self.state_dtype = backend.state_dtype
+        self.replay_capacity = backend.capacity
+        self.family = backend.family
+        self.slots = None
+
+    def start(self, session):
+        self.slots = SlotMap(session.initial_pool())
+        P, HV, K, V = self.slots.pool.shape
+        calls = session.calls
+        window = max((c.state_indices.shape[1] for c in calls if np.ndim(c.state_indices) == 2), default=0)
+        n = 1 + sum(len(c.plan(P).sequences) for c in calls)  # at most one fresh slot per sequence and call
+        self.backend.setup(n, HV, calls[0].q.shape[2], K, V, window)
+        return self.slots.pool.copy()
+
+    def step(self, call, dtype):
+        plan = self.slots.plan(call, self.backend.state)
+        o = self.backend.run(plan, call, dtype)
+        return o, self.slots.finish(self.backend.state)

@@ -1,0 +1,129 @@
+"""Replay backends: one call's :class:`oracle.replay_slots.CallPlan` run on a replay kernel's own storage.
+
+A backend (what ``ci/running/drivers.py: ReplayDriver`` drives) has ``capacity``, ``state_dtype``, ``family``,
+``setup(slots, HV, H, K, V, window)``, ``run(plan, call, dtype) -> o`` and ``state(p, ahead)``: the ``[HV, K, V]``
+state replay slot p encodes ``ahead`` tokens past its cursor, folded in float64 from what the kernel stores
+(``oracle.replay.fold``): the checkpoint and the ring entries its cursors say are live.
+
+:class:`JaxReplayBackend` runs our JAX replay kernel (``kernels/replay_decode.py``): decode rows as single-token steps
+with the caller's ``write_pos`` (tokens since the slot's load, modulo the ring), verify windows through ``spec_decode``
+after ``commit`` (the accepted tokens of the window read) and ``load`` + ``reset`` (a prefill's hand-off).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gdn2_oracle.oracle.replay import fold
+from gdn2_oracle.oracle.replay_slots import NULL_SLOT
+
+from .harness import to_device
+
+FAMILY = "gdn"  # the replay kernels' family: one log-decay and one beta per value head and token
+
+
+def gdn_inputs(call, dtype):
+    """``(q, k, v, g, beta)`` of a session call in the gdn family's signature, NumPy in ``dtype`` (exact)."""
+    fam = call.family_inputs(FAMILY)
+    return tuple(np.asarray(to_device(fam[n], dtype)) for n in ("q", "k", "v", "g", "beta"))
+
+
+def encode(checkpoint, d, k, g, base, n):
+    """The float64 ``[HV, K, V]`` state of one slot from a kernel's storage: ``checkpoint [HV, V, K]``, ``d [HV, buf,
+    V]``, ``k [H, buf, K]``, ``g [HV, buf]`` (one log-decay per value head), ``n`` entries from ring position
+    ``base``."""
+    f = [np.asarray(x).astype(np.float64) for x in (checkpoint, d, k, g)]
+    C, dd, kk, gg = np.swapaxes(f[0], -1, -2), f[1], f[2], f[3]
+    return fold(C, dd, kk, np.broadcast_to(gg[..., None], gg.shape + (kk.shape[-1],)), base, n)
+
+
+class JaxReplayBackend:
+    """Our JAX replay kernel (``kernel``: a ``kernels.replay_kernel.ReplayKernel``) as a backend."""
+
+    family = FAMILY
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.ops = kernel.ops
+        self.name = kernel.__name__
+        self.capacity = int(kernel.capacity)
+        self.state_dtype = kernel.state_dtype
+        self.cache = None
+
+    def setup(self, slots, HV, H, K, V, window):
+        self.window = int(window)
+        self.cache = self.ops.new_cache(slots, H, HV, K, V, self.capacity, max_spec_len=self.window,
+                                        state_dtype=self.state_dtype, cache_dtype=self.kernel.cache_dtype)
+        self.decoded = np.zeros(slots, np.int64)  # decode tokens since the slot's load (the caller's write_pos)
+        self.verified = np.zeros(slots, bool)  # a verify window ran since the slot's last commit
+        self.windowed = np.zeros(slots, bool)  # the slot runs verify windows (cursors kept by the kernel)
+
+    def _limits(self):
+        return {"max_cache_len": self.capacity, "max_spec_len": self.window}
+
+    def run(self, plan, call, dtype):
+        q, k, v, g, beta = gdn_inputs(call, dtype)
+        B, T, HV, V = v.shape
+        o = np.zeros((B, T, HV, V), v.dtype)
+        mutant = self.kernel.options
+        live = [r for r in plan.rows if r.slot != NULL_SLOT and r.length > 0]
+        spec = bool(plan.rows) and plan.rows[0].window
+        if plan.commits:
+            slots, acc = (np.array(x, np.int32) for x in zip(*plan.commits))
+            self.cache = self.ops.commit(self.cache, acc, slots, **self._limits(), **mutant)
+            self.verified[slots] = False
+        if plan.loads:
+            slots = np.array([p for p, _ in plan.loads], np.int32)
+            states = np.stack([np.swapaxes(S, -1, -2) for _, S in plan.loads])
+            self.cache = self.ops.load(self.cache, slots, states.astype(np.float32))
+            self.decoded[slots], self.verified[slots] = 0, False
+            self.windowed[slots] = spec
+            if spec:
+                self.cache = self.ops.reset(self.cache, slots, **self._limits())
+        if spec:
+            S = self.window
+            win = [np.zeros((len(plan.rows), S) + x.shape[2:], x.dtype) for x in (q, k, v, g, beta)]
+            for i, r in enumerate(plan.rows):
+                for w, x in zip(win, (q, k, v, g, beta)):
+                    w[i, :r.length] = x[r.row, r.start:r.start + r.length]
+            slots = np.array([r.slot for r in plan.rows], np.int32)
+            lengths = np.array([max(r.length, 1) for r in plan.rows], np.int32)
+            out, self.cache = self.ops.spec_decode(*win, self.cache, slots, lengths, scale=call.scale,
+                                                   **self._limits(), **mutant)
+            out = np.asarray(out)
+            for i, r in enumerate(plan.rows):
+                o[r.row, r.start:r.start + r.length] = out[i, :r.length]
+            self.verified[[r.slot for r in live]] = True
+            return o
+        rows = list(plan.rows)
+        for t in range(max((r.length for r in rows), default=0)):
+            step = [r for r in rows if r.length > t]
+            slots = np.array([r.slot for r in step], np.int32)
+            xs = [np.stack([x[r.row, r.start + t] for r in step]) for x in (q, k, v, g, beta)]
+            wp = np.array([self.decoded[r.slot] % self.capacity if r.slot != NULL_SLOT else 0 for r in step],
+                          np.int32)
+            out, self.cache = self.ops.recurrent_step(*xs, self.cache, slots, wp, capacity=self.capacity,
+                                                      scale=call.scale, **mutant)
+            out = np.asarray(out)
+            for i, r in enumerate(step):
+                o[r.row, r.start + t] = out[i]
+                if r.slot != NULL_SLOT:
+                    self.decoded[r.slot] += 1
+        return o
+
+    def state(self, p, ahead):
+        c = self.cache
+        raw = [np.asarray(x[p]) for x in (c.checkpoint, c.d, c.k, c.g)]
+        if not self.windowed[p]:
+            return encode(*raw, 0, self.decoded[p] % self.capacity + ahead)
+        wp, base = int(np.asarray(c.write_pos)[p]), int(np.asarray(c.cache_base)[p])
+        if self.verified[p] and int(np.asarray(c.is_flush)[p]):  # the window's flush folded the history already
+            return encode(*raw, base + wp, ahead)
+        return encode(*raw, base, wp + ahead)
+
+
+def backend(fn):
+    """The replay backend of kernel ``fn`` (its ``session_driver`` is ``"replay"``): our JAX replay kernel's."""
+    if hasattr(fn, "ops") and hasattr(fn, "capacity"):
+        return JaxReplayBackend(fn)
+    raise ValueError(f"kernel: {getattr(fn, '__name__', fn)!r} says it is a replay kernel but has no replay backend")
