@@ -17,7 +17,7 @@ import inspect
 from dataclasses import dataclass, field
 
 from . import adapt
-from .registry import BUILTIN, DEFAULTS, OPTIONAL, TORCH_FACTORY, TORCH_PREFIX
+from .registry import BUILTIN, DEFAULTS, OPTIONAL, REPLAYSSM_FACTORY, REPLAYSSM_PREFIX, TORCH_FACTORY, TORCH_PREFIX
 
 __all__ = ["DEFAULTS", "FACTORY", "KernelSpec", "Reference", "accepts", "get", "known", "names", "parse_spec",
            "parse_value", "register",
@@ -233,6 +233,8 @@ def accepts(name, option):
     name = parse_spec(name)[0]
     if name.startswith(TORCH_PREFIX) or option in adapt.WRAPPING:
         return True
+    if name.startswith(REPLAYSSM_PREFIX):
+        return _takes(resolve(REPLAYSSM_FACTORY), option)
     if ":" in name:
         return option in adapt.MAPPING or option == FACTORY or _takes(resolve(name), option)
     return _takes(factory(name), option)
@@ -259,6 +261,8 @@ def _declared(fn):
 def _build(name, options):
     if name.startswith(TORCH_PREFIX):
         return resolve(TORCH_FACTORY)(name[len(TORCH_PREFIX):], **options)
+    if name.startswith(REPLAYSSM_PREFIX):
+        return resolve(REPLAYSSM_FACTORY)(name[len(REPLAYSSM_PREFIX):], **options)
     if ":" in name:
         fn = resolve(name)
         if options.pop(FACTORY, False):

@@ -126,4 +126,7 @@ def backend(fn):
     """The replay backend of kernel ``fn`` (its ``session_driver`` is ``"replay"``): our JAX replay kernel's."""
     if hasattr(fn, "ops") and hasattr(fn, "capacity"):
         return JaxReplayBackend(fn)
+    from .replayssm_backend import VllmReplayBackend, drives  # torch is imported only when such a kernel runs
+    if drives(fn):
+        return VllmReplayBackend(fn)
     raise ValueError(f"kernel: {getattr(fn, '__name__', fn)!r} says it is a replay kernel but has no replay backend")

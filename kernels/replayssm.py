@@ -1,0 +1,98 @@
+"""vLLM's ReplaySSM Gated DeltaNet functions found by name: the kernel ``replayssm:PACKAGE[capacity=16,spec_len=4]``.
+
+``PACKAGE`` is a package with vLLM's module and function names (docs/DESIGN.md §2, "Replay states and session
+drivers"): ``PACKAGE.fused_recurrent_replayssm.fused_recurrent_gated_delta_rule_replayssm`` (one token per row) and
+``PACKAGE.gdn_replayssm_spec_decode.{gdn_replayssm_spec_decode, commit_gdn_replayssm_spec,
+reset_gdn_replayssm_spec_cursors}``: vLLM's own, ``vllm.model_executor.layers.fla.ops``, or the stand-in here,
+``gdn2_oracle.kernels.replayssm_standin`` (torch on the CPU over our JAX replay kernel).
+
+A :class:`ReplaySSMKernel` carries the four functions and the options of the storage a serving engine allocates:
+``capacity`` (the ring L of the one-token path and the flush threshold ``max_cache_len`` of the window path),
+``spec_len`` (the window path's ``max_spec_len``, raised to a session's longest window when that is longer),
+``state_dtype`` (the one-token path's checkpoint; the window path's is float32, as vLLM forces it), ``cache_dtype``
+(the ``d`` / ``k`` rings; default ``state_dtype``) and the torch ``device`` (default CUDA when available). Its
+``session_driver`` tells the suite to run serving sessions through a replay driver; the backend that calls the
+functions is ``ci/running/replayssm_backend.py``. It has no call without a session.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+STORAGE = ("float32", "bfloat16", "float16")
+PREFIX = "replayssm:"
+# module -> the functions looked up in it, by name
+FUNCTIONS = {
+    "fused_recurrent_replayssm": ("fused_recurrent_gated_delta_rule_replayssm",),
+    "gdn_replayssm_spec_decode": ("gdn_replayssm_spec_decode", "commit_gdn_replayssm_spec",
+                                  "reset_gdn_replayssm_spec_cursors"),
+}
+
+
+def _count(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def find_functions(package):
+    """``{function name: function}`` of :data:`FUNCTIONS` in ``package``; ValueError naming ``package`` when a module
+    cannot be imported or lacks a function."""
+    if not isinstance(package, str) or not package or not all(p.isidentifier() for p in package.split(".")):
+        raise ValueError(f"package: expected a dotted package name, got {package!r}")
+    found = {}
+    for module_name, names in FUNCTIONS.items():
+        target = f"{package}.{module_name}"
+        try:
+            module = importlib.import_module(target)
+        except SystemExit as exc:
+            raise ValueError(f"package: importing {target!r} called sys.exit({exc.code!r})") from None
+        except Exception as exc:  # noqa: BLE001 - any import failure is reported with the package named
+            raise ValueError(f"package: {package!r} has no module {module_name!r} ({type(exc).__name__}: {exc}); "
+                             f"a ReplaySSM package has the modules {sorted(FUNCTIONS)}") from None
+        for name in names:
+            fn = getattr(module, name, None)
+            if not callable(fn):
+                raise ValueError(f"package: {package!r}: module {target!r} has no function {name!r}")
+            found[name] = fn
+    return found
+
+
+class ReplaySSMKernel:
+    """vLLM's ReplaySSM functions of ``package`` and the storage options (module docstring)."""
+
+    session_driver = "replay"
+    family = "gdn"
+
+    def __init__(self, package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None):
+        self.capacity, self.spec_len = _count("capacity", capacity), _count("spec_len", spec_len)
+        for name, x in (("state_dtype", state_dtype), ("cache_dtype", cache_dtype or state_dtype)):
+            if x not in STORAGE:
+                raise ValueError(f"{name}: expected one of {STORAGE}, got {x!r}")
+        self.state_dtype, self.cache_dtype = state_dtype, cache_dtype or state_dtype
+        self.device = device
+        self.package = package
+        functions = find_functions(package)
+        self.recurrent = functions["fused_recurrent_gated_delta_rule_replayssm"]
+        self.window = functions["gdn_replayssm_spec_decode"]
+        self.commit = functions["commit_gdn_replayssm_spec"]
+        self.reset = functions["reset_gdn_replayssm_spec_cursors"]
+        self.__name__ = PREFIX + package
+        # the sources a report's fingerprint covers (ci/running/fingerprint.py): the package's two modules and this
+        self.modules = (*(f"{package}.{m}" for m in FUNCTIONS), __name__)
+
+    def __repr__(self):
+        return (f"ReplaySSMKernel({self.package!r}, capacity={self.capacity}, spec_len={self.spec_len}, "
+                f"state_dtype={self.state_dtype!r}, cache_dtype={self.cache_dtype!r}, device={self.device!r})")
+
+    def __call__(self, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False):
+        """No call without a session: the kernel is judged on the gdn serving sessions (its replay driver)."""
+        raise ValueError(f"kernel: {self.__name__!r} runs only on serving sessions (its replay driver, "
+                         "ci/running/replayssm_backend.py): give validate the serving --modes")
+
+
+def replayssm_kernel(package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None):
+    """The ``replayssm:PACKAGE`` spec's kernel: a :class:`ReplaySSMKernel`."""
+    return ReplaySSMKernel(package, capacity, spec_len, state_dtype, cache_dtype, device)
