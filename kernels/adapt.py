@@ -20,7 +20,9 @@ import inspect
 import math
 import re
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 TENSORS = ("q", "k", "v", "g", "b", "w")
 EXTRAS = ("s", "h")  # scale and initial state, when the kernel takes them positionally
@@ -210,6 +212,80 @@ def interpreted(fn, interpret):
             return fn(*args, **kwargs)
 
     kernel.interpret = "tpu"
+    return kernel
+
+
+MIXED_QKV = "mixed_qkv"  # layout=mixed_qkv: a Gated DeltaNet kernel taking packed q|k|v and raw gates
+RAW_GATE_FLAGS = ("use_gate_in_kernel", "use_beta_sigmoid_in_kernel")
+MIXED_OWN = ("mixed_qkv", "a", "b", "A_log", "dt_bias")  # the packed kernel's own inputs (replaced by FLA's)
+
+
+TINY = 1e-30  # the least -g the raw gate a = softplus^-1(-g) is formed from (float32: normal, its log finite)
+
+
+def refuses_unpacked(inputs, keywords):
+    """Why a family call cannot be put into raw gates (``layout=mixed_qkv`` without FLA's in-kernel beta sigmoid):
+    ``beta = sigmoid(b)`` lies in (0, 1), so a call with some beta outside it is outside the layout's domain; None
+    when it can be."""
+    if keywords.get("use_beta_sigmoid_in_kernel"):
+        return None
+    beta = inputs.get("beta")
+    if beta is not None and not (np.all(beta > 0) and np.all(beta < 1)):
+        return (f"beta: layout={MIXED_QKV} passes beta as b with beta = sigmoid(b), which only expresses "
+                f"0 < beta < 1; this call has beta in [{float(np.min(beta)):g}, {float(np.max(beta)):g}]: outside "
+                "the packed layout's domain, not run")
+    return None
+
+
+def inverse_softplus(y):
+    """``x`` with ``softplus(x) = y`` (``y > 0``): ``y + log(-expm1(-y))``, accurate for small and large ``y``."""
+    return y + jnp.log(-jnp.expm1(-y))
+
+
+def mixed_qkv(fn):
+    """A Gated DeltaNet kernel ``fn(mixed_qkv, a, b, A_log, dt_bias, *, ...)`` in FLA's family signature
+    ``(q, k, v, g, beta, *, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, ...)`` (the packed layout
+    of serving engines, vLLM's ``mixed_qkv [B, T, 2 H K + HV V]`` = q | k | v, raw gates ``g = -exp(A_log)
+    softplus(a + dt_bias)``, ``beta = sigmoid(b)``: docs/DESIGN.md §2, "Replay states"). FLA's in-kernel gate and
+    beta sigmoid pass ``a = g``, ``b = beta`` as they are (exact); otherwise the log-decay and beta are inverted into
+    raw gates in float32 (``A_log = dt_bias = 0``, ``a = softplus^-1(-g)``, ``b = logit(beta)``: one float32
+    rounding of each). The state is always passed (zeros for none: the packed kernel reads ``K``, ``V`` from it, as
+    vLLM's do). Keywords of ``fn`` other than its five inputs pass through."""
+    def kernel(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+               use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False, **kwargs):
+        B, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        packed = jnp.concatenate([q.reshape(B, T, H * K), k.reshape(B, T, H * K),
+                                  v.reshape(B, T, HV * V)], axis=-1)
+        if use_gate_in_kernel:
+            a = g
+        else:  # -g clamped at 1e-30 in value only (g = 0: a stays finite, the gradient passes straight through)
+            y = -g.astype(jnp.float32)
+            a = inverse_softplus(y + jax.lax.stop_gradient(jnp.maximum(y, TINY) - y))
+            A_log, dt_bias = jnp.zeros((HV,), jnp.float32), jnp.zeros((HV,), jnp.float32)
+        b = beta if use_beta_sigmoid_in_kernel else jnp.log(beta.astype(jnp.float32)) - jnp.log1p(
+            -beta.astype(jnp.float32))
+        if initial_state is None:  # the packed layout reads K and V from the state, as vLLM's kernels do
+            cu = kwargs.get("cu_seqlens")
+            initial_state = jnp.zeros((B if cu is None else cu.shape[0] - 1, HV, K, V), jnp.float32)
+        return fn(packed, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, **kwargs)
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        raise ValueError(f"layout: {MIXED_QKV} needs a kernel whose signature can be read") from None
+    missing = [n for n in MIXED_OWN if n not in params]
+    if missing:
+        raise ValueError(f"layout: {MIXED_QKV} needs a kernel taking {MIXED_OWN} (vLLM's order); "
+                         f"{getattr(fn, '__name__', fn)!r} lacks {missing}")
+    functools.update_wrapper(kernel, fn)
+    del kernel.__wrapped__  # the signature is FLA's family call's, with fn's other keywords
+    kernel.refuses = refuses_unpacked
+    own = inspect.signature(kernel).parameters
+    extra = [p.replace(kind=p.KEYWORD_ONLY) for n, p in params.items()
+             if n not in MIXED_OWN and n not in own and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    kernel.__signature__ = inspect.Signature([p for n, p in own.items() if n != "kwargs"] + extra)
     return kernel
 
 

@@ -53,3 +53,5 @@ REPLAYSSM_FACTORY = "gdn2_oracle.kernels.replayssm:replayssm_kernel"
 DEFAULTS = ("pairwise", "factorized")
 # The serving kernel property-tested when none of those named takes a state pool.
 SERVING_DEFAULT = "decode"
+# The family serving kernels property-tested when none is selected: a pool and a replay representation.
+FAMILY_SERVING_DEFAULTS = ("gdn-decode", "replay-recurrent")

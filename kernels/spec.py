@@ -249,7 +249,9 @@ def get(spec, **options):
     options = {k: v.load(k) if isinstance(v, Reference) else v for k, v in {**parsed, **options}.items()}
     own = _declared(factory(name)) if ":" not in name else set()  # a factory's own option of that name wins
     wrapping = {k: options.pop(k) for k in adapt.WRAPPING if k in options and k not in own}
-    return adapt.wrap(_build(name, options), **wrapping)
+    packed = options.get("layout") == adapt.MIXED_QKV and "layout" not in own and options.pop("layout")
+    fn = _build(name, options)
+    return adapt.wrap(adapt.mixed_qkv(fn) if packed else fn, **wrapping)
 
 
 def _declared(fn):

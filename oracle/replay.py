@@ -16,8 +16,8 @@ and ``drafts`` speculative entries after them. A decode token is appended after 
 into the checkpoint first when the ring is full: a *flush*, which moves ``base`` on by ``count``); a verify window
 writes its T drafts after them (flushing first when ``count + T > L``) and :meth:`ReplayPool.commit` keeps the
 first a. Every output is read from the representation as stored. ``store_dtype`` (bfloat16 / float16) rounds what a
-kernel stores in 16 bits (the checkpoint and the ``d``, ``k`` caches; ``g`` stays float32): the baseline of a 16-bit
-replay buffer's bound (``ci/grading/serving.py``).
+kernel stores in 16 bits (the ``d``, ``k`` caches, and the checkpoint unless ``checkpoint_dtype`` says otherwise; ``g``
+stays float32): the baseline of a 16-bit replay buffer's bound (``ci/grading/serving.py``).
 """
 
 from __future__ import annotations
@@ -59,18 +59,21 @@ class ReplayPool:
     """``slots`` replay slots of ``HV`` value heads over ``H`` key heads, states ``[K, V]``, rings of ``capacity``.
 
     ``arith``: a ``recurrence.Arith`` (float32 / float64 / longdouble) or ``mp.MPArith`` (mpmath, at the caller's
-    ``mpmath.workprec``); ``store_dtype``: None (store exactly) or one of :data:`CACHE_DTYPES`.
+    ``mpmath.workprec``); ``store_dtype``: None (store exactly) or one of :data:`CACHE_DTYPES`, the caches' and (unless
+    ``checkpoint_dtype`` is given) the checkpoint's storage.
     """
 
-    def __init__(self, slots, HV, H, K, V, capacity, *, arith=None, store_dtype=None):
+    def __init__(self, slots, HV, H, K, V, capacity, *, arith=None, store_dtype=None, checkpoint_dtype=None):
         self.P, self.HV, self.H = _count("slots", slots, 1), _count("HV", HV, 1), _count("H", H, 1)
         self.K, self.V, self.L = _count("K", K, 1), _count("V", V, 1), _count("capacity", capacity, 1)
         if self.HV % self.H:
             raise ValueError(f"HV: {HV} value heads are not a multiple of H = {H} key heads")
-        if store_dtype is not None and store_dtype not in CACHE_DTYPES:
-            raise ValueError(f"store_dtype: expected None or one of {CACHE_DTYPES}, got {store_dtype!r}")
+        for name, x in (("store_dtype", store_dtype), ("checkpoint_dtype", checkpoint_dtype)):
+            if x is not None and x not in CACHE_DTYPES:
+                raise ValueError(f"{name}: expected None or one of {CACHE_DTYPES}, got {x!r}")
         self.ar = arith or recurrence.Arith(np.float64)
         self.store_dtype = store_dtype
+        self.checkpoint_dtype = checkpoint_dtype or store_dtype
         z = self.ar.array(np.zeros(1))
         self.C = np.zeros((self.P, self.HV, self.K, self.V), dtype=z.dtype)
         self.d = np.zeros((self.P, self.HV, self.L, self.V), dtype=z.dtype)
@@ -86,11 +89,12 @@ class ReplayPool:
         self._tip = {}  # slot -> (entries, state): the last state encoded, extended entry by entry
 
     # -- storage --
-    def _store(self, x):
+    def _store(self, x, dtype=None):
         x = self.ar.array(x)
-        if self.store_dtype is None or x.dtype == object:
+        dtype = dtype or self.store_dtype
+        if dtype is None or x.dtype == object:
             return x
-        return round_state(x, self.store_dtype)
+        return round_state(x, dtype)
 
     def _slot(self, p):
         p = _count("slot", p)
@@ -104,7 +108,7 @@ class ReplayPool:
         S = np.asarray(S)
         if S.shape != (self.HV, self.K, self.V):
             raise ValueError(f"S: expected shape {(self.HV, self.K, self.V)}, got {S.shape}")
-        self.C[p] = self._store(S if S.dtype == object else S.astype(np.float64))
+        self.C[p] = self._store(S if S.dtype == object else S.astype(np.float64), self.checkpoint_dtype)
         self.base[p] = self.count[p] = self.drafts[p] = 0
         self._tip.pop(p, None)
 
@@ -132,7 +136,7 @@ class ReplayPool:
         """Fold slot ``p``'s committed entries into its checkpoint (the ring's base moves on past them)."""
         p = self._slot(p)
         n = int(self.count[p])
-        self.C[p] = self._store(self._state(p, n))
+        self.C[p] = self._store(self._state(p, n), self.checkpoint_dtype)
         self.base[p] = (self.base[p] + n) % self.L
         self.count[p] = self.drafts[p] = 0
         self.flushes[p] += 1
@@ -172,7 +176,7 @@ class ReplayPool:
             n = int(self.count[p])
             S, u, o = self._token(p, n, tok)
             if n == self.L - 1:
-                self.C[p] = self._store(S)
+                self.C[p] = self._store(S, self.checkpoint_dtype)
                 self.base[p] = self.count[p] = 0
                 self.flushes[p] += 1
                 self._tip.pop(p, None)
@@ -246,7 +250,7 @@ def run_plan(pool, plan, call):
     return o
 
 
-def chain(script, capacity, *, arith=None, store_dtype=None):
+def chain(script, capacity, *, arith=None, store_dtype=None, checkpoint_dtype=None):
     """Yield ``(o, pool)`` after each call of ``script`` (an ``oracle.serving.SessionScript``) run on a replay
     representation of rings of ``capacity``: ``o [B, T, HV, V]`` and the pool ``[P, HV, K, V]`` the representation
     encodes (``SlotMap.finish``, float64), in the working precision of ``arith`` with ``store_dtype``'s storage."""
@@ -254,7 +258,8 @@ def chain(script, capacity, *, arith=None, store_dtype=None):
     _, HV, K, V = slots.pool.shape
     H = script.calls[0].q.shape[2]
     n_slots = 1 + sum(len(c.plan(slots.pool.shape[0]).sequences) for c in script.calls)
-    pool = ReplayPool(n_slots, HV, H, K, V, capacity, arith=arith, store_dtype=store_dtype)
+    pool = ReplayPool(n_slots, HV, H, K, V, capacity, arith=arith, store_dtype=store_dtype,
+                      checkpoint_dtype=checkpoint_dtype)
 
     def state(p, ahead):
         S = pool.state(p, int(pool.count[p]) + ahead)
@@ -263,6 +268,38 @@ def chain(script, capacity, *, arith=None, store_dtype=None):
     for call in script.calls:
         o = run_plan(pool, slots.plan(call, state), call)
         yield (o if o.dtype != object else _to_float64(o)), slots.finish(state)
+
+
+def trace(script, capacity):
+    """Per call of ``script`` run on a replay representation of rings of ``capacity`` (float64), what happened to the
+    rings: ``[{n: (replay slot, committed entries before the call, flushes during it, drafts committed before it,
+    whether it ran a verify window)}]`` per live sequence n (the bookkeeping a diagnosis places errors by)."""
+    slots = SlotMap(script.pool)
+    _, HV, K, V = slots.pool.shape
+    n_slots = 1 + sum(len(c.plan(slots.pool.shape[0]).sequences) for c in script.calls)
+    pool = ReplayPool(n_slots, HV, script.calls[0].q.shape[2], K, V, capacity)
+
+    def state(p, ahead):
+        return pool.state(p, int(pool.count[p]) + ahead)
+
+    out = []
+    for call in script.calls:
+        plan = slots.plan(call, state)
+        commits = dict(plan.commits)
+        live = [r for r in plan.rows if r.slot != NULL_SLOT and r.length]
+        fresh = {p for p, _ in plan.loads}
+        for p, a in plan.commits:
+            pool.commit(p, a)
+        for p, S in plan.loads:
+            pool.load(p, S)
+        before = {r.slot: (int(pool.count[r.slot]), int(pool.flushes[r.slot])) for r in live}
+        with np.errstate(invalid="ignore", over="ignore"):
+            run_plan(pool, plan._replace(commits=(), loads=()), call)
+        out.append({r.n: (r.slot, -1 if r.slot in fresh else before[r.slot][0],
+                          int(pool.flushes[r.slot]) - before[r.slot][1], commits.get(r.slot, 0), r.window)
+                    for r in live})
+        slots.finish(state)
+    return out
 
 
 def _to_float64(x):

@@ -318,7 +318,7 @@ def family_long_drafts(family, G, dtype="float32", seed=0, drafts=3, windows=12)
     calls = []
     for c in range(windows):
         xs = family_tokens(live + 1, S, dtype, seed + 80 + c, family, G)
-        nxt = accepted(c + 1)
+        nxt = accepted(c + 1) if c + 1 < windows else np.full(live + 1, S)  # the last window: every draft kept
         for x in xs:
             for n in range(live):
                 x[n, nxt[n]:] = np.nan
@@ -330,6 +330,18 @@ def family_long_drafts(family, G, dtype="float32", seed=0, drafts=3, windows=12)
                                                         "value_heads_per_key_head": G}, family=family,
                          purpose=f"{family} speculative windows over {windows} calls: ring flushes and circular "
                                  f"wraps of replay states (G = {G})")
+
+
+def family_long_horizon(family, dtype="float32", seed=0, *, steps=HORIZON, decay=HORIZON_DECAY, G=2):
+    """``steps`` single-token calls of one ``family`` sequence (slot 0 of 2, H key heads, ``G`` value heads each) at
+    per-step decay ``decay``: the 4,096-step figure of a 16-bit replay ring (docs/drivers.md); not a validate case."""
+    xs = family_tokens(1, steps, dtype, seed, family, G)
+    xs[3] = np.full(xs[3].shape, float(round_to(np.log(decay), dtype)))
+    calls = [_call([x[:, t:t + 1] for x in xs], np.zeros(1, np.int64)) for t in range(steps)]
+    pool = round_to_bfloat16(pool_values(2, G * H, K, V, seed + 7))
+    return SessionScript(f"serving_{family}_long_horizon{_suffix(dtype)}", calls, pool, dtype=dtype, mode=DECODE_MODE,
+                         regime={"seed": seed, "decay_per_step": decay, "steps": steps}, family=family,
+                         purpose=f"{family}: {steps} single-token calls at per-step decay {decay}")
 
 
 def _suffix(dtype):

@@ -28,6 +28,7 @@ from gdn2_oracle import oracle
 from gdn2_oracle.ci.grading.families import GDN2
 from gdn2_oracle.ci.grading.serving import Session
 from gdn2_oracle.ci.running.serving import accepts_serving, run_session, serving_family
+from gdn2_oracle.kernels.registry import FAMILY_SERVING_DEFAULTS
 from gdn2_oracle.oracle import serving as oracle_serving
 from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.serving import DecodeCall
@@ -43,7 +44,7 @@ CHAINED, WINDOWS = oracle_serving.DECODE_MODE, oracle_serving.SPECULATIVE_MODE
 G = 2  # value heads per key head in the drawn sessions
 
 
-FALLBACK = ("gdn-decode", "replay-recurrent")  # a pool and a replay representation, when no kernel is named
+FALLBACK = FAMILY_SERVING_DEFAULTS  # a pool and a replay representation, when no kernel is named
 
 
 class FamilyServingKernel(NamedTuple):

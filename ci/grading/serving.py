@@ -217,8 +217,8 @@ class Session(CachedCase):
         """``{"o": (err_ratio, max_err), "state": (...)}`` of a float32 oracle chain against the reference, its
         results rounded to the kernel's result dtypes. ``kind``: ``rec`` (float32 pool), ``store`` (every stored
         state rounded to ``state_dtype``), ``loop:DT`` (the running state rounded to DT after every token),
-        ``replay:L`` (the replay representation with rings of L, ``oracle/replay.py``, its checkpoint and caches
-        stored in ``state_dtype``; its states are the ones it encodes, not rounded again)."""
+        ``replay:L:CHECKPOINT`` (the replay representation with rings of L, ``oracle/replay.py``, its caches stored in
+        ``state_dtype`` and its checkpoint in CHECKPOINT; its states are the ones it encodes, not rounded again)."""
         key = (kind, o_dtype, state_dtype)
         if key not in self._base:
             options = {"dtype": np.float32}
@@ -231,8 +231,9 @@ class Session(CachedCase):
 
             def runs():
                 if kind.startswith("replay:"):
-                    store = None if state_dtype == "float32" else state_dtype
-                    yield from replay.chain(self, int(kind[7:]), arith=Arith(np.float32), store_dtype=store)
+                    _, L, checkpoint = kind.split(":")
+                    yield from replay.chain(self, int(L), arith=Arith(np.float32), store_dtype=state_dtype,
+                                            checkpoint_dtype=checkpoint)
                     return
                 for _, r, _ in self.chain(**options):
                     yield r.o, serving.round_state(r.pool, state_dtype)
@@ -252,10 +253,11 @@ class Session(CachedCase):
         """The largest |o| of the float64 reference over the session's judged outputs."""
         return max((float(np.max(np.abs(rc.o))) for rc in self.reference() if rc.o.size), default=0.0)
 
-    def judge(self, state_dtype, o_dtype=None, replay_capacity=None):
+    def judge(self, state_dtype, o_dtype=None, replay_capacity=None, replay_storage=None):
         """A :class:`SessionJudge` for a kernel whose pool is stored in ``state_dtype`` (or, with
-        ``replay_capacity``, a replay representation with rings of that many entries stored in it)."""
-        return SessionJudge(self, state_dtype, o_dtype, replay_capacity)
+        ``replay_capacity``, a replay representation with rings of that many entries, its checkpoint and caches
+        stored in ``replay_storage = (checkpoint dtype, cache dtype)``)."""
+        return SessionJudge(self, state_dtype, o_dtype, replay_capacity, replay_storage)
 
     def initial_pool(self):
         """The initial pool (float64 values; the runner casts it to the kernel's pool dtype, exactly)."""
@@ -274,16 +276,18 @@ def stored_state_bound(e_rec, e_store, result_dtype, state_dtype):
 class SessionJudge:
     """Judges one kernel on a :class:`Session`, call by call: :meth:`add` each call's results (NumPy arrays in
     the dtypes the kernel returned), then :meth:`report`. ``replay_capacity``: the kernel keeps replay states (a
-    checkpoint and rings of that many entries, stored in ``state_dtype``); its driver hands over the pool they
-    encode, in float64, and its baselines are the replay representation's (``Session.baseline``)."""
+    checkpoint and rings of that many entries, stored in ``replay_storage = (checkpoint dtype, cache dtype)``, default
+    both ``state_dtype``); its driver hands over the pool they encode, in float64, and its baselines are the replay
+    representation's (``Session.baseline``). ``state_dtype`` sets the bound's multiple: the coarser of the two."""
 
-    def __init__(self, session, state_dtype, o_dtype=None, replay_capacity=None):
+    def __init__(self, session, state_dtype, o_dtype=None, replay_capacity=None, replay_storage=None):
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype: {state_dtype!r} not one of {STATE_DTYPES}")
         if not session.exact_in(state_dtype):
             raise ValueError(f"state_dtype: session {session.name!r} starts from a pool not exact in {state_dtype}")
         self.session, self.state_dtype, self.o_dtype = session, state_dtype, o_dtype
         self.replay_capacity = replay_capacity
+        self.replay_storage = tuple(replay_storage or (state_dtype, state_dtype))
         self.pool_dtype = state_dtype if replay_capacity is None else "float64"  # what a driver hands over
         self.ref = session.reference()
         n = len(self.ref)
@@ -337,9 +341,11 @@ class SessionJudge:
         """``(rec, store)``: the session's baselines for this kernel (``Session.baseline``)."""
         s = self.session
         if self.replay_capacity is not None:
-            kind = f"replay:{int(self.replay_capacity)}"
-            rec = s.baseline(kind, o_dtype, "float32")
-            return rec, (s.baseline(kind, o_dtype, self.state_dtype) if self.state_dtype != "float32" else rec)
+            checkpoint, cache = self.replay_storage
+            rec = s.baseline(f"replay:{int(self.replay_capacity)}:float32", o_dtype, "float32")
+            exact = checkpoint == cache == "float32"
+            return rec, (rec if exact else s.baseline(f"replay:{int(self.replay_capacity)}:{checkpoint}", o_dtype,
+                                                      cache))
         rec = s.baseline("rec", o_dtype, self.state_dtype)
         return rec, (s.baseline("store", o_dtype, self.state_dtype) if self.state_dtype != "float32" else rec)
 

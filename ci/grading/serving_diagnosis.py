@@ -14,6 +14,8 @@ from functools import cached_property
 
 import numpy as np
 
+from gdn2_oracle.oracle import replay
+
 from .finding import LOGIC_ERROR, Finding
 from .grades import FAIL, PASS, PRECISION
 from .profiles import first_bad
@@ -279,7 +281,48 @@ def stored_state(ev):
 
 
 # A session's diagnoses, in this order: every one that holds is kept.
-SERVING_LOCALISERS = [pool_bookkeeping, padding, output_overflow, non_finite, state_in_loop, logic, stored_state]
+def replay_ring(ev):
+    """A replay kernel's FAIL placed on its rings (``oracle.replay.trace``): what the first wrong sequence's ring
+    did at the first wrong call -- a load, a flush (the ring folded into the checkpoint), a commit of accepted
+    drafts -- and which part of a replay kernel that points at."""
+    L = getattr(ev.judge, "replay_capacity", None)
+    hit = ev.first_wrong
+    if L is None or hit is None or not any(v.grade == FAIL for v in ev.bad):
+        return None
+    i, seqs, _, _ = hit
+    rings = replay.trace(ev.judge.session, int(L))
+    events = rings[i]
+    if not events:
+        return None
+    n = seqs[0] if seqs and seqs[0] in events else next(iter(events))
+    p, before, flushed, committed, window = events[n]
+    prev = rings[i - 1].get(n) if i else None
+    facts = ["its first call after a load (the session's state written as its checkpoint)" if before < 0 else
+             f"{before} committed ring entries before the call"]
+    if committed:
+        facts.append(f"{committed} accepted draft(s) of its last window committed first")
+    if flushed:
+        facts.append("its ring folded into the checkpoint during the call (a flush)")
+    if prev is not None and prev[2]:
+        facts.append("a flush in the call before")
+    if window and committed:
+        hint = (f"errors begin where the cursor moved: a commit of {committed} accepted draft(s)"
+                f"{', then a flush' if flushed else ''} -- how write_pos moves by the accepted count (not by the "
+                "drafts), and the circular base after a flush")
+    elif flushed or (prev is not None and prev[2]):
+        hint = (f"errors begin at a flush: when the ring is folded into the checkpoint (a token finding L - 1 = "
+                f"{L - 1} entries; a window that would not fit twice) and what the next token reads from it")
+    elif before < 0 or i == 0:
+        hint = ("errors from the first tokens, before any flush or commit: the replayed decay (entry j by "
+                "exp(total - prefix_j)) or the key each value head reads (hv // G)")
+    else:
+        hint = "errors in the ring's steady state: the entries written or read back"
+    return Finding("replay", f"replay states (rings of {L}): first wrong at call {i}, sequence {n} on replay slot {p}: "
+                             f"{'; '.join(facts)}: {hint}", i)
+
+
+SERVING_LOCALISERS = [pool_bookkeeping, padding, output_overflow, non_finite, state_in_loop, logic, replay_ring,
+                      stored_state]
 
 
 def systematic(ev):

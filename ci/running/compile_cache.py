@@ -2,6 +2,7 @@
 
 The directory is env ``GDN2_COMPILE_CACHE`` if set (``off`` disables it), else JAX's ``JAX_COMPILATION_CACHE_DIR``,
 else ``$XDG_CACHE_HOME/gdn2-oracle/jax`` (default ``~/.cache/gdn2-oracle/jax``); ``--no-compile-cache`` turns it off.
+A program is kept when it compiled in at least ``GDN2_COMPILE_CACHE_MIN_SECONDS`` (default 0.2 s).
 """
 
 from __future__ import annotations
@@ -14,6 +15,22 @@ JAX_ENV = "JAX_COMPILATION_CACHE_DIR"  # honoured when GDN2_COMPILE_CACHE is not
 OFF = ("", "0", "off", "false", "no")
 # Programs that compile faster than this are not worth a disk entry (JAX's own default is 1 s).
 MIN_COMPILE_SECONDS = 0.2
+MIN_ENV = "GDN2_COMPILE_CACHE_MIN_SECONDS"  # overrides it (a test that must see an entry sets 0)
+
+
+def min_compile_seconds():
+    """The least compile time of a kept program: env ``GDN2_COMPILE_CACHE_MIN_SECONDS``, else
+    :data:`MIN_COMPILE_SECONDS`; ValueError naming the variable for a value that is not a number >= 0."""
+    value = os.environ.get(MIN_ENV, "").strip()
+    if not value:
+        return MIN_COMPILE_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(f"{MIN_ENV}: expected a number of seconds >= 0, got {value!r}")
+    return seconds
 
 
 def cache_dir():
@@ -36,7 +53,7 @@ def enable(directory=None):
     import jax  # only commands that compile import JAX
 
     jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds())
     return directory
 
 

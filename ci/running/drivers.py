@@ -9,6 +9,7 @@ reports, after each call, the outputs and the pool of ``[K, V]`` states the kern
         name: str                    # for reports
         state_dtype: str             # what the kernel stores states in (float32, bfloat16, float16)
         replay_capacity: int | None  # None: the states are pool slots; else the rings of a replay representation
+        replay_storage: tuple        # (optional, replay) (checkpoint dtype, cache dtype); default both state_dtype
         def start(self, session) -> pool            # [P, HV, K, V]: the pool the kernel starts from
         def step(self, call, dtype) -> (o, pool)    # one oracle.serving.DecodeCall; o [B, T, HV, V] in the
                                                     # kernel's output dtype; the pool its representation encodes
@@ -29,6 +30,8 @@ import numpy as np
 
 from gdn2_oracle.oracle.replay_slots import SlotMap
 
+from .replay_backends import Traffic
+
 DRIVERS = ("pool", "replay")
 
 
@@ -43,13 +46,21 @@ class PoolDriver:
         self.state_dtype = runner.state_dtype
         self.family = runner.family
         self.pool = None
+        self.traffic = Traffic()  # a sequence's slot read once a call, each slot it stores written
 
     def start(self, session):
         self.pool = self.runner.pool(session.initial_pool())
         return self.pool
 
     def step(self, call, dtype):
-        o, self.pool = self.runner.step(call, self.pool, dtype)
+        o, new_pool = self.runner.step(call, self.pool, dtype)
+        state_bytes = self.pool[0].nbytes
+        for s in call.plan(self.pool.shape[0]).sequences:
+            if s.live:
+                self.traffic.read += state_bytes
+                self.traffic.written += state_bytes * len(s.writes)
+                self.traffic.tokens += s.length
+        self.pool = new_pool
         return o, self.pool
 
 
@@ -63,8 +74,14 @@ class ReplayDriver:
         self.name = name or getattr(backend, "name", "replay")
         self.state_dtype = backend.state_dtype
         self.replay_capacity = backend.capacity
+        self.replay_storage = getattr(backend, "storage", None)  # (checkpoint dtype, cache dtype)
         self.family = backend.family
         self.slots = None
+
+    @property
+    def traffic(self):
+        """The backend's :class:`ci.running.replay_backends.Traffic`, when it counts one (else None)."""
+        return getattr(self.backend, "traffic", None)
 
     def start(self, session):
         self.slots = SlotMap(session.initial_pool())

@@ -236,6 +236,10 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     h0 = to_device(call.initial_state if call.initial_state is not None else np.zeros(call.state_shape), jnp.float32)
     params = tuple(to_device(getattr(call, n), jnp.float32) for n in static.params)
     jdo, jdfs = to_device(do, jdt), to_device(dfinal_state, jnp.float32)
+    refuses = getattr(fn, "refuses", None)  # a kernel's own domain, checked on the concrete inputs before tracing
+    reason = refuses(dict(zip(call.input_names, call.inputs())), static.keywords()) if callable(refuses) else None
+    if reason:
+        raise ValueError(reason)
     try:
         with quiet_callback_failures(), mesh_lib.using(mesh):
             if forward_only(fn):

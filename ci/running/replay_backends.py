@@ -37,6 +37,30 @@ def encode(checkpoint, d, k, g, base, n):
     return fold(C, dd, kk, np.broadcast_to(gg[..., None], gg.shape + (kk.shape[-1],)), base, n)
 
 
+class Traffic:
+    """Bytes of state storage a kernel reads and writes over a session, and the live tokens it ran: what a kernel's
+    representation touches per token, counted from its cursors as it runs (the state-traffic figure, docs/drivers.md).
+    A replay token reads the checkpoint and its ring's valid entries and writes one entry, or the checkpoint on a
+    flush; a pool call reads a sequence's slot once and writes each slot it stores (``ci/running/drivers.py``)."""
+
+    def __init__(self):
+        self.read = self.written = self.tokens = 0
+
+    def per_token(self):
+        """``(read, written)`` bytes per live token."""
+        return (self.read / self.tokens, self.written / self.tokens) if self.tokens else (0.0, 0.0)
+
+
+def nbytes(dtype):
+    return np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
+
+
+def coarser(*dtypes):
+    """The coarsest of some storage dtypes (float32, float16, bfloat16): the one whose rounding bounds a grade."""
+    order = ("float32", "float16", "bfloat16")
+    return max(dtypes, key=order.index)
+
+
 class JaxReplayBackend:
     """Our JAX replay kernel (``kernel``: a ``kernels.replay_kernel.ReplayKernel``) as a backend."""
 
@@ -47,16 +71,21 @@ class JaxReplayBackend:
         self.ops = kernel.ops
         self.name = kernel.__name__
         self.capacity = int(kernel.capacity)
-        self.state_dtype = kernel.state_dtype
+        self.storage = (kernel.state_dtype, kernel.cache_dtype)  # (checkpoint, d and k caches)
+        self.state_dtype = coarser(*self.storage)
         self.cache = None
+        self.traffic = Traffic()
 
     def setup(self, slots, HV, H, K, V, window):
         self.window = int(window)
         self.cache = self.ops.new_cache(slots, H, HV, K, V, self.capacity, max_spec_len=self.window,
-                                        state_dtype=self.state_dtype, cache_dtype=self.kernel.cache_dtype)
+                                        state_dtype=self.storage[0], cache_dtype=self.storage[1])
         self.decoded = np.zeros(slots, np.int64)  # decode tokens since the slot's load (the caller's write_pos)
         self.verified = np.zeros(slots, bool)  # a verify window ran since the slot's last commit
         self.windowed = np.zeros(slots, bool)  # the slot runs verify windows (cursors kept by the kernel)
+        sb, cb = (nbytes(x) for x in self.storage)
+        self.entry_bytes = HV * V * cb + H * K * cb + HV * 4  # d, k (once per key head), g (float32)
+        self.checkpoint_bytes = HV * K * V * sb
 
     def _limits(self):
         return {"max_cache_len": self.capacity, "max_spec_len": self.window}
@@ -94,6 +123,7 @@ class JaxReplayBackend:
             for i, r in enumerate(plan.rows):
                 o[r.row, r.start:r.start + r.length] = out[i, :r.length]
             self.verified[[r.slot for r in live]] = True
+            self._count_windows(live)
             return o
         rows = list(plan.rows)
         for t in range(max((r.length for r in rows), default=0)):
@@ -108,8 +138,22 @@ class JaxReplayBackend:
             for i, r in enumerate(step):
                 o[r.row, r.start + t] = out[i]
                 if r.slot != NULL_SLOT:
+                    n = int(wp[i])
+                    self.traffic.read += self.checkpoint_bytes + n * self.entry_bytes
+                    self.traffic.written += self.checkpoint_bytes if n == self.capacity - 1 else self.entry_bytes
+                    self.traffic.tokens += 1
                     self.decoded[r.slot] += 1
         return o
+
+    def _count_windows(self, live):
+        """Traffic of the verify windows just run: the checkpoint and the committed entries read (and the checkpoint
+        written, on a slot that flushed), the window's entries written."""
+        c = self.cache
+        for r in live:
+            wp, flush = int(np.asarray(c.write_pos)[r.slot]), int(np.asarray(c.is_flush)[r.slot])
+            self.traffic.read += self.checkpoint_bytes + wp * self.entry_bytes
+            self.traffic.written += r.length * self.entry_bytes + (self.checkpoint_bytes if flush else 0)
+            self.traffic.tokens += r.length
 
     def state(self, p, ahead):
         c = self.cache

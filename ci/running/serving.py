@@ -189,7 +189,8 @@ def run_session(fn, session: Session, *, keep=False, v_first=False):
     drv = driver(fn, session.family, v_first)
     if drv.family != session.family:
         raise ValueError(f"family: a {drv.family} kernel cannot run the {session.family} session {session.name!r}")
-    judge = session.judge(drv.state_dtype, replay_capacity=drv.replay_capacity)
+    judge = session.judge(drv.state_dtype, replay_capacity=drv.replay_capacity,
+                          replay_storage=getattr(drv, "replay_storage", None))
     pool = drv.start(session)
     kept = []
     for i, call in enumerate(session.calls):

@@ -51,13 +51,14 @@ from pathlib import Path
 
 import pytest
 
-from gdn2_oracle import kernels
+from gdn2_oracle import kernels, oracle
 from gdn2_oracle.ci import cli
 from gdn2_oracle.ci.commands import bench, domain, validate
 from gdn2_oracle.ci.commands.output import output_path
 from gdn2_oracle.ci.grading import references
 from gdn2_oracle.golden import regenerate
 from gdn2_oracle.kernels import KernelSpec
+from gdn2_oracle.kernels.spec import split_specs
 
 REPO = Path(__file__).resolve().parents[3]
 README = REPO / "README.md"
@@ -251,14 +252,29 @@ def _runnable(command):
             and not any(INTERPRETED in a for a in command.argv))
 
 
+def _kernel_args(argv):
+    return [spec for i, a in enumerate(argv[:-1]) if a == "--kernel" for spec in split_specs(argv[i + 1])]
+
+
+def _attribute_family(spec):
+    """The family a registered kernel declares by its ``family`` attribute (``replay-recurrent``: gdn), else None."""
+    name = KernelSpec.parse(spec).name
+    if name not in kernels.names():
+        return None
+    family = getattr(kernels.get(spec), "family", None)
+    return family if family in oracle.families.MAPPED else None
+
+
 def _first_case(argv):
     """The case a validate command is capped to: ``len_1``, or with ``--modes`` lacking ``dense`` the first case
     of its set and modes, or for a family kernel (``[family=...]``) the first case of its family."""
     modes = argv[argv.index("--modes") + 1] if "--modes" in argv else "dense"
     kind = argv[argv.index("--cases") + 1] if "--cases" in argv else "quick"
     families = [KernelSpec.parse(a).options.get("family") for a in argv if "family=" in a]
+    families += [f for f in (_attribute_family(a) for a in _kernel_args(argv)) if f]
     if families:
-        return validate.build_cases(kind, ("float32",), families=families)[0].name
+        selected = validate.modes_arg(modes) if "dense" not in modes.split(",") else None
+        return validate.build_cases(kind, ("float32",), families=families, modes=selected)[0].name
     if "dense" in modes.split(","):
         return "len_1"
     return validate.build_cases(kind, ("float32",), modes=validate.modes_arg(modes))[0].name
