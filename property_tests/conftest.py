@@ -158,6 +158,20 @@ def _other_family(item, kernel, config):
     return f"kernel {name!r} is a {family} family kernel: judged by the family properties"
 
 
+def _serving_only(item, kernel):
+    """The skip reason when ``kernel`` runs serving sessions only (its ``serving_only`` attribute says why: vLLM's
+    ReplaySSM functions) and ``item`` is not a serving test (marked ``gdn2_modes`` with serving modes), else None."""
+    why = getattr(kernel.fn, "serving_only", None)
+    if not why:
+        return None
+    from gdn2_oracle.oracle import call_modes  # only when such a kernel is selected
+
+    needed = {m for mark in item.iter_markers("gdn2_modes") for m in mark.args}
+    if needed and needed <= set(call_modes.names("serving")):
+        return None
+    return f"kernel {kernel.name!r} runs serving sessions only ({why}): judged by the serving properties"
+
+
 def _already_parametrized(metafunc, argname):
     for mark in metafunc.definition.iter_markers("parametrize"):
         names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
@@ -212,6 +226,8 @@ def pytest_collection_modifyitems(config, items):
             drop.append(item)
             continue
         other = _other_family(item, kernel, config) if kernel is not None else None
+        if other is None and kernel is not None:
+            other = _serving_only(item, kernel)
         if other is not None:  # a skip with its reason, never a silent pass; the kernel is not judged by it
             item.stash[OTHER_FAMILY] = other
             item.add_marker(pytest.mark.skip(reason=other))

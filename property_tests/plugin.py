@@ -221,14 +221,17 @@ def _read_xfails(path):
 
 
 def _check_importable(spec):
-    """A ``pkg.mod:attr`` (or ``torch:pkg.mod:attr``) kernel whose module cannot be found is a usage error
-    naming the module and PYTHONPATH (looked up with importlib.util.find_spec: nothing is imported)."""
+    """A ``pkg.mod:attr`` (or ``torch:pkg.mod:attr``, ``replayssm:PACKAGE``) kernel whose module cannot be found is a
+    usage error naming the module and PYTHONPATH (looked up with importlib.util.find_spec: nothing is imported)."""
     import importlib.util
 
     name = spec.split("[", 1)[0].removeprefix("torch:")
-    if ":" not in name:
+    if name.startswith("replayssm:"):
+        module = name.removeprefix("replayssm:")
+    elif ":" not in name:
         return
-    module = name.split(":", 1)[0]
+    else:
+        module = name.split(":", 1)[0]
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent package is missing
