@@ -219,3 +219,12 @@ def test_the_raw_gates_invert_softplus_and_sigmoid():
                                       torch.zeros(7), 1, 7)
     np.testing.assert_allclose(back_g[0], g, rtol=1e-5, atol=1e-30)
     np.testing.assert_allclose(back_beta[0], beta, rtol=1e-5, atol=1e-7)
+
+
+def test_serving_only_kernels_skip_the_dense_cases(cli):
+    """Without --modes, validate runs the stand-in on its serving sessions only (it has no dense call: its
+    ``serving_only``), listing the dense cases as not run, and passes."""
+    code, out, err = cli("validate", "--kernel", f"replayssm:{STANDIN}[capacity=6,spec_len=3]", "--cases", "smoke",
+                         "--dtype", "float32", "--no-progress")
+    assert code == 0, out + err
+    assert "PASS" in out and "not run" in out and "runs only on serving sessions" not in out, out
