@@ -98,3 +98,19 @@ def check_finite_values(named, initial_state=None):
             raise ValueError(f"{name}: contains NaN or inf")
     if bool(jnp.any(named["g"].astype(jnp.float32) > 0)):
         raise ValueError("g: log-decay must be <= 0 (found a positive entry)")
+
+
+# What a serving kernel may store its states (a pool, a replay checkpoint and caches) in.
+STORAGE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def storage_dtype(name, value):
+    """Option ``name`` (``state_dtype``, ``cache_dtype``): a name or dtype among :data:`STORAGE_DTYPES`, as its name;
+    ValueError naming ``name`` otherwise."""
+    try:
+        dt = jnp.dtype(value).name
+    except Exception:  # noqa: BLE001 - jnp.dtype raises TypeError on junk
+        dt = None
+    if dt not in STORAGE_DTYPES:
+        raise ValueError(f"{name}: expected one of {STORAGE_DTYPES}, got {value!r}")
+    return dt

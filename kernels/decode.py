@@ -39,25 +39,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .contract import ACC_DTYPE, MATMUL_PRECISION, Shape, check_inputs, floor_log_decay
+from .contract import ACC_DTYPE, MATMUL_PRECISION, STORAGE_DTYPES, Shape, check_inputs, floor_log_decay, storage_dtype
 
-STATE_DTYPES = ("float32", "bfloat16", "float16")
+STATE_DTYPES = STORAGE_DTYPES
 PAD_SLOT = -1
 
 
 def _mm(spec, a, b):
     return jnp.einsum(spec, a, b, precision=MATMUL_PRECISION)
-
-
-def _state_dtype(value):
-    """Option ``state_dtype``: a name or dtype among STATE_DTYPES; ValueError naming it otherwise."""
-    try:
-        name = jnp.dtype(value).name
-    except Exception:  # noqa: BLE001 - jnp.dtype raises TypeError on junk
-        name = None
-    if name not in STATE_DTYPES:
-        raise ValueError(f"state_dtype: expected one of {STATE_DTYPES}, got {value!r}")
-    return name
 
 
 def _is_int_array(x):
@@ -74,7 +63,7 @@ class DecodeKernel:
     name = "decode"
 
     def __init__(self, state_dtype="float32", o_dtype=None):
-        self.state_dtype = _state_dtype(state_dtype)
+        self.state_dtype = storage_dtype("state_dtype", state_dtype)
         if o_dtype not in (None, "float16"):
             raise ValueError(f"o_dtype: expected None (v's dtype) or 'float16', got {o_dtype!r}")
         self.o_dtype = o_dtype  # "float16": an fp16 output buffer beside a float32 state (serving calls)

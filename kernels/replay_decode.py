@@ -60,9 +60,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .contract import ACC_DTYPE, MATMUL_PRECISION, floor_log_decay
+from .contract import ACC_DTYPE, MATMUL_PRECISION, STORAGE_DTYPES, floor_log_decay, storage_dtype
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = STORAGE_DTYPES
 NULL_BLOCK_ID = 0
 MUTANTS = ("late_flush", "cursor_all_drafts", "prefix_decay", "key_per_value_head", "base_not_advanced",
            "null_block_live")
@@ -81,17 +81,6 @@ class ReplayCache(NamedTuple):
 
 
 # --- validation ---------------------------------------------------------------------------------------------------
-
-
-def _dtype_name(name, value):
-    """Option ``name``: a dtype among DTYPES (by name or dtype); ValueError naming it otherwise."""
-    try:
-        dt = jnp.dtype(value).name
-    except Exception:  # noqa: BLE001 - jnp.dtype raises TypeError on junk
-        dt = None
-    if dt not in DTYPES:
-        raise ValueError(f"{name}: expected one of {DTYPES}, got {value!r}")
-    return dt
 
 
 def _int(name, value, low):
@@ -178,7 +167,7 @@ def new_cache(slots, H, HV, K, V, capacity, *, max_spec_len=0, state_dtype="floa
         raise ValueError(f"HV: {HV} value heads is not a multiple of H = {H} key heads")
     if max_spec_len > 0 and capacity < 2 * max_spec_len:
         raise ValueError(f"capacity: {capacity} < 2 * max_spec_len = {2 * max_spec_len}")
-    sd, cd = _dtype_name("state_dtype", state_dtype), _dtype_name("cache_dtype", cache_dtype)
+    sd, cd = storage_dtype("state_dtype", state_dtype), storage_dtype("cache_dtype", cache_dtype)
     buf = ring_size(capacity, max_spec_len)
     cursor = jnp.zeros((slots,), jnp.int32)
     return ReplayCache(jnp.zeros((slots, HV, V, K), sd), jnp.zeros((slots, HV, buf, V), cd),

@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import replay_decode
-
-STORAGE = ("float32", "bfloat16", "float16")
+from .contract import storage_dtype
 
 
 class ReplayKernel:
@@ -31,9 +30,8 @@ class ReplayKernel:
     def __init__(self, capacity=16, state_dtype="float32", cache_dtype=None, mutant=None):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
             raise ValueError(f"capacity: expected an integer >= 1, got {capacity!r}")
-        for name, x in (("state_dtype", state_dtype), ("cache_dtype", cache_dtype or state_dtype)):
-            if x not in STORAGE:
-                raise ValueError(f"{name}: expected one of {STORAGE}, got {x!r}")
+        state_dtype = storage_dtype("state_dtype", state_dtype)
+        cache_dtype = storage_dtype("cache_dtype", cache_dtype or state_dtype)
         if mutant is not None and mutant not in replay_decode.MUTANTS:
             raise ValueError(f"mutant: {mutant!r} not one of {sorted(replay_decode.MUTANTS)}")
         self.capacity, self.state_dtype = int(capacity), state_dtype

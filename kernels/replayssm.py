@@ -21,7 +21,8 @@ import importlib
 
 import numpy as np
 
-STORAGE = ("float32", "bfloat16", "float16")
+from .contract import storage_dtype
+
 PREFIX = "replayssm:"
 # module -> the functions looked up in it, by name
 FUNCTIONS = {
@@ -69,10 +70,8 @@ class ReplaySSMKernel:
 
     def __init__(self, package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None):
         self.capacity, self.spec_len = _count("capacity", capacity), _count("spec_len", spec_len)
-        for name, x in (("state_dtype", state_dtype), ("cache_dtype", cache_dtype or state_dtype)):
-            if x not in STORAGE:
-                raise ValueError(f"{name}: expected one of {STORAGE}, got {x!r}")
-        self.state_dtype, self.cache_dtype = state_dtype, cache_dtype or state_dtype
+        self.state_dtype = storage_dtype("state_dtype", state_dtype)
+        self.cache_dtype = storage_dtype("cache_dtype", cache_dtype or state_dtype)
         self.device = device
         self.package = package
         functions = find_functions(package)
