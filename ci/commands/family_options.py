@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..grading.families import GDN2
 from ..grading.modes import ALL_MODES
 from ..running import families as family_running
+from ..running import modes as mode_running
 from . import args as cli_args
 from .output import UsageError
 
@@ -14,11 +15,16 @@ from .output import UsageError
 def kernel_and_family(command, spec):
     """``(fn, family, build_spec)``: the kernel of ``spec`` built without its ``family`` option
     (``ci.running.families.spec_family``) and its family (``kernel_family``); UsageError naming ``--kernel`` when it
-    cannot be built, or takes ``beta`` without saying which family it is."""
+    cannot be built, takes ``beta`` without saying which family it is, or its spec option ``modes=`` names a mode
+    the registry lacks or its signature does not take."""
     build_spec, option = family_running.spec_family(spec)
     fn = cli_args.build(build_spec)
     try:
         family = family_running.kernel_family(fn, option, label=spec.spec)
+        if family == GDN2:  # its spec option modes= names modes the registry has and its signature takes
+            mode_running.accepted_modes(fn)
+        else:
+            mode_running.chosen_modes(fn, family_running.accepted_family_modes(fn, family))
     except ValueError as exc:
         raise UsageError(f"gdn2-oracle {command}: error: --kernel {spec.spec}: {exc}") from None
     return fn, family, build_spec

@@ -221,3 +221,12 @@ def test_domain_modes_argument(capsys):
     assert call_modes("all") == ("dense", *domain.MODES) and call_modes("gate,varlen") == ("varlen", "gate")
     assert cli.main(["domain", "--kernel", "pairwise", "--modes", "decode"]) == 2
     assert "decode not among dense, varlen" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["domain", "hunt"])
+def test_a_modes_option_naming_an_unknown_mode_is_a_usage_error(cli, command):
+    """The spec option ``modes=`` is checked before any work, as validate checks it: a formatted usage error naming
+    ``--kernel``, not a traceback."""
+    code, out, err = cli(command, "--kernel", "pairwise[modes=bogus]")
+    assert code == 2 and "--kernel pairwise[modes=bogus]" in out + err and "unknown call mode" in out + err, out + err
+    assert "Traceback" not in out + err
