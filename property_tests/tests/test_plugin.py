@@ -145,3 +145,18 @@ def test_serving_properties_skip_a_named_kernel_without_a_pool_with_the_reason(t
     assert code == 5 and "9 skipped" in out and "passed" not in out and "EMPTY for pairwise" in out, out
     assert "kernel pairwise takes no state pool (neither state_pool nor FLA's initial_state + ssm_state_indices)" in out
     assert "[decode" not in out
+
+
+def test_the_modes_spec_option_deselects_the_modes_it_leaves_out(tmp_path):
+    """``--gdn2-kernel 'pairwise[modes=dense]'``: the training-call mode properties (test_modes.py) are deselected
+    for that kernel, as validate leaves their cases out; without the option they are collected."""
+    def collected(spec):
+        code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_modes", "--gdn2-kernel", spec,
+                               "--collect-only", "-q")
+        return code, [line for line in out.splitlines() if "::test_" in line], out
+
+    code, items, out = collected("pairwise")
+    assert code == 0 and items, out
+    n = len(items)
+    code, items, out = collected("pairwise[modes=dense]")
+    assert not items and f"({n} deselected)" in out, out
