@@ -321,3 +321,45 @@ class KernelSpec:
             raise ValueError(f"building it called sys.exit({exc.code!r})") from None
         except Exception as exc:  # noqa: BLE001 - a broken external factory is reported, not raised
             raise ValueError(f"{type(exc).__name__}: {exc}") from None
+
+
+def module_root(spec):
+    """The folder to put on ``PYTHONPATH`` so that a fresh ``python`` finds the module of kernel ``spec``
+    (``pkg.mod:attr``, ``torch:pkg.mod:attr``, ``replayssm:PACKAGE``): the folder holding its top-level package when
+    that is not an installed one (site-packages, this package), e.g. a kernel in the user's repository found through
+    ``PYTHONPATH=.``; None for a registered name or an installed module. Nothing is imported."""
+    import importlib.util
+    import site
+    from pathlib import Path
+
+    name = parse_spec(spec)[0].removeprefix(TORCH_PREFIX)
+    if name.startswith(REPLAYSSM_PREFIX):
+        module = name.removeprefix(REPLAYSSM_PREFIX)
+    elif ":" in name:
+        module = name.split(":", 1)[0]
+    else:
+        return None
+    top = module.split(".", 1)[0]
+    if top == __name__.split(".", 1)[0]:
+        return None
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin or found.origin in ("built-in", "frozen"):
+        return None
+    origin = Path(found.origin).resolve()
+    folder = origin.parent.parent if found.submodule_search_locations else origin.parent
+    installed = [Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]]
+    if any(folder == p or p in folder.parents for p in installed):
+        return None
+    return str(folder)
+
+
+def runnable(command, spec):
+    """Shell ``command`` (a reproducer running kernel ``spec``) self-contained: prefixed with the ``PYTHONPATH`` its
+    module needs (:func:`module_root`), when it needs one."""
+    import shlex
+
+    root = module_root(spec)
+    return command if root is None else f"PYTHONPATH={shlex.quote(root)} {command}"

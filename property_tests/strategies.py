@@ -30,6 +30,7 @@ from hypothesis import target
 
 from gdn2_oracle import kernels, oracle
 from gdn2_oracle.kernels import DEFAULTS as DEFAULT_KERNELS
+from gdn2_oracle.kernels.spec import runnable
 from gdn2_oracle.oracle import Recipe
 from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe, drawn_fields
 
@@ -99,9 +100,10 @@ def example(recipe: Recipe) -> str:
 
 def repro(recipe: Recipe, kernel_name="pairwise") -> str:
     """A shell one-liner that validates ``kernel_name`` on this recipe and prints the report."""
-    return ("python -c \"from gdn2_oracle import oracle, kernels; from gdn2_oracle.ci.running.harness import validate; "
-            f"p = {recipe.call()}; do, dfs = {recipe.cotangents_call('p')}; "
-            f"print(validate(kernels.get({kernel_name!r}), p, do, dfs, dtype={recipe.dtype!r}).format())\"")
+    return runnable("python -c \"from gdn2_oracle import oracle, kernels; from gdn2_oracle.ci.running.harness import "
+                    f"validate; p = {recipe.call()}; do, dfs = {recipe.cotangents_call('p')}; "
+                    f"print(validate(kernels.get({kernel_name!r}), p, do, dfs, dtype={recipe.dtype!r}).format())\"",
+                    kernel_name)
 
 
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
@@ -237,7 +239,7 @@ def mode_example(recipe: ModeRecipe) -> str:
 
 def mode_repro(recipe: ModeRecipe, kernel_name="pairwise") -> str:
     """A shell one-liner that judges ``kernel_name`` on this training call and prints the report."""
-    return ("python -c \"from gdn2_oracle import kernels; from gdn2_oracle.oracle.mode_recipes import ModeRecipe; "
-            "from gdn2_oracle.ci.grading.modes import ModeCase; from gdn2_oracle.ci.running.modes import validate; "
-            f"print(validate(kernels.get({kernel_name!r}), ModeCase.from_recipe('hunt', {recipe.call_source()}))"
-            ".format())\"")
+    return runnable("python -c \"from gdn2_oracle import kernels; from gdn2_oracle.oracle.mode_recipes import "
+                    "ModeRecipe; from gdn2_oracle.ci.grading.modes import ModeCase; from gdn2_oracle.ci.running.modes "
+                    f"import validate; print(validate(kernels.get({kernel_name!r}), ModeCase.from_recipe('hunt', "
+                    f"{recipe.call_source()})).format())\"", kernel_name)

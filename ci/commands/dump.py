@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gdn2_oracle.kernels.spec import runnable
 from gdn2_oracle.oracle import call_modes
 
 from ..grading.grades import FAIL, PASS, PRECISION, Verdict
@@ -41,6 +42,11 @@ def _npz_array(x):
 
 
 def reproducer(case, spec, *, case_set=None, seed=0):
+    """:func:`one_liner`, prefixed with the ``PYTHONPATH`` the kernel's module needs (``kernels.spec.runnable``)."""
+    return runnable(one_liner(case, spec, case_set=case_set, seed=seed), spec)
+
+
+def one_liner(case, spec, *, case_set=None, seed=0):
     """The one-line shell command that runs kernel ``spec`` (a spec string) on ``case`` and prints its verdicts.
 
     A dense golden case: ``Case.golden(name)``; a generated dense case: its :class:`oracle.Recipe` (``case.recipe``,
