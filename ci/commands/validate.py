@@ -634,16 +634,57 @@ def verdict_rows(report):
     return rows
 
 
+# Cases of one kernel that fail alike (grade, results over tolerance, primary diagnosis) are shown as one block from
+# this many on: the worst of them whole, the others by name.
+GROUP_ALIKE = 3
+
+
+def failure_key(k, c):
+    """What makes two failing cases of kernel ``k`` alike: its name, the grade, the results over tolerance and the
+    primary diagnosis's kind (None for a case that raised or could not be loaded: never grouped)."""
+    if c.get("outcome") == "input-error" or c["error"]:
+        return None
+    bad = tuple(sorted(v["name"] for v in c["verdicts"] if not v["passed"]))
+    kinds = [f["kind"] for i, f in enumerate(c.get("diagnosis") or []) if f.get("primary", i == 0)]
+    return k["name"], case_grade(c), bad, kinds[0] if kinds else None
+
+
+def failure_blocks(report):
+    """``[(cases, lines)]``: the blocks of the cases not graded PASS, in report order: one per case, or one per group
+    of at least :data:`GROUP_ALIKE` cases failing alike (:func:`failure_key`) -- the worst case's lines, then the
+    others' names."""
+    failing = [(k, c) for k in report.kernels for c in k["cases"] if not c["passed"]]
+    groups = {}
+    for k, c in failing:
+        key = failure_key(k, c)
+        groups.setdefault(key if key is not None else id(c), []).append((k, c))
+    blocks = []
+    for members in groups.values():
+        if len(members) < GROUP_ALIKE:
+            blocks += [(1, case_lines(k, c)) for k, c in members]
+            continue
+        k, worst = max(members, key=lambda kc: max(severity(v) for v in kc[1]["verdicts"] if not v["passed"]))
+        names = [c["case"] + ("" if c["dtype"] == worst["dtype"] else f" ({c['dtype']})") for _, c in members
+                 if c is not worst]
+        shown = ", ".join(names[:20]) + (f", ... ({len(names) - 20} more)" if len(names) > 20 else "")
+        blocks.append((len(members), [f"  {k['name']}: {len(members)} cases {case_grade(worst)} alike; the worst:"]
+                       + case_lines(k, worst) + [f"      alike: {shown}"]))
+    return blocks
+
+
 def failure_lines(report, max_failures):
-    """The cases not graded PASS, each a block of lines, the first ``max_failures`` of them."""
-    failures = [case_lines(k, c) for k in report.kernels for c in k["cases"] if not c["passed"]]
-    if not failures:
+    """The cases not graded PASS (:func:`failure_blocks`), the first ``max_failures`` blocks of them (a group of cases
+    failing alike is one block)."""
+    n = sum(1 for k in report.kernels for c in k["cases"] if not c["passed"])
+    if not n:
         return []
-    lines = ["", f"Cases not graded PASS ({len(failures)}):"]
-    for block in failures[:max_failures]:
+    blocks = failure_blocks(report)
+    lines = ["", f"Cases not graded PASS ({n}):"]
+    for _, block in blocks[:max_failures]:
         lines += block
-    if len(failures) > max_failures:
-        lines.append(f"  ... {len(failures) - max_failures} more case(s) in the JSON report (--max-failures)")
+    rest = sum(cases for cases, _ in blocks[max_failures:])
+    if rest:
+        lines.append(f"  ... {rest} more case(s) in the JSON report (--max-failures)")
     return lines
 
 

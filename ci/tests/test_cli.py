@@ -254,3 +254,17 @@ def test_max_failures_counts_cases_and_json_counts_match_the_table(cli, tmp_path
 def test_every_command_refuses_a_negative_seed_before_any_work(cli, command):
     code, _, err = cli(command, "--kernel", "pairwise", "--seed", "-1")
     assert code == 2 and "--seed" in err and "expected an integer >= 0" in err, err
+
+
+def test_cases_failing_alike_are_one_block(cli):
+    """Golden cases that fail alike (same grade, same results over tolerance, same primary diagnosis) are shown as
+    one block: the worst whole, the others by name; the count and --max-failures count cases."""
+    cases = ["decay_weak", "decay_moderate", "decay_strong", "gates_one"]
+    args = ["validate", "--kernel", f"{WRONG}:perturbed", "--cases", "golden", "--dtype", "float32", "--no-progress"]
+    code, out, _ = cli(*args, *(a for c in cases for a in ("--case", c)))
+    assert code == 1
+    block = out.split(f"Cases not graded PASS ({len(cases)}):", 1)[1].split("Diagnosis (across cases)")[0]
+    assert f"{len(cases)} cases FAIL alike; the worst:" in block and block.count("FAIL: ") == 1, out
+    alike = next(line for line in block.splitlines() if line.strip().startswith("alike:"))
+    assert sorted(n.strip() for n in alike.split(":", 1)[1].split(",")) == sorted(
+        c for c in cases if c not in block.split("the worst:")[1].splitlines()[1]), alike
