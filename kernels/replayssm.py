@@ -66,7 +66,7 @@ class ReplaySSMKernel:
 
     session_driver = "replay"
     family = "gdn"
-    serving_only = "vLLM's ReplaySSM functions are decode kernels: no dense call"
+    serving_only = "vLLM's ReplaySSM functions run on a state cache only: no call without one"
 
     def __init__(self, package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None):
         self.capacity, self.spec_len = _count("capacity", capacity), _count("spec_len", spec_len)

@@ -216,12 +216,18 @@ def run_case(fn, case, mesh=None, *, capture=False, program=None):
     return case.run(fn, mesh, capture=capture, program=program)
 
 
-def takes_part(case, accepted, family=GDN2, flags=None, dense=True):
+def serving_only(fn):
+    """Whether kernel ``fn`` runs serving sessions only (its ``serving_only`` attribute says why: vLLM's ReplaySSM
+    functions), so no plain-contract case is run on it."""
+    return bool(getattr(fn, "serving_only", None))
+
+
+def takes_part(case, accepted, family=GDN2, flags=None, plain=True):
     """Whether a kernel of ``family`` accepting the modes ``accepted`` (and, for a family kernel, FLA's keywords
     ``flags``; None: every one) is judged on ``case``: a case of its family only (a GDN-2 case's family is ``gdn2``),
-    a dense case unless the kernel runs serving sessions only (``dense=False``: its ``serving_only`` attribute), a
+    a plain-contract case unless the kernel runs serving sessions only (``plain=False``: :func:`serving_only`), a
     mode case when it accepts every mode the case uses, a family case when it accepts every flag the case sets."""
-    if case_family(case) != family or (not dense and not case.modes):
+    if case_family(case) != family or (not plain and not case.modes):
         return False
     return set(case.modes) <= set(accepted) and (flags is None or set(getattr(case, "flags", ())) <= set(flags))
 
@@ -339,9 +345,9 @@ def estimate_line(run):
 
         cores = max(1, min(os.cpu_count() or 1, 8))
         calls = programs = 0
-        for kout, flags in zip(run.kernels_out, run.flags):
+        for (_, fn), kout, flags in zip(run.built, run.kernels_out, run.flags):
             mine = [c for c in run.case_list
-                    if takes_part(c, kout["accepted_modes"], kout["family"], flags, kout["dense"])]
+                    if takes_part(c, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))]
             calls += len(mine)
             programs += len({(c.dtype, c.shape, type(c).__name__, c.modes) for c in mine})
         seconds = (CORE_SECONDS_PER_PROGRAM * programs + CORE_SECONDS_PER_CALL * calls) / cores
@@ -406,7 +412,6 @@ class ValidationRun:
         self.kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
                              "source": source_sha256(fn), "notes": kernel_notes(fn), "cases": [],
                              "family": family, "accepted_modes": accepted_modes(fn, family),
-                             "dense": not getattr(fn, "serving_only", None),
                              "not_accepted_cases": [], "other_family_cases": []}
                             for (spec, fn), family in zip(self.built, self.families)]
         # FLA's keywords each family kernel takes (a family case setting another one is not run on it)
@@ -431,7 +436,7 @@ class ValidationRun:
         loop.note(f"{spec.label()} {case.name}")
         if case_family(case) != kout["family"]:
             kout["other_family_cases"].append(case.name)
-        elif not takes_part(case, kout["accepted_modes"], kout["family"], flags, kout["dense"]):
+        elif not takes_part(case, kout["accepted_modes"], kout["family"], flags, not serving_only(fn)):
             kout["not_accepted_cases"].append(case.name)
         else:
             key = (fn, id(case))
