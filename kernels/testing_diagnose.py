@@ -17,7 +17,12 @@ by autodiff, so the backward is always the exact adjoint of the forward written)
 * :func:`final_state_early` -- returns the state before the last token as the final state;
 * :func:`bf16_log_decay` -- the cumulative log-decay over the sequence kept in the input dtype: right in
   float32, wrong in bfloat16 (the decay factor between tokens ``s < t`` off by up to ``exp(ulp_bf16(|G_t|))``,
-  growing along the sequence).
+  growing along the sequence);
+* :func:`bf16_operands` -- no bug in the algorithm: the chunked form of docs/DESIGN.md §1 (64-token chunks) with
+  every product's operands, the chunk solve's included, cast to bfloat16 and accumulated in float32 (what a
+  ``precision="bf16"`` option does); for a float32 call its errors are rounding in a 16-bit operand, not a
+  damping, and the diagnosis must say so; and :func:`damped_solve`, the same in float32 with a damped chunk
+  solve (``(I + T)^{-1}`` of ``T`` scaled by ``1 - DAMPING``): a damping the diagnosis must not call rounding.
 
 Pure JAX; never imports the oracle (docs/DESIGN.md §3).
 """
@@ -107,3 +112,66 @@ def bf16_log_decay(q, k, v, g, b, w, *, scale=None, initial_state=None):
     """The cumulative log-decay rounded to the input dtype: exact in float32, wrong in bfloat16."""
     log_decay = _bf16_cumsum if v.dtype == jnp.bfloat16 else None
     return _kernel(log_decay=log_decay)(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+
+
+CHUNK = 64  # bf16_operands' and damped_solve's chunk
+DAMPING = 2e-3  # damped_solve's
+
+
+def _chunked(q, k, v, g, b, w, *, scale=None, initial_state=None, operand=jnp.float32, damping=0.0):
+    """The chunkwise form of docs/DESIGN.md §1 in float32, every product's operands cast to ``operand`` (float32
+    accumulation), the within-chunk tiles ``T`` scaled by ``1 - damping`` before the solve."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    N = -(-T // CHUNK)
+    pad = ((0, 0), (0, N * CHUNK - T), (0, 0), (0, 0))
+
+    def chunks(x):  # [B, T, H, D] -> [N, B, H, C, D], identity tokens after T
+        x = jnp.pad(jnp.asarray(x).astype(jnp.float32), pad)
+        return jnp.moveaxis(x.reshape(B, N, CHUNK, H, x.shape[-1]), 3, 2).swapaxes(0, 1)
+
+    def r(x):
+        return x.astype(operand)
+
+    def mm(spec, a, c):
+        return jnp.einsum(spec, r(a), r(c), preferred_element_type=jnp.float32)
+
+    lower = jnp.tril(jnp.ones((CHUNK, CHUNK), bool))
+    strict = jnp.tril(jnp.ones((CHUNK, CHUNK), bool), -1)
+    eye = jnp.eye(CHUNK, dtype=jnp.float32)
+
+    def step(S0, xs):
+        qc, kc, vc, gc, bc, wc = xs
+        G = jnp.cumsum(gc, axis=-2)
+        diff = jnp.where(lower[..., None], G[..., :, None, :] - G[..., None, :, :], 0.0)
+        D = jnp.where(lower[..., None], jnp.exp(diff), 0.0)  # [B, H, C, C, K]
+        a = bc * kc
+        Tt = jnp.where(strict, mm("...rsk,...sk->...rs", a[..., :, None, :] * D, kc), 0.0) * (1.0 - damping)
+        Aqk = jnp.where(lower, mm("...rsk,...sk->...rs", qc[..., :, None, :] * D, kc), 0.0)
+        A = jax.scipy.linalg.solve_triangular(eye + r(Tt).astype(jnp.float32), jnp.broadcast_to(eye, Tt.shape),
+                                              lower=True, unit_diagonal=True)
+        gamma = jnp.exp(G)
+        GC = G[..., -1:, :]
+        Y = mm("...rs,...sk->...rk", A, gamma * a)
+        U = mm("...rs,...sv->...rv", A, wc * vc)
+        R = U - mm("...ck,...kv->...cv", Y, S0)
+        o = scale * (mm("...ck,...kv->...cv", gamma * qc, S0) + mm("...rs,...sv->...rv", Aqk, R))
+        S1 = jnp.swapaxes(jnp.exp(GC), -1, -2) * S0 + mm("...ck,...cv->...kv", jnp.exp(GC - G) * kc, R)
+        return S1, o
+
+    S0 = (jnp.zeros((B, H, K, V), jnp.float32) if initial_state is None
+          else jnp.asarray(initial_state).astype(jnp.float32))
+    S, o = jax.lax.scan(step, S0, tuple(chunks(x) for x in (q, k, v, g, b, w)))
+    o = jnp.moveaxis(o.swapaxes(0, 1), 2, 3).reshape(B, N * CHUNK, H, V)[:, :T]
+    return o.astype(v.dtype), S
+
+
+def bf16_operands(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    """The chunked form with every product's operands in bfloat16 (float32 accumulation)."""
+    return _chunked(q, k, v, g, b, w, scale=scale, initial_state=initial_state, operand=jnp.bfloat16)
+
+
+def damped_solve(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    """The chunked form in float32 with the chunk solve's tiles damped by ``1 - DAMPING``."""
+    return _chunked(q, k, v, g, b, w, scale=scale, initial_state=initial_state, damping=DAMPING)

@@ -10,6 +10,11 @@ chunks, and a backward that carries ``dS`` from the last chunk to the first, for
 reverse cumulative sum of the gate terms and keeps the undecayed diagonal and the ``Kd``/``gamma_C``
 terms out of that sum.
 
+``operands="bfloat16"``: every matrix product and forward score contraction takes its two operands rounded to bfloat16
+(accumulating in float32), the forward substitution's included -- what a kernel computing its chunk solve and
+its matmuls with 16-bit operands (a ``precision="bf16"`` option) gets; the diagnosis compares a kernel's errors
+with this one's to tell operand rounding from a damping (docs/DESIGN.md §4, "Diagnosis").
+
 All arithmetic is in ``dtype`` (float32; float64 only to check the algorithm against the exact
 recurrence). Memory: one chunk's ``C x C x K`` decay tensor at a time plus each chunk's entering
 state. Shares no code with ``kernels`` (docs/DESIGN.md §3).
@@ -20,7 +25,11 @@ from __future__ import annotations
 import numpy as np
 
 from .call_modes import FLA_CHUNK
+from .generate import round_to_bfloat16
 from .problem import Grads, Problem, sum_groups
+
+# Operand precisions of :func:`forward_and_vjp`: None (the inputs' dtype) or "bfloat16".
+OPERANDS = (None, "bfloat16")
 
 
 def _chunks(x, C, dtype):
@@ -42,21 +51,40 @@ def _t(x):
     return np.swapaxes(x, -1, -2)
 
 
-def unit_lower_inverse(T):
-    """``(I + T)^{-1}`` for strictly lower triangular ``T [..., C, C]``, by forward substitution in T's dtype."""
+def rounding(operands):
+    """The function an operand passes through: None for the inputs' own dtype, else rounding to ``operands``
+    (kept in the array's dtype)."""
+    if operands is None:
+        return None
+    if operands != "bfloat16":
+        raise ValueError(f"operands: expected one of {OPERANDS}, got {operands!r}")
+    return lambda x: round_to_bfloat16(x).astype(np.asarray(x).dtype)
+
+
+def matmul(r):
+    """``np.matmul``, or with both operands passed through ``r`` first (:func:`rounding`)."""
+    return np.matmul if r is None else (lambda a, b: np.matmul(r(a), r(b)))
+
+
+def unit_lower_inverse(T, r=None):
+    """``(I + T)^{-1}`` for strictly lower triangular ``T [..., C, C]``, by forward substitution in T's dtype
+    (each product's operands through ``r``, :func:`rounding`)."""
+    mm = matmul(r)
     C = T.shape[-1]
     A = np.zeros_like(T)
     A[..., np.arange(C), np.arange(C)] = 1
     for i in range(1, C):
-        A[..., i, :i] = -np.matmul(T[..., i : i + 1, :i], A[..., :i, :i])[..., 0, :]
+        A[..., i, :i] = -mm(T[..., i : i + 1, :i], A[..., :i, :i])[..., 0, :]
     return A
 
 
 class _Chunk:
     """One chunk's state-independent quantities (docs/DESIGN.md §1 chunkwise form), all in the inputs' dtype."""
 
-    def __init__(self, q, k, v, g, b, w):
+    def __init__(self, q, k, v, g, b, w, r=None):
         C = q.shape[-2]
+        self.r, mm = r, matmul(r)
+        self.mm = mm
         self.q, self.k, self.v, self.b, self.w = q, k, v, b, w
         G = np.cumsum(g, axis=-2, dtype=g.dtype)  # float32 cumulative sum within the chunk
         self.gamma = np.exp(G)
@@ -73,34 +101,37 @@ class _Chunk:
         self.Kd = self.fC * k
         self.T = np.where(self.strict, self._score(self.a), 0)
         self.Aqk = np.where(self.strict | np.eye(C, dtype=bool), self._score(q), 0)
-        self.A = unit_lower_inverse(self.T)
-        self.Y = np.matmul(self.A, self.Ebar)
-        self.U = np.matmul(self.A, w * v)
+        self.A = unit_lower_inverse(self.T, r)
+        self.Y = mm(self.A, self.Ebar)
+        self.U = mm(self.A, w * v)
 
     def _score(self, X):
-        """``S_rs = sum_c X_rc k_sc D_rsc``."""
-        return np.sum(X[..., :, None, :] * self.D * self.k[..., None, :, :], axis=-1)
+        """``S_rs = sum_c X_rc k_sc D_rsc`` (the decayed operand ``X_r D_rs`` and ``k_s`` through ``r``)."""
+        r = self.r or (lambda x: x)
+        return np.sum(r(X[..., :, None, :] * self.D) * r(self.k[..., None, :, :]), axis=-1)
 
     def state(self, S0):
         """``R = U - Y S0`` and the chunk's final state ``Diag(gamma_C) S0 + Kd^T R``."""
-        R = self.U - np.matmul(self.Y, S0)
-        return R, _t(self.gC) * S0 + np.matmul(_t(self.Kd), R)
+        mm = self.mm
+        R = self.U - mm(self.Y, S0)
+        return R, _t(self.gC) * S0 + mm(_t(self.Kd), R)
 
     def output(self, S0, R, scale):
         """``O = scale ((gamma q) S0 + Aqk R)``."""
-        return scale * (np.matmul(self.Qg, S0) + np.matmul(self.Aqk, R))
+        mm = self.mm
+        return scale * (mm(self.Qg, S0) + mm(self.Aqk, R))
 
     def backward(self, S0, R, dO, dS1, scale):
         """The chunk's six per-token gradients and ``dS0`` (the cotangent of its entering state)."""
-        k, b = self.k, self.b
-        dR = scale * np.matmul(_t(self.Aqk), dO) + np.matmul(self.Kd, dS1)
-        dS0 = scale * np.matmul(_t(self.Qg), dO) + _t(self.gC) * dS1 - np.matmul(_t(self.Y), dR)
-        dAqk = np.where(self.strict | np.eye(dO.shape[-2], dtype=bool), scale * np.matmul(dO, _t(R)), 0)
-        dQg = scale * np.matmul(dO, _t(S0))
-        dKd = np.matmul(R, _t(dS1))
-        dX = np.matmul(_t(self.A), dR)  # R = A X with X = w v - Ebar S0
-        dT = -np.where(self.strict, np.matmul(dX, _t(R)), 0)
-        dEbar = -np.matmul(dX, _t(S0))
+        k, b, mm = self.k, self.b, self.mm
+        dR = scale * mm(_t(self.Aqk), dO) + mm(self.Kd, dS1)
+        dS0 = scale * mm(_t(self.Qg), dO) + _t(self.gC) * dS1 - mm(_t(self.Y), dR)
+        dAqk = np.where(self.strict | np.eye(dO.shape[-2], dtype=bool), scale * mm(dO, _t(R)), 0)
+        dQg = scale * mm(dO, _t(S0))
+        dKd = mm(R, _t(dS1))
+        dX = mm(_t(self.A), dR)  # R = A X with X = w v - Ebar S0
+        dT = -np.where(self.strict, mm(dX, _t(R)), 0)
+        dEbar = -mm(dX, _t(S0))
         diag = np.diagonal(dAqk, axis1=-2, axis2=-1)[..., None]  # exponent 0: kept out of the score path
         dAqk = np.where(self.strict, dAqk, 0)
         # score path: S_rs = sum_c X_rc k_sc D_rsc for (X, dS) = (a, dT) and (q, dAqk)
@@ -120,9 +151,11 @@ class _Chunk:
         return (dq, dk, dX * self.w, dg, da * k, dX * self.v), dS0
 
 
-def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK, dtype=np.float32):
+def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK, dtype=np.float32, operands=None):
     """``((o, final_state), grads)`` of the chunked algorithm in ``dtype``, ``chunk_size`` tokens per chunk
-    (grouped value heads as in :func:`oracle.recurrence.run`)."""
+    (grouped value heads as in :func:`oracle.recurrence.run`); ``operands`` (:data:`OPERANDS`): the precision of
+    every product's operands (None: ``dtype``)."""
+    r = rounding(operands)
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
@@ -132,7 +165,7 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
     G = problem.group_size
     if G > 1:  # grouped value heads: per value head, then dq, dk summed over each key head's group
         outputs, grads = forward_and_vjp(problem.per_value_head(), do, dfinal_state, chunk_size=chunk_size,
-                                         dtype=dtype)
+                                         dtype=dtype, operands=operands)
         return outputs, grads._replace(dq=sum_groups(grads.dq, G), dk=sum_groups(grads.dk, G))
     B, T, H, K, V = problem.shape
     xs = [_chunks(x, chunk_size, dtype) for x in problem.inputs()]
@@ -144,7 +177,7 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
     # in a kernel of this kind: the result is then non-finite and the grading ignores it (no warning).
     with np.errstate(over="ignore", invalid="ignore"):
         for n in range(len(dOs)):
-            ch = _Chunk(*(x[n] for x in xs))
+            ch = _Chunk(*(x[n] for x in xs), r=r)
             R, S1 = ch.state(S)
             states.append((S, R))
             outs.append(ch.output(S, R, scale))
@@ -152,7 +185,7 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
         dS = np.asarray(dfinal_state, dtype=dtype)
         grads = [None] * len(dOs)
         for n in reversed(range(len(dOs))):
-            ch = _Chunk(*(x[n] for x in xs))  # recomputed: one chunk's decay tensor alive at a time
+            ch = _Chunk(*(x[n] for x in xs), r=r)  # recomputed: one chunk's decay tensor alive at a time
             grads[n], dS = ch.backward(*states[n], dOs[n], dS, scale)
     per_token = [_unchunk(np.stack([gr[i] for gr in grads]), T) for i in range(6)]
     return (_unchunk(np.stack(outs), T), S), Grads(*per_token, dS)

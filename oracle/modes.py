@@ -9,6 +9,7 @@ or in mpmath (``mp_*``, error estimate by doubling the precision as in :mod:`ora
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import mpmath
@@ -20,8 +21,9 @@ from .problem import GRADS, INPUTS, Problem, repeat_heads, sum_groups
 
 MODE_GRADS = GRADS + ("dA_log", "ddt_bias")
 # The per-sequence core a pipeline runs: the token-by-token recurrence (the reference, and e_rec in float32)
-# or the float32 chunked algorithm of :mod:`oracle.chunked32` (the tolerance model's e_cum, docs/DESIGN.md §4).
-CORES = ("recurrence", "chunked32")
+# or the float32 chunked algorithm of :mod:`oracle.chunked32` (the tolerance model's e_cum, docs/DESIGN.md §4),
+# with float32 or bfloat16 product operands (the diagnosis's operand-rounding baseline).
+CORES = ("recurrence", "chunked32", "chunked32_bf16")
 
 
 class ModesForward(NamedTuple):
@@ -180,19 +182,21 @@ def _core(name):
         return recurrence.run
     if name == "chunked32":
         return _chunked32_run
+    if name == "chunked32_bf16":
+        return functools.partial(_chunked32_run, operands="bfloat16")
     raise ValueError(f"core: {name!r} not one of {CORES}")
 
 
-def _chunked32_run(seq, ar, do=None, dfinal_state=None, outputs=True):
-    """One sequence through :func:`oracle.chunked32.forward_and_vjp` (float32, chunk 64), in the form of
-    ``recurrence.run``'s results (a forward alone runs with zero cotangents)."""
+def _chunked32_run(seq, ar, do=None, dfinal_state=None, outputs=True, operands=None):
+    """One sequence through :func:`oracle.chunked32.forward_and_vjp` (float32, chunk 64; ``operands`` its operand
+    precision), in the form of ``recurrence.run``'s results (a forward alone runs with zero cotangents)."""
     B, T, H, K, V = seq.shape
     problem = Problem(*seq.arrays, scale=float(seq.scale), initial_state=seq.state)
     cot = (do, dfinal_state) if do is not None else (np.zeros((B, T, H, V)), np.zeros(seq.state.shape))
     # Huge log-decays overflow the float32 cumulative sums (NaN, as in a kernel of this kind): the
     # grading ignores a non-finite e_cum.
     with np.errstate(over="ignore", invalid="ignore"):
-        (o, S), grads = chunked32.forward_and_vjp(problem, *cot)
+        (o, S), grads = chunked32.forward_and_vjp(problem, *cot, operands=operands)
     o = o if outputs else None
     if do is None:
         return o, S

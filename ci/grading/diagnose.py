@@ -12,6 +12,9 @@ results first (``o``, then the final state) and the gradients only when the forw
 gradient's errors spread backwards in time from the step that caused them:
 
 * ``non-finite``: NaN or inf in a result (first bad token, in ``o`` where it has one);
+* ``operand-rounding``: every FAIL result's error within ``OPERAND_MARGIN`` (either way) of what the float32
+  chunked algorithm gets with every product's operands, the chunk solve's included, rounded to bfloat16
+  (``oracle.chunked32``'s ``operands``): a kernel computing in 16-bit operands, not a damping;
 * ``periodic``: ``o``'s errors start at a token and jump again every ``period`` tokens (a step repeated
   at every chunk or block);
 * ``reset``: errors that begin at (or just after) a log-decay spike, a state reset;
@@ -29,14 +32,16 @@ gradient's errors spread backwards in time from the step that caused them:
   log-decay ``|G|`` where the cumulative-sum baseline loses precision too; the chunk (16 ... 512 tokens)
   whose ``|G|`` the errors follow best is named, and a weak or negative correlation is said as such;
 * ``logic``: O(1) relative error (``err_ratio >= LOGIC_ERROR``): a wrong formula, not rounding;
-* ``systematic``: none of the above: an error beyond the bound with no token pattern.
+* ``systematic``: none of the above: an error beyond the bound with no token pattern (its size against the
+  bfloat16-operand baseline's quoted).
 
-Per kernel, across the case results of a run (:func:`diagnose_kernel`): the primary kinds with their cases, first
-bad forward tokens, periods and chunks; "errors begin only at multiples of N tokens" when the failing cases'
-onsets share such a stride; then ``pattern`` lines: a feature of the recipes (``regime``: decay, gates --
-``b`` and ``w`` per channel or equal --, initial state, ``T`` against the chunk sizes, dtype, modes) that
-splits the cases cleanly (every failing case has it, every case without it passes, enough cases on both
-sides, not by chance): "fails only where b varies per channel"; the same for the forward alone when some
+Per kernel, across the case results of a run: first :func:`one_chunk` restates every exponent-cancellation finding
+on one chunk size, the one the kernel's cases follow best on average; then (:func:`diagnose_kernel`) the primary
+kinds with their cases, first bad forward tokens, periods and chunks; "errors begin only at multiples of N tokens"
+when the failing cases' onsets share such a stride; then ``pattern`` lines: a feature of the recipes (``regime``:
+decay, gates -- ``b`` and ``w`` per channel or equal --, initial state, ``T`` against the chunk sizes, dtype,
+modes) that splits the cases cleanly (every failing case has it, every case without it passes, enough cases on
+both sides, not by chance): "fails only where b varies per channel"; the same for the forward alone when some
 failing cases differ only in gradients. These are heuristics that name the likeliest cause; the grade is the
 verdict.
 """
@@ -51,6 +56,7 @@ from .localisers import (
     GROWTH_CORRELATION,
     LOCALISERS,
     O_PROFILE_LOCALISERS,
+    OPERAND_MARGIN,
     SPIKE,
     SPIKE_LOG_DECAY,
     WEAK_CORRELATION,
@@ -58,7 +64,7 @@ from .localisers import (
     OProfile,
     diagnose_case,
 )
-from .patterns import MIN_PATTERN_CASES, PATTERN_CHANCE, diagnose_kernel
+from .patterns import MIN_PATTERN_CASES, PATTERN_CHANCE, diagnose_kernel, one_chunk
 from .profiles import (
     BIG_JUMP,
     CHUNKS,
@@ -82,8 +88,9 @@ from .profiles import (
 __all__ = [
     "BIG_JUMP", "CANCELLATION_CORRELATION", "CANCELLATION_LOSS", "CHUNKS", "FALSE_PERIOD", "FORWARD",
     "GROWTH_CORRELATION", "JUMP", "LOCALISERS", "LOGIC_ERROR", "MIN_BAD_FRACTION", "MIN_CLEAN_TOKENS", "MIN_ONSETS",
-    "MIN_PATTERN_CASES", "MIN_PERIOD", "NOISE_SIGMAS", "O_PROFILE_LOCALISERS", "PATTERN_CHANCE", "SPIKE",
+    "MIN_PATTERN_CASES", "MIN_PERIOD", "NOISE_SIGMAS", "O_PROFILE_LOCALISERS", "OPERAND_MARGIN", "PATTERN_CHANCE",
+    "SPIKE",
     "SPIKE_LOG_DECAY", "STEP_WINDOW", "WEAK_CORRELATION", "CaseEvidence", "Finding", "OProfile", "bad_tokens",
     "chunk_log_decay", "chunk_sizes", "diagnose_case", "diagnose_kernel", "find_period", "first_bad", "log_profile",
-    "rank_correlation",
+    "one_chunk", "rank_correlation",
 ]

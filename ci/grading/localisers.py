@@ -52,6 +52,10 @@ GROWTH_CORRELATION = 0.6
 SPIKE = 10.0
 SPIKE_LOG_DECAY = 20.0
 FORWARD = ("o", "final_state")
+# Operand rounding: every FAIL result's error within this factor (either way) of what the chunked algorithm with
+# bfloat16 product operands gets on the same inputs.
+# Measured: 1.0-1.3x for a kernel with bfloat16 operands, 0.25-0.39x for a chunk solve damped by 2e-3.
+OPERAND_MARGIN = 2.0
 
 
 def names(vs):
@@ -172,6 +176,16 @@ class CaseEvidence:
 
     report: object
     problem: object
+    operands: object = None  # () -> {name: err_ratio} of the bfloat16-operand baseline (rule.Yardstick)
+
+    @cached_property
+    def operand_errors(self):
+        """``{name: err_ratio}`` of the chunked algorithm with bfloat16 product operands, formed only for a case whose
+        FAIL results are all finite and small (rounding never gives an O(1) error); None otherwise."""
+        if self.operands is None or not self.fails or any(v.err_ratio >= LOGIC_ERROR for v in self.fails):
+            return None
+        errors = self.operands()
+        return errors if all(np.isfinite(errors.get(v.name, np.inf)) for v in self.fails) else None
 
     @cached_property
     def finite_bad(self):
@@ -516,35 +530,70 @@ def cancellation_finding(report, bad, g):
             found.append((v, loss, rs))
     if not found:
         return None
-    which = names([v for v, _, _ in found])
+    evidence = {"results": [v.name for v, _, _ in found], "loss": max(x for _, x, _ in found),
+                "beyond": [v.name for v, _, _ in found if v.grade == FAIL]}
     per = [rs for _, _, rs in found if rs]
-    chunk, r, evidence = None, None, {}
     if per:
         score = {c: float(np.mean([rs[c] for rs in per])) for c in per[0]}
-        chunk = max(score, key=lambda c: (score[c], c == FLA_CHUNK))
-        r = score[chunk]
+        evidence["correlation"] = {str(c): round(x, 3) for c, x in score.items()}
+        evidence["max_G"] = {str(c): float(np.max(chunk_log_decay(g, c))) for c in score}
+    return cancellation_text(evidence)
+
+
+def best_chunk(score):
+    """The chunk of ``score`` (``{chunk: correlation}``) with the highest correlation (ties: FLA's chunk)."""
+    return max(score, key=lambda c: (score[c], c == FLA_CHUNK))
+
+
+def score_at(score, chunk):
+    """A case's correlation for ``chunk`` (``score``: ``{chunk: correlation}`` over :func:`chunk_sizes` of its
+    length): a chunk the case has no entry for chunks it as the largest size it has below it does not exist, so
+    as the smallest one above it (or its largest, the whole sequence)."""
+    if chunk in score:
+        return score[chunk]
+    above = [c for c in score if c > chunk]
+    return score[min(above)] if above else score[max(score)]
+
+
+def cancellation_text(evidence, chunk=None, pooled=None):
+    """The ``exponent-cancellation`` finding of :func:`cancellation_finding`'s ``evidence`` naming ``chunk`` (default
+    the case's best); ``pooled``: ``(cases, mean correlation)`` when ``chunk`` is the kernel's, chosen across its
+    cases (``patterns.one_chunk``)."""
+    which = ", ".join(evidence["results"])
+    r = None
+    if "correlation" in evidence:
+        score = {int(c): x for c, x in evidence["correlation"].items()}
+        chunk = best_chunk(score) if chunk is None else chunk
+        r = score_at(score, chunk)
         others = ", ".join(f"{c}: {score[c]:.2f}" for c in score if c != chunk)
         others = f"; {others}" if others else ""
-        span = float(np.max(chunk_log_decay(g, chunk)))
-        evidence = {"correlation": {str(c): round(x, 3) for c, x in score.items()}, "max_G": span}
+        span = evidence["max_G"].get(str(chunk), max(evidence["max_G"].values()))
         sizes = f"{min(score)}-{max(score)}" if len(score) > 1 else f"{chunk}"
+        if pooled:
+            n, mean = pooled
+            kernels = f"{chunk}-token chunks, the kernel's chunk across its {n} cases with such errors"
+            basis = (f"{chunk}-token chunks (the kernel's chunk across its {n} cases with such errors, mean rank "
+                     f"correlation {mean:.2f}; this case: rank correlation {r:.2f} over {chunk}-token chunks{others}")
+        else:
+            basis = f"{chunk}-token chunks best (per-token error vs max |G|: rank correlation {r:.2f} over " \
+                    f"{chunk}-token chunks{others}"
         if r >= CANCELLATION_CORRELATION:
-            head = (f"{which}: errors grow with the within-chunk cumulative log-decay |G| and follow {chunk}-token "
-                    f"chunks best (per-token error vs max |G|: rank correlation {r:.2f} over {chunk}-token chunks"
-                    f"{others}; |G| up to {span:.3g}): the kernel's exponents behave like a chunk-{chunk} kernel's")
+            head = (f"{which}: errors grow with the within-chunk cumulative log-decay |G| and follow {basis}; |G| up "
+                    f"to {span:.3g}): the kernel's exponents behave like a chunk-{chunk} kernel's")
         elif r >= WEAK_CORRELATION:
             head = (f"{which}: errors follow the within-chunk cumulative log-decay |G| only loosely (rank "
-                    f"correlation {r:.2f} at best, over {chunk}-token chunks{others})")
+                    f"correlation {r:.2f}" + (f" over {kernels}" if pooled else
+                                              f" at best, over {chunk}-token chunks{others}") + ")")
         else:
             sign = " (negative: the errors are smaller where |G| is larger)" if r < 0 else ""
             head = (f"{which}: errors do not follow the within-chunk cumulative log-decay |G| (rank correlation "
-                    f"{r:.2f} at best over chunks of {sizes} tokens{sign})")
+                    + (f"{r:.2f} over {kernels}{sign})" if pooled else
+                       f"{r:.2f} at best over chunks of {sizes} tokens{sign})"))
     else:
         head = f"{which}: over the tolerance within the precision-loss bound (no per-token profile to compare with |G|)"
-    loss = max(x for _, x, _ in found)
-    beyond = [v for v, _, _ in found if v.grade == FAIL]
-    if beyond:
-        tail = f"; {names(beyond)} exceed(s) even the precision-loss bound, so cancellation alone does not explain it"
+    if evidence["beyond"]:
+        tail = (f"; {', '.join(evidence['beyond'])} exceed(s) even the precision-loss bound, so cancellation alone "
+                "does not explain it")
     elif r is None or r >= CANCELLATION_CORRELATION:
         tail = "; the algorithm is right, precision is lost of a known kind"
     elif r >= WEAK_CORRELATION:
@@ -554,10 +603,36 @@ def cancellation_finding(report, bad, g):
                 "suspect a systematic error")
     return Finding("exponent-cancellation",
                    f"{head}; the float32 chunked algorithm with exponents formed as differences of float32 "
-                   f"cumulative sums loses up to {loss:.3g}x the float32 recurrence's precision on this problem "
-                   f"(docs/DESIGN.md §1, 'Decay exponents without cancellation'){tail}",
-                   results=tuple(v.name for v, _, _ in found),
+                   f"cumulative sums loses up to {evidence['loss']:.3g}x the float32 recurrence's precision on this "
+                   f"problem (docs/DESIGN.md §1, 'Decay exponents without cancellation'){tail}",
+                   results=tuple(evidence["results"]),
                    chunk=chunk if r is not None and r >= WEAK_CORRELATION else None, evidence=evidence)
+
+
+def operand_rounding(ev):
+    """Every FAIL result's error within :data:`OPERAND_MARGIN` of the bfloat16-operand baseline's: a chunk solve or
+    matmul computed from 16-bit operands, not a damping (the diagnosis compares with a baseline rounded alike)."""
+    e16 = ev.operand_errors
+    if not e16:
+        return None
+    ratio = {v.name: v.err_ratio / e16[v.name] if e16[v.name] > 0 else np.inf for v in ev.fails}
+    if not all(1 / OPERAND_MARGIN <= r <= OPERAND_MARGIN for r in ratio.values()):
+        return None
+    t0, onset = ev.onset
+    worst = max(ev.fails, key=lambda v: v.err_ratio / v.tol_ratio)
+    lo, hi = min(ratio.values()), max(ratio.values())
+    span = f"{lo:.2g}x" if np.isclose(lo, hi, rtol=0.05) else f"{lo:.2g}-{hi:.2g}x"
+    return Finding("operand-rounding", f"{names(ev.fails)} off by err_ratio up to {worst.err_ratio:.2g} "
+                                       f"({worst.err_ratio / worst.tol_ratio:.3g}x the tolerance, {worst.name}), "
+                                       f"{span} what the float32 chunked algorithm gets on the same inputs with every "
+                                       f"product's operands rounded to bfloat16, its chunk solve's included "
+                                       f"(err_ratio {e16[worst.name]:.2g} in {worst.name}){onset}: rounding in a "
+                                       "16-bit operand -- a chunk solve or matmul computed from bfloat16 operands (a "
+                                       "precision option such as precision='bf16') -- not a damping or a perturbed "
+                                       f"constant; a {ev.report.dtype} call is judged against float32 arithmetic",
+                   t0, results=tuple(v.name for v in ev.fails),
+                   evidence={"operand_ratio": {n: round(float(r), 3) for n, r in ratio.items()},
+                             "operand_err_ratio": {n: float(e16[n]) for n in ratio}})
 
 
 def explained_cancellation(ev):
@@ -583,8 +658,8 @@ def unexplained_cancellation(ev):
 
 
 # The per-case diagnoses, most specific first: every one that holds is kept, in this order.
-LOCALISERS = [non_finite, packed_forward, o_localisation, final_state, initial_state_gradient, backward,
-              packed_gradients, explained_cancellation, logic, unexplained_cancellation]
+LOCALISERS = [non_finite, operand_rounding, packed_forward, o_localisation, final_state, initial_state_gradient,
+              backward, packed_gradients, explained_cancellation, logic, unexplained_cancellation]
 
 
 def systematic(ev):
@@ -595,17 +670,25 @@ def systematic(ev):
     t0, onset = ev.onset
     worst = max(bad, key=lambda v: v.err_ratio / (v.bound_ratio or v.tol_ratio))
     over = worst.err_ratio / (worst.bound_ratio or worst.tol_ratio)
+    e16 = (ev.operand_errors or {}).get(worst.name)
+    beyond = ""
+    if e16:
+        x = worst.err_ratio / e16
+        beyond = (f", {x:.3g}x what bfloat16 product operands give (err_ratio {e16:.2g}): "
+                  + ("more than operand rounding explains" if x > 1 else
+                     "not of operand rounding's size, unless only some operands are 16-bit"))
     return Finding("systematic", f"{names(bad)} off by err_ratio up to {worst.err_ratio:.2g} ({over:.3g}x the "
-                                 f"precision-loss bound, {worst.name}) with no token pattern{onset}: a systematic "
-                                 "error (a perturbed constant, a damping), not rounding", t0,
+                                 f"precision-loss bound{beyond}, {worst.name}) with no token pattern{onset}: a "
+                                 "systematic error (a perturbed constant, a damping), not rounding", t0,
                    results=tuple(v.name for v in bad))
 
 
-def diagnose_case(report, problem):
+def diagnose_case(report, problem, operands=None):
     """The findings of one non-PASS report (a tolerance ``Report`` with its profiles) on ``problem`` (anything
     with ``g`` and ``initial_state``): those of :data:`LOCALISERS` that hold, else :func:`systematic`, the first
-    marked ``primary``."""
-    ev = CaseEvidence(report, problem)
+    marked ``primary``; ``operands``: a function returning the bfloat16-operand baseline's errors by name
+    (``rule.Yardstick.operand_errors``; None: operand rounding is not considered)."""
+    ev = CaseEvidence(report, problem, operands)
     found = [f for f in (loc(ev) for loc in LOCALISERS) if f is not None]
     if not found:
         found = [f for f in (systematic(ev),) if f is not None]

@@ -110,7 +110,7 @@ def compare(names, got, yard: Yardstick, diagnosis_problem=None) -> Report:
             report.profiles[v.name] = token_profile(got[v.name], yard.ref[v.name], s_rms)
         report.verdicts.append(v)
     if not report.passed and diagnosis_problem is not None:
-        report.diagnosis = diagnose.diagnose_case(report, diagnosis_problem)
+        report.diagnosis = diagnose.diagnose_case(report, diagnosis_problem, yard.operand_errors)
     return report
 
 
@@ -150,6 +150,7 @@ class ModeCase(CachedCase):
     _env: dict | None = None
     _base: dict = field(default_factory=dict)
     _cum: dict = field(default_factory=dict)
+    _ops: dict = field(default_factory=dict)
     _chunks: dict = field(default_factory=dict)
     _exact_states: np.ndarray | None = None
 
@@ -284,7 +285,7 @@ class ModeCase(CachedCase):
             states = round_to(states, result_dtypes.get("intermediate_states", "float32"))
         return {**results, "intermediate_states": states}
 
-    def _baseline(self, cache, core, result_dtypes, chunk_size):
+    def _baseline(self, cache, core, result_dtypes, chunk_size, states=True):
         names = self.names()
         key = tuple(result_dtypes.get(n, "float32") for n in names)
         if key not in cache:
@@ -296,7 +297,7 @@ class ModeCase(CachedCase):
                                result_dtypes)
 
             cache[key] = self._cached({"value": core, "result_dtypes": list(key)}, compute)
-        return self._with_states(cache[key], chunk_size, core, result_dtypes)
+        return self._with_states(cache[key], chunk_size, core, result_dtypes) if states else cache[key]
 
     def baseline(self, result_dtypes, chunk_size=None):
         """The float32 pipeline (token-by-token core) on the same inputs, rounded to the result dtypes: e_rec."""
@@ -305,6 +306,11 @@ class ModeCase(CachedCase):
     def cum_baseline(self, result_dtypes, chunk_size=None):
         """The float32 pipeline with the cumulative-sum chunked core (``oracle.chunked32``), rounded: e_cum."""
         return self._baseline(self._cum, "chunked32", result_dtypes, chunk_size)
+
+    def operand_baseline(self, result_dtypes):
+        """:meth:`cum_baseline` with bfloat16 product operands (core ``chunked32_bf16``; no chunk-start states): what
+        the diagnosis tells operand rounding by."""
+        return self._baseline(self._ops, "chunked32_bf16", result_dtypes, None, states=False)
 
     def diagnosis_problem(self):
         """What the diagnosis reads: the log-decay the core saw (after the gate), the initial state, the packing."""
@@ -330,12 +336,13 @@ class ModeCase(CachedCase):
         """What a kernel's results in ``result_dtypes`` are judged against (``rule.Yardstick``): the reference, the
         float32 baseline, the cumulative-sum baseline (formed only when needed), the envelopes."""
         return Yardstick(self.reference(chunk_size), self.baseline(result_dtypes, chunk_size), self.dtype,
-                         lambda: self.cum_baseline(result_dtypes, chunk_size), self.envelopes(), INHERITS)
+                         lambda: self.cum_baseline(result_dtypes, chunk_size), self.envelopes(), INHERITS,
+                         operands=lambda: self.operand_baseline(result_dtypes))
 
     def release(self):
         """Drop the cached arrays."""
         self._data = self._ref = self._env = self._exact_states = None
-        self._base, self._cum, self._chunks = {}, {}, {}
+        self._base, self._cum, self._ops, self._chunks = {}, {}, {}, {}
 
     def describe(self):
         """The case's identity in a report."""

@@ -172,7 +172,8 @@ class Yardstick:
     (``e_rec``'s source), the kernel's input ``dtype``, the cumulative-sum baseline ``cum`` or a function returning
     it (``e_cum``'s source, formed only when some finite result is over its tolerance; None: no bound), the
     ``envelopes`` by name (the scale of a result summed from larger terms) and ``inherits`` (name -> the result whose
-    baseline error a result at least has: a sum of that result's terms)."""
+    baseline error a result at least has: a sum of that result's terms). ``operands``: a function returning the
+    chunked baseline with bfloat16 product operands (``core="chunked32_bf16"``), read only by the diagnosis."""
 
     ref: dict
     base: dict
@@ -180,9 +181,18 @@ class Yardstick:
     cum: object = None
     envelopes: dict | None = None
     inherits: dict | None = None
+    operands: object = None
 
     def scaled(self):
         return _Scaled(self.ref, self.envelopes, self.inherits)
+
+    def operand_errors(self):
+        """``{name: err_ratio}`` of the bfloat16-operand baseline (:attr:`operands`) against the reference, for the
+        results it has (an empty dict without one)."""
+        if self.operands is None:
+            return {}
+        ops, s = self.operands(), self.scaled()
+        return {n: s.error(n, ops[n])[0] for n in ops if n in self.ref and ops[n] is not None}
 
     def cumulative(self):
         """The cumulative-sum baseline (called at most once per judgement: only when needed)."""

@@ -25,8 +25,8 @@ from .rule import scales as result_scales
 
 # The rule's constants and metrics are the tolerance model's public names too (``tolerance.FLOOR``, ...).
 __all__ = ["ABS_FLOOR", "FLOOR", "MULTIPLE", "PER_TOKEN", "Report", "agreement", "baseline", "compare",
-           "cumulative_baseline", "dtype_name", "envelope", "metrics", "normalised_error", "rms", "rounded", "scales",
-           "token_profile"]
+           "cumulative_baseline", "dtype_name", "envelope", "metrics", "normalised_error", "operand_baseline", "rms",
+           "rounded", "scales", "token_profile"]
 
 # Results with one row per token (their per-token error profiles feed the diagnosis).
 PER_TOKEN = ("o", "dq", "dk", "dv", "dg", "db", "dw")
@@ -110,6 +110,15 @@ def cumulative_baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes
     return rounded(oracle.named_results(*chunked32.forward_and_vjp(problem, do, dfinal_state)), result_dtypes)
 
 
+def operand_baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None):
+    """:func:`cumulative_baseline` with every product's operands rounded to bfloat16 (``chunked32``'s
+    ``operands``): what a kernel computing its chunk solve and matmuls from 16-bit operands gets; the diagnosis
+    tells operand rounding from a damping by it."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        results = chunked32.forward_and_vjp(problem, do, dfinal_state, operands="bfloat16")
+    return rounded(oracle.named_results(*results), result_dtypes)
+
+
 def rounded(results, result_dtypes=None):
     """Results by name as float64 arrays holding their values rounded to the result dtypes (missing: float32)."""
     result_dtypes = result_dtypes or {}
@@ -150,13 +159,14 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
         def cum():  # formed only when some finite result is over its tolerance
             return cumulative_baseline(problem, do, dfinal_state, result_dtypes)
     report = Report(dtype=dtype)
-    yard = Yardstick(ref, base, dtype, cum, {"dg": envelope("dg", problem, ref)})
+    yard = Yardstick(ref, base, dtype, cum, {"dg": envelope("dg", problem, ref)},
+                     operands=lambda: operand_baseline(problem, do, dfinal_state, result_dtypes))
     for v, s_rms in judge_results(RESULTS, got, yard):
         if not v.passed and v.name in PER_TOKEN:
             report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
         report.verdicts.append(v)
     if not report.passed:
-        report.diagnosis = diagnose.diagnose_case(report, problem)
+        report.diagnosis = diagnose.diagnose_case(report, problem, yard.operand_errors)
     return report
 
 

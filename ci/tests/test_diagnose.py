@@ -169,6 +169,25 @@ def test_a_chunk_128_cumulative_sum_kernel_is_diagnosed_with_chunk_128():
     assert "follow 128-token chunks best" in f.text and "the algorithm is right" in f.text
 
 
+@pytest.mark.parametrize("decay", ["moderate", "strong", "none"])
+def test_bf16_operands_are_called_operand_rounding_and_a_damped_solve_is_not(decay):
+    """A chunked kernel whose products (chunk solve included) take bfloat16 operands is compared with the oracle's
+    chunked algorithm rounded the same way and called operand rounding, not a damping; a chunk solve damped by
+    2e-3 (errors of the same order) is still called systematic, with the comparison quoted."""
+    report, _ = judge(buggy.bf16_operands, decay=decay, h0=True)
+    assert report.grade == FAIL, report.format()
+    f = primary(report)
+    assert f.kind == "operand-rounding", report.format()
+    assert "rounding in a 16-bit operand" in f.text and "not a damping" in f.text, f.text
+    ratios = f.evidence["operand_ratio"].values()
+    assert all(1 / diagnose.OPERAND_MARGIN <= r <= diagnose.OPERAND_MARGIN for r in ratios), f.evidence
+    damped, _ = judge(buggy.damped_solve, decay=decay, h0=True)
+    assert damped.grade == FAIL, damped.format()
+    kinds = [x.kind for x in damped.diagnosis]
+    assert "operand-rounding" not in kinds and primary(damped).kind == "systematic", damped.format()
+    assert "what bfloat16 product operands give" in primary(damped).text, damped.format()
+
+
 # --------------------------------------------------------------------------------------------
 # the exponent-cancellation sentence never claims a correlation the numbers contradict
 
@@ -326,3 +345,52 @@ def test_errors_starting_at_a_state_reset_are_not_called_a_block_boundary():
     g[:, 37] = -1000.0
     found = diagnose.diagnose_case(report, SimpleNamespace(g=g, initial_state=None))
     assert found[0].kind == "reset" and found[0].token == 37 and "spikes to -1e+03" in found[0].text, found
+
+
+def test_a_training_call_case_compares_with_the_bfloat16_operand_baseline_too():
+    """The training-call judge (``ModeCase``, every call mode) hands the diagnosis the same bfloat16-operand
+    baseline (core ``chunked32_bf16`` of the call's pipeline): results equal to it are operand rounding."""
+    from gdn2_oracle.ci.grading.modes import ModeCase
+    from gdn2_oracle.oracle.call import Call
+
+    p = Recipe(1, 100, 2, 16, 16, decay="moderate", initial_state=True, seed=4).build()[0]
+    call = Call(*p.inputs(), scale=p.scale, initial_state=p.initial_state, qk_l2norm=True)
+    do = np.random.default_rng(0).standard_normal(p.v.shape)
+    case = ModeCase.of(call, do, np.zeros_like(p.initial_state))
+    report = case.judge(case.operand_baseline({}))
+    assert report.grade == FAIL, report.format()
+    f = primary(report)
+    assert f.kind == "operand-rounding" and set(f.evidence["operand_ratio"].values()) == {1.0}, report.format()
+
+
+def _cancellation_record(profile_chunk, T, seed):
+    """A case record (as validate keeps it) whose PRECISION ``db`` errors follow ``profile_chunk``-token chunks'
+    ``|G|``, with noise."""
+    g = -np.random.default_rng(seed).uniform(0.5, 1.5, (1, T, 1, 2))
+    noise = np.random.default_rng(seed + 1).uniform(0, 0.3, T)
+    report, _ = _precision_report(diagnose.chunk_log_decay(g, profile_chunk) * (1 + noise) + 1)
+    [f] = diagnose.diagnose_case(report, SimpleNamespace(g=g, initial_state=None))
+    return {"case": f"c{seed}", "grade": PRECISION, "diagnosis": [f.as_dict()]}
+
+
+def test_one_chunk_size_per_kernel_across_its_cases():
+    """A kernel's exponent-cancellation findings name one chunk: the one its cases' errors follow best on average
+    (one case's noise favouring 32 is restated on the kernel's 128, with its own correlation there quoted);
+    validate applies it to every kernel's records before the kernel summary."""
+    from gdn2_oracle.ci.grading.patterns import one_chunk
+
+    records = [_cancellation_record(128, 600, s) for s in (1, 3, 5)] + [_cancellation_record(32, 600, 7)]
+    before = [r["diagnosis"][0]["chunk"] for r in records]
+    assert before == [128, 128, 128, 32], before
+    after, chunk = one_chunk(records)
+    assert chunk == 128
+    assert [r["diagnosis"][0]["chunk"] for r in after] == [128] * 4
+    odd = after[3]["diagnosis"][0]["text"]
+    assert "the kernel's chunk across its 4 cases" in odd and "-token chunks best" not in odd, odd
+    r128 = records[3]["diagnosis"][0]["evidence"]["correlation"]["128"]
+    assert f"rank correlation {r128:.2f}" in odd, odd
+    assert records[3]["diagnosis"][0]["chunk"] == 32  # the input records are not changed
+    single, none = one_chunk(records[3:])
+    assert none is None and single == records[3:]
+    summary = diagnose.diagnose_kernel(after)[0]
+    assert "follow 128-token chunks best in 4 of 4 case(s)" in summary.text, summary.text

@@ -94,5 +94,35 @@ def test_bad_arguments_are_rejected():
         chunked32.forward_and_vjp(p, do, dfs, dtype=np.float16)
     with pytest.raises(ValueError, match="chunk_size"):
         chunked32.forward_and_vjp(p, do, dfs, chunk_size=0)
+    with pytest.raises(ValueError, match="operands"):
+        chunked32.forward_and_vjp(p, do, dfs, operands="float16")
     with pytest.raises(ValueError, match="do"):
         chunked32.forward_and_vjp(p, do[:, :2], dfs)
+
+
+def test_bfloat16_operands_lose_bfloat16_precision_in_every_result():
+    """``operands="bfloat16"`` rounds every product's operands: each result's error against the exact recurrence
+    is of bfloat16's size (between 1/16 and 4 units of 2^-8 relative), while the float32 operands stay near
+    float32's; float32 operands are the default, bit for bit."""
+    p = oracle.make_problem(1, 130, 2, 16, 8, decay="moderate", initial_state=True, seed=5, precision="float32")
+    do, dfs = oracle.random_cotangents(p, 1, "float32")
+    ref = _exact(p, do, dfs)
+    f32, b16 = _run(p, do, dfs), _run(p, do, dfs, operands="bfloat16")
+    same = _run(p, do, dfs, operands=None)
+    for name in RESULTS:
+        np.testing.assert_array_equal(same[name], f32[name])
+        e16, e32 = normalised_error(b16[name], ref[name]), normalised_error(f32[name], ref[name])
+        assert 2.0 ** -12 <= e16 <= 2.0 ** -6 and e32 <= 1e-5, (name, e16, e32)
+
+
+def test_the_modes_pipeline_runs_the_bfloat16_operand_core():
+    """``oracle.modes``' core ``chunked32_bf16`` is ``chunked32`` with bfloat16 operands, sequence by sequence."""
+    from gdn2_oracle.oracle import modes
+    from gdn2_oracle.oracle.call import Call
+
+    p = oracle.make_problem(1, 70, 1, 8, 8, decay="moderate", initial_state=True, seed=2, precision="float32")
+    call = Call(*p.inputs(), scale=p.scale, initial_state=p.initial_state)
+    got = modes.forward_modes(call, np.float32, core="chunked32_bf16")
+    (o, S), _ = chunked32.forward_and_vjp(p, *oracle.random_cotangents(p, 1, "float32"), operands="bfloat16")
+    np.testing.assert_allclose(got.o, o, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got.final_state, S, rtol=0, atol=1e-6)
