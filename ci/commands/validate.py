@@ -38,7 +38,7 @@ from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe, call_modes, serving_recipe
 from ..grading import families as family_grading
 from ..grading import modes as mode_grading
 from ..grading import reference_cache
-from ..grading.diagnose import diagnose_kernel
+from ..grading.diagnose import diagnose_kernel, one_chunk
 from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict, run_grade
 from ..grading.modes import ALL_MODES, MODE_RESULTS
 from ..grading.result import INPUT_ERROR, CaseResult
@@ -463,6 +463,7 @@ class ValidationRun:
         for kout in self.kernels_out:
             if interrupted:  # a kernel call the signal broke off (its error is the interrupt) was not judged
                 kout["cases"] = [c for c in kout["cases"] if not broken_off(c)]
+            kout["cases"], _ = one_chunk(kout["cases"])  # one chunk size per kernel in its cancellation findings
             results = [CaseResult.from_dict(c) for c in kout["cases"]]
             kout["passed"] = not interrupted and bool(results) and all(r.passed for r in results)
             kout["n_cases"] = len(results)

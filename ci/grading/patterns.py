@@ -5,6 +5,7 @@ tokens" when the failing cases' onsets share such a stride; then ``pattern`` lin
 (``regime``: decay, gates -- ``b`` and ``w`` per channel or equal --, initial state, ``T`` against the chunk sizes,
 dtype, modes) that splits the cases cleanly (every failing case has it, every case without it passes, enough cases
 on both sides, not by chance); the same for the forward alone when some failing cases differ only in gradients.
+:func:`one_chunk` restates the cases' exponent-cancellation findings on one chunk size per kernel.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from gdn2_oracle.oracle.generate import DECAYS, GATES, KERNEL_DTYPES
 
 from .finding import Finding
 from .grades import FAIL, PASS
-from .localisers import FORWARD
+from .localisers import FORWARD, WEAK_CORRELATION, best_chunk, cancellation_text, score_at
 from .profiles import CHUNKS
 from .result import ERROR, INPUT_ERROR, CaseResult
 
@@ -217,6 +218,42 @@ def kind_summary(kind, hits):
                    tokens[0] if tokens else None, results=tuple(results),
                    period=periods[0] if len(periods) == 1 else None,
                    chunk=max(set(chunks), key=chunks.count) if chunks else None)
+
+
+CANCELLATION = "exponent-cancellation"
+
+
+def _scores(case):
+    """``(finding index, {chunk: correlation})`` of a case record's exponent-cancellation finding, or None."""
+    for i, f in enumerate(case.get("diagnosis") or []):
+        corr = (f.get("evidence") or {}).get("correlation")
+        if f.get("kind") == CANCELLATION and corr:
+            return i, {int(c): x for c, x in corr.items()}
+    return None
+
+
+def one_chunk(cases):
+    """One chunk size for a kernel: its case records (JSON dicts, as ``validate`` keeps them) with their
+    exponent-cancellation findings restated on the chunk whose ``|G|`` their errors follow best on average over
+    those cases (:func:`localisers.score_at` for a case too short to tell two sizes apart), so that one kernel is
+    never said to behave like a chunk-32 kernel in one case and a chunk-256 one in the next. Fewer than two such
+    cases: unchanged. Returns the new records (the others as they are) and the chunk, or None."""
+    scored = [(n, *x) for n, c in enumerate(cases) if (x := _scores(c)) is not None]
+    if len(scored) < 2:
+        return list(cases), None
+    sizes = sorted({c for _, _, score in scored for c in score})
+    mean = {c: sum(score_at(score, c) for _, _, score in scored) / len(scored) for c in sizes}
+    chunk = best_chunk(mean)
+    if mean[chunk] < WEAK_CORRELATION:
+        return list(cases), None
+    out = list(cases)
+    for n, i, _ in scored:
+        found = list(out[n]["diagnosis"])
+        old = found[i]
+        new = cancellation_text(old["evidence"], chunk, pooled=(len(scored), mean[chunk])).as_dict()
+        found[i] = {**old, "text": new["text"], "chunk": new["chunk"]}
+        out[n] = {**out[n], "diagnosis": found}
+    return out, chunk
 
 
 def diagnose_kernel(results):
