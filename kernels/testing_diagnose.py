@@ -21,8 +21,10 @@ by autodiff, so the backward is always the exact adjoint of the forward written)
 * :func:`bf16_operands` -- no bug in the algorithm: the chunked form of docs/DESIGN.md §1 (64-token chunks) with
   every product's operands, the chunk solve's included, cast to bfloat16 and accumulated in float32 (what a
   ``precision="bf16"`` option does); for a float32 call its errors are rounding in a 16-bit operand, not a
-  damping, and the diagnosis must say so; and :func:`damped_solve`, the same in float32 with a damped chunk
-  solve (``(I + T)^{-1}`` of ``T`` scaled by ``1 - DAMPING``): a damping the diagnosis must not call rounding.
+  damping, and the diagnosis must say so; :func:`bf16_solve`, only the chunk solve's operands so (``T``, ``A`` and
+  the right-hand sides of ``A Ebar``, ``A (w v)``); and :func:`damped_solve`, the same in float32 with a damped
+  chunk solve (``(I + T)^{-1}`` of ``T`` scaled by ``1 - DAMPING``): errors as large, a damping the diagnosis must
+  not call rounding.
 
 Pure JAX; never imports the oracle (docs/DESIGN.md §3).
 """
@@ -118,9 +120,11 @@ CHUNK = 64  # bf16_operands' and damped_solve's chunk
 DAMPING = 2e-3  # damped_solve's
 
 
-def _chunked(q, k, v, g, b, w, *, scale=None, initial_state=None, operand=jnp.float32, damping=0.0):
-    """The chunkwise form of docs/DESIGN.md §1 in float32, every product's operands cast to ``operand`` (float32
-    accumulation), the within-chunk tiles ``T`` scaled by ``1 - damping`` before the solve."""
+def _chunked(q, k, v, g, b, w, *, scale=None, initial_state=None, operand=jnp.float32, solve=jnp.float32,
+             damping=0.0):
+    """The chunkwise form of docs/DESIGN.md §1 in float32, every product's operands cast to ``operand`` and the chunk
+    solve's to ``solve`` (float32 accumulation), the within-chunk tiles ``T`` scaled by ``1 - damping`` before the
+    solve."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
@@ -131,11 +135,9 @@ def _chunked(q, k, v, g, b, w, *, scale=None, initial_state=None, operand=jnp.fl
         x = jnp.pad(jnp.asarray(x).astype(jnp.float32), pad)
         return jnp.moveaxis(x.reshape(B, N, CHUNK, H, x.shape[-1]), 3, 2).swapaxes(0, 1)
 
-    def r(x):
-        return x.astype(operand)
-
-    def mm(spec, a, c):
-        return jnp.einsum(spec, r(a), r(c), preferred_element_type=jnp.float32)
+    def mm(spec, a, c, to=operand):
+        return jnp.einsum(spec, a.astype(to), c.astype(to), preferred_element_type=jnp.float32,
+                          precision=jax.lax.Precision.HIGHEST)
 
     lower = jnp.tril(jnp.ones((CHUNK, CHUNK), bool))
     strict = jnp.tril(jnp.ones((CHUNK, CHUNK), bool), -1)
@@ -149,12 +151,13 @@ def _chunked(q, k, v, g, b, w, *, scale=None, initial_state=None, operand=jnp.fl
         a = bc * kc
         Tt = jnp.where(strict, mm("...rsk,...sk->...rs", a[..., :, None, :] * D, kc), 0.0) * (1.0 - damping)
         Aqk = jnp.where(lower, mm("...rsk,...sk->...rs", qc[..., :, None, :] * D, kc), 0.0)
-        A = jax.scipy.linalg.solve_triangular(eye + r(Tt).astype(jnp.float32), jnp.broadcast_to(eye, Tt.shape),
-                                              lower=True, unit_diagonal=True)
+        A = jax.scipy.linalg.solve_triangular(eye + Tt.astype(solve).astype(jnp.float32),
+                                              jnp.broadcast_to(eye, Tt.shape), lower=True, unit_diagonal=True)
         gamma = jnp.exp(G)
         GC = G[..., -1:, :]
-        Y = mm("...rs,...sk->...rk", A, gamma * a)
-        U = mm("...rs,...sv->...rv", A, wc * vc)
+        to = solve if solve != jnp.float32 else operand
+        Y = mm("...rs,...sk->...rk", A, gamma * a, to)
+        U = mm("...rs,...sv->...rv", A, wc * vc, to)
         R = U - mm("...ck,...kv->...cv", Y, S0)
         o = scale * (mm("...ck,...kv->...cv", gamma * qc, S0) + mm("...rs,...sv->...rv", Aqk, R))
         S1 = jnp.swapaxes(jnp.exp(GC), -1, -2) * S0 + mm("...ck,...cv->...kv", jnp.exp(GC - G) * kc, R)
@@ -170,6 +173,11 @@ def _chunked(q, k, v, g, b, w, *, scale=None, initial_state=None, operand=jnp.fl
 def bf16_operands(q, k, v, g, b, w, *, scale=None, initial_state=None):
     """The chunked form with every product's operands in bfloat16 (float32 accumulation)."""
     return _chunked(q, k, v, g, b, w, scale=scale, initial_state=initial_state, operand=jnp.bfloat16)
+
+
+def bf16_solve(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    """The chunked form with only the chunk solve's operands in bfloat16."""
+    return _chunked(q, k, v, g, b, w, scale=scale, initial_state=initial_state, solve=jnp.bfloat16)
 
 
 def damped_solve(q, k, v, g, b, w, *, scale=None, initial_state=None):

@@ -12,8 +12,10 @@ terms out of that sum.
 
 ``operands="bfloat16"``: every matrix product and forward score contraction takes its two operands rounded to bfloat16
 (accumulating in float32), the forward substitution's included -- what a kernel computing its chunk solve and
-its matmuls with 16-bit operands (a ``precision="bf16"`` option) gets; the diagnosis compares a kernel's errors
-with this one's to tell operand rounding from a damping (docs/DESIGN.md §4, "Diagnosis").
+its matmuls with 16-bit operands (a ``precision="bf16"`` option) gets; ``operands="bfloat16_solve"``: only the chunk
+solve's (``T``, the substitution's products, and ``A`` with its right-hand sides in ``Y = A Ebar``, ``U = A (w v)``
+and the backward's ``A^T dR``). The diagnosis compares a kernel's errors with these to tell operand rounding from
+a damping (docs/DESIGN.md §4, "Diagnosis").
 
 All arithmetic is in ``dtype`` (float32; float64 only to check the algorithm against the exact
 recurrence). Memory: one chunk's ``C x C x K`` decay tensor at a time plus each chunk's entering
@@ -28,8 +30,9 @@ from .call_modes import FLA_CHUNK
 from .generate import round_to_bfloat16
 from .problem import Grads, Problem, sum_groups
 
-# Operand precisions of :func:`forward_and_vjp`: None (the inputs' dtype) or "bfloat16".
-OPERANDS = (None, "bfloat16")
+# Operand precisions of :func:`forward_and_vjp`: None (the inputs' dtype), "bfloat16" (every product's operands) or
+# "bfloat16_solve" (the chunk solve's only).
+OPERANDS = (None, "bfloat16", "bfloat16_solve")
 
 
 def _chunks(x, C, dtype):
@@ -52,13 +55,14 @@ def _t(x):
 
 
 def rounding(operands):
-    """The function an operand passes through: None for the inputs' own dtype, else rounding to ``operands``
-    (kept in the array's dtype)."""
-    if operands is None:
-        return None
-    if operands != "bfloat16":
+    """``(r, r_solve)``: the functions every product's operands and the chunk solve's pass through (None: the
+    inputs' own dtype; else rounding to bfloat16, kept in the array's dtype) for ``operands`` (:data:`OPERANDS`)."""
+    if operands not in OPERANDS:
         raise ValueError(f"operands: expected one of {OPERANDS}, got {operands!r}")
-    return lambda x: round_to_bfloat16(x).astype(np.asarray(x).dtype)
+    if operands is None:
+        return None, None
+    r = lambda x: round_to_bfloat16(x).astype(np.asarray(x).dtype)  # noqa: E731 - a one-line rounding
+    return (r if operands == "bfloat16" else None), r
 
 
 def matmul(r):
@@ -81,10 +85,10 @@ def unit_lower_inverse(T, r=None):
 class _Chunk:
     """One chunk's state-independent quantities (docs/DESIGN.md §1 chunkwise form), all in the inputs' dtype."""
 
-    def __init__(self, q, k, v, g, b, w, r=None):
+    def __init__(self, q, k, v, g, b, w, r=None, r_solve=None):
         C = q.shape[-2]
         self.r, mm = r, matmul(r)
-        self.mm = mm
+        self.mm, self.solve_mm = mm, matmul(r_solve)
         self.q, self.k, self.v, self.b, self.w = q, k, v, b, w
         G = np.cumsum(g, axis=-2, dtype=g.dtype)  # float32 cumulative sum within the chunk
         self.gamma = np.exp(G)
@@ -101,9 +105,9 @@ class _Chunk:
         self.Kd = self.fC * k
         self.T = np.where(self.strict, self._score(self.a), 0)
         self.Aqk = np.where(self.strict | np.eye(C, dtype=bool), self._score(q), 0)
-        self.A = unit_lower_inverse(self.T, r)
-        self.Y = mm(self.A, self.Ebar)
-        self.U = mm(self.A, w * v)
+        self.A = unit_lower_inverse(self.T, r_solve)
+        self.Y = self.solve_mm(self.A, self.Ebar)
+        self.U = self.solve_mm(self.A, w * v)
 
     def _score(self, X):
         """``S_rs = sum_c X_rc k_sc D_rsc`` (the decayed operand ``X_r D_rs`` and ``k_s`` through ``r``)."""
@@ -129,7 +133,7 @@ class _Chunk:
         dAqk = np.where(self.strict | np.eye(dO.shape[-2], dtype=bool), scale * mm(dO, _t(R)), 0)
         dQg = scale * mm(dO, _t(S0))
         dKd = mm(R, _t(dS1))
-        dX = mm(_t(self.A), dR)  # R = A X with X = w v - Ebar S0
+        dX = self.solve_mm(_t(self.A), dR)  # R = A X with X = w v - Ebar S0
         dT = -np.where(self.strict, mm(dX, _t(R)), 0)
         dEbar = -mm(dX, _t(S0))
         diag = np.diagonal(dAqk, axis1=-2, axis2=-1)[..., None]  # exponent 0: kept out of the score path
@@ -155,7 +159,7 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
     """``((o, final_state), grads)`` of the chunked algorithm in ``dtype``, ``chunk_size`` tokens per chunk
     (grouped value heads as in :func:`oracle.recurrence.run`); ``operands`` (:data:`OPERANDS`): the precision of
     every product's operands (None: ``dtype``)."""
-    r = rounding(operands)
+    r, r_solve = rounding(operands)
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise ValueError(f"dtype: expected float32 or float64, got {dtype}")
@@ -177,7 +181,7 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
     # in a kernel of this kind: the result is then non-finite and the grading ignores it (no warning).
     with np.errstate(over="ignore", invalid="ignore"):
         for n in range(len(dOs)):
-            ch = _Chunk(*(x[n] for x in xs), r=r)
+            ch = _Chunk(*(x[n] for x in xs), r=r, r_solve=r_solve)
             R, S1 = ch.state(S)
             states.append((S, R))
             outs.append(ch.output(S, R, scale))
@@ -185,7 +189,8 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
         dS = np.asarray(dfinal_state, dtype=dtype)
         grads = [None] * len(dOs)
         for n in reversed(range(len(dOs))):
-            ch = _Chunk(*(x[n] for x in xs), r=r)  # recomputed: one chunk's decay tensor alive at a time
+            # recomputed: one chunk's decay tensor alive at a time
+            ch = _Chunk(*(x[n] for x in xs), r=r, r_solve=r_solve)
             grads[n], dS = ch.backward(*states[n], dOs[n], dS, scale)
     per_token = [_unchunk(np.stack([gr[i] for gr in grads]), T) for i in range(6)]
     return (_unchunk(np.stack(outs), T), S), Grads(*per_token, dS)

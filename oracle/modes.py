@@ -22,8 +22,10 @@ from .problem import GRADS, INPUTS, Problem, repeat_heads, sum_groups
 MODE_GRADS = GRADS + ("dA_log", "ddt_bias")
 # The per-sequence core a pipeline runs: the token-by-token recurrence (the reference, and e_rec in float32)
 # or the float32 chunked algorithm of :mod:`oracle.chunked32` (the tolerance model's e_cum, docs/DESIGN.md §4),
-# with float32 or bfloat16 product operands (the diagnosis's operand-rounding baseline).
-CORES = ("recurrence", "chunked32", "chunked32_bf16")
+# with float32 operands, or bfloat16 ones in every product or in the chunk solve (the diagnosis's operand-rounding
+# baselines).
+OPERAND_CORES = {"bfloat16": "chunked32_bf16", "bfloat16_solve": "chunked32_bf16_solve"}  # chunked32.OPERANDS
+CORES = ("recurrence", "chunked32", *OPERAND_CORES.values())
 
 
 class ModesForward(NamedTuple):
@@ -182,8 +184,9 @@ def _core(name):
         return recurrence.run
     if name == "chunked32":
         return _chunked32_run
-    if name == "chunked32_bf16":
-        return functools.partial(_chunked32_run, operands="bfloat16")
+    for operands, core in OPERAND_CORES.items():
+        if name == core:
+            return functools.partial(_chunked32_run, operands=operands)
     raise ValueError(f"core: {name!r} not one of {CORES}")
 
 

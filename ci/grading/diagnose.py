@@ -12,9 +12,10 @@ results first (``o``, then the final state) and the gradients only when the forw
 gradient's errors spread backwards in time from the step that caused them:
 
 * ``non-finite``: NaN or inf in a result (first bad token, in ``o`` where it has one);
-* ``operand-rounding``: every FAIL result's error within ``OPERAND_MARGIN`` (either way) of what the float32
-  chunked algorithm gets with every product's operands, the chunk solve's included, rounded to bfloat16
-  (``oracle.chunked32``'s ``operands``): a kernel computing in 16-bit operands, not a damping;
+* ``operand-rounding``: the kernel's error points the way the float32 chunked algorithm's does with every
+  product's operands, or only its chunk solve's, rounded to bfloat16 (``oracle.chunked32``'s ``operands``; cosine
+  at least ``OPERAND_COSINE`` in the first FAIL result) and has its size (within ``OPERAND_MARGIN`` either way in
+  every FAIL result): a kernel computing from 16-bit operands, not a damping;
 * ``periodic``: ``o``'s errors start at a token and jump again every ``period`` tokens (a step repeated
   at every chunk or block);
 * ``reset``: errors that begin at (or just after) a log-decay spike, a state reset;
@@ -32,8 +33,8 @@ gradient's errors spread backwards in time from the step that caused them:
   log-decay ``|G|`` where the cumulative-sum baseline loses precision too; the chunk (16 ... 512 tokens)
   whose ``|G|`` the errors follow best is named, and a weak or negative correlation is said as such;
 * ``logic``: O(1) relative error (``err_ratio >= LOGIC_ERROR``): a wrong formula, not rounding;
-* ``systematic``: none of the above: an error beyond the bound with no token pattern (its size against the
-  bfloat16-operand baseline's quoted).
+* ``systematic``: none of the above: an error beyond the bound with no token pattern (its size and direction
+  against the closest rounded-operand baseline's quoted).
 
 Per kernel, across the case results of a run: first :func:`one_chunk` restates every exponent-cancellation finding
 on one chunk size, the one the kernel's cases follow best on average; then (:func:`diagnose_kernel`) the primary
@@ -56,6 +57,7 @@ from .localisers import (
     GROWTH_CORRELATION,
     LOCALISERS,
     O_PROFILE_LOCALISERS,
+    OPERAND_COSINE,
     OPERAND_MARGIN,
     SPIKE,
     SPIKE_LOG_DECAY,
@@ -88,9 +90,9 @@ from .profiles import (
 __all__ = [
     "BIG_JUMP", "CANCELLATION_CORRELATION", "CANCELLATION_LOSS", "CHUNKS", "FALSE_PERIOD", "FORWARD",
     "GROWTH_CORRELATION", "JUMP", "LOCALISERS", "LOGIC_ERROR", "MIN_BAD_FRACTION", "MIN_CLEAN_TOKENS", "MIN_ONSETS",
-    "MIN_PATTERN_CASES", "MIN_PERIOD", "NOISE_SIGMAS", "O_PROFILE_LOCALISERS", "OPERAND_MARGIN", "PATTERN_CHANCE",
-    "SPIKE",
-    "SPIKE_LOG_DECAY", "STEP_WINDOW", "WEAK_CORRELATION", "CaseEvidence", "Finding", "OProfile", "bad_tokens",
+    "MIN_PATTERN_CASES", "MIN_PERIOD", "NOISE_SIGMAS", "O_PROFILE_LOCALISERS", "OPERAND_COSINE", "OPERAND_MARGIN",
+    "PATTERN_CHANCE", "SPIKE", "SPIKE_LOG_DECAY", "STEP_WINDOW", "WEAK_CORRELATION", "CaseEvidence", "Finding",
+    "OProfile", "bad_tokens",
     "chunk_log_decay", "chunk_sizes", "diagnose_case", "diagnose_kernel", "find_period", "first_bad", "log_profile",
     "one_chunk", "rank_correlation",
 ]

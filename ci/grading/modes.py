@@ -110,7 +110,7 @@ def compare(names, got, yard: Yardstick, diagnosis_problem=None) -> Report:
             report.profiles[v.name] = token_profile(got[v.name], yard.ref[v.name], s_rms)
         report.verdicts.append(v)
     if not report.passed and diagnosis_problem is not None:
-        report.diagnosis = diagnose.diagnose_case(report, diagnosis_problem, yard.operand_errors)
+        report.diagnosis = diagnose.diagnose_case(report, diagnosis_problem, lambda: yard.operand_errors(got))
     return report
 
 
@@ -307,10 +307,11 @@ class ModeCase(CachedCase):
         """The float32 pipeline with the cumulative-sum chunked core (``oracle.chunked32``), rounded: e_cum."""
         return self._baseline(self._cum, "chunked32", result_dtypes, chunk_size)
 
-    def operand_baseline(self, result_dtypes):
-        """:meth:`cum_baseline` with bfloat16 product operands (core ``chunked32_bf16``; no chunk-start states): what
-        the diagnosis tells operand rounding by."""
-        return self._baseline(self._ops, "chunked32_bf16", result_dtypes, None, states=False)
+    def operand_baseline(self, result_dtypes, operands="bfloat16"):
+        """:meth:`cum_baseline` with ``operands`` rounded (``chunked32.OPERANDS``; core ``chunked32_bf16`` or
+        ``chunked32_bf16_solve``; no chunk-start states): what the diagnosis tells operand rounding by."""
+        core = modes.OPERAND_CORES[operands]
+        return self._baseline(self._ops.setdefault(core, {}), core, result_dtypes, None, states=False)
 
     def diagnosis_problem(self):
         """What the diagnosis reads: the log-decay the core saw (after the gate), the initial state, the packing."""
@@ -337,7 +338,7 @@ class ModeCase(CachedCase):
         float32 baseline, the cumulative-sum baseline (formed only when needed), the envelopes."""
         return Yardstick(self.reference(chunk_size), self.baseline(result_dtypes, chunk_size), self.dtype,
                          lambda: self.cum_baseline(result_dtypes, chunk_size), self.envelopes(), INHERITS,
-                         operands=lambda: self.operand_baseline(result_dtypes))
+                         operands=lambda ops: self.operand_baseline(result_dtypes, ops))
 
     def release(self):
         """Drop the cached arrays."""

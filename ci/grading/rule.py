@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gdn2_oracle.oracle.chunked32 import OPERANDS
+
 from .grades import FAIL, PRECISION, Verdict
 
 # Allowed error: this many times the plain working-precision recurrence's error ... (float16: as bfloat16, a
@@ -49,6 +51,8 @@ AGREE_FRACTION = 1 / 3
 AGREE_LOSS_FRACTION = 1.0
 
 NON_FINITE = "non-finite"
+# The rounded-operand baselines the diagnosis compares a kernel's errors with (Yardstick.operand_errors).
+OPERAND_BASELINES = tuple(o for o in OPERANDS if o is not None)
 
 
 def rms(x):
@@ -172,8 +176,9 @@ class Yardstick:
     (``e_rec``'s source), the kernel's input ``dtype``, the cumulative-sum baseline ``cum`` or a function returning
     it (``e_cum``'s source, formed only when some finite result is over its tolerance; None: no bound), the
     ``envelopes`` by name (the scale of a result summed from larger terms) and ``inherits`` (name -> the result whose
-    baseline error a result at least has: a sum of that result's terms). ``operands``: a function returning the
-    chunked baseline with bfloat16 product operands (``core="chunked32_bf16"``), read only by the diagnosis."""
+    baseline error a result at least has: a sum of that result's terms). ``operands``: a function of an operand
+    precision (``oracle.chunked32.OPERANDS``: "bfloat16", "bfloat16_solve") returning the chunked baseline with those
+    operands rounded, read only by the diagnosis."""
 
     ref: dict
     base: dict
@@ -186,17 +191,31 @@ class Yardstick:
     def scaled(self):
         return _Scaled(self.ref, self.envelopes, self.inherits)
 
-    def operand_errors(self):
-        """``{name: err_ratio}`` of the bfloat16-operand baseline (:attr:`operands`) against the reference, for the
-        results it has (an empty dict without one)."""
-        if self.operands is None:
-            return {}
-        ops, s = self.operands(), self.scaled()
-        return {n: s.error(n, ops[n])[0] for n in ops if n in self.ref and ops[n] is not None}
-
     def cumulative(self):
         """The cumulative-sum baseline (called at most once per judgement: only when needed)."""
         return self.cum() if callable(self.cum) else self.cum
+
+    def operand_errors(self, got):
+        """``{operands: {name: (err_ratio, cosine)}}`` of each rounded-operand baseline (:attr:`operands`): its error
+        against the reference, and the cosine between its error and the kernel's (``got - ref``); {} without one."""
+        if self.operands is None:
+            return {}
+        s, out = self.scaled(), {}
+        for precision in OPERAND_BASELINES:
+            ops = self.operands(precision)
+            out[precision] = {n: (s.error(n, ops[n])[0], cosine(np.asarray(got[n], np.float64) - self.ref[n],
+                                                               np.asarray(ops[n], np.float64) - self.ref[n]))
+                              for n in ops if n in self.ref and n in got and ops[n] is not None}
+        return out
+
+
+def cosine(a, b):
+    """The cosine between two arrays' flattened values (0 when either is zero or not finite)."""
+    a, b = np.ravel(a), np.ravel(b)
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return 0.0
+    na, nb = float(np.sqrt(a @ a)), float(np.sqrt(b @ b))
+    return float(a @ b) / (na * nb) if na > 0 and nb > 0 else 0.0
 
 
 def _over(err, tol):

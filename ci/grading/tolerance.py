@@ -110,12 +110,12 @@ def cumulative_baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes
     return rounded(oracle.named_results(*chunked32.forward_and_vjp(problem, do, dfinal_state)), result_dtypes)
 
 
-def operand_baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None):
-    """:func:`cumulative_baseline` with every product's operands rounded to bfloat16 (``chunked32``'s
-    ``operands``): what a kernel computing its chunk solve and matmuls from 16-bit operands gets; the diagnosis
-    tells operand rounding from a damping by it."""
+def operand_baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=None, operands="bfloat16"):
+    """:func:`cumulative_baseline` with ``operands`` rounded (``chunked32.OPERANDS``: every product's, or the chunk
+    solve's, in bfloat16): what a kernel computing from 16-bit operands gets; the diagnosis tells operand rounding
+    from a damping by it."""
     with np.errstate(over="ignore", invalid="ignore"):
-        results = chunked32.forward_and_vjp(problem, do, dfinal_state, operands="bfloat16")
+        results = chunked32.forward_and_vjp(problem, do, dfinal_state, operands=operands)
     return rounded(oracle.named_results(*results), result_dtypes)
 
 
@@ -160,13 +160,13 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
             return cumulative_baseline(problem, do, dfinal_state, result_dtypes)
     report = Report(dtype=dtype)
     yard = Yardstick(ref, base, dtype, cum, {"dg": envelope("dg", problem, ref)},
-                     operands=lambda: operand_baseline(problem, do, dfinal_state, result_dtypes))
+                     operands=lambda ops: operand_baseline(problem, do, dfinal_state, result_dtypes, ops))
     for v, s_rms in judge_results(RESULTS, got, yard):
         if not v.passed and v.name in PER_TOKEN:
             report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
         report.verdicts.append(v)
     if not report.passed:
-        report.diagnosis = diagnose.diagnose_case(report, problem, yard.operand_errors)
+        report.diagnosis = diagnose.diagnose_case(report, problem, lambda: yard.operand_errors(got))
     return report
 
 

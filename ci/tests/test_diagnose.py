@@ -170,22 +170,23 @@ def test_a_chunk_128_cumulative_sum_kernel_is_diagnosed_with_chunk_128():
 
 
 @pytest.mark.parametrize("decay", ["moderate", "strong", "none"])
-def test_bf16_operands_are_called_operand_rounding_and_a_damped_solve_is_not(decay):
-    """A chunked kernel whose products (chunk solve included) take bfloat16 operands is compared with the oracle's
-    chunked algorithm rounded the same way and called operand rounding, not a damping; a chunk solve damped by
-    2e-3 (errors of the same order) is still called systematic, with the comparison quoted."""
-    report, _ = judge(buggy.bf16_operands, decay=decay, h0=True)
-    assert report.grade == FAIL, report.format()
-    f = primary(report)
-    assert f.kind == "operand-rounding", report.format()
-    assert "rounding in a 16-bit operand" in f.text and "not a damping" in f.text, f.text
-    ratios = f.evidence["operand_ratio"].values()
-    assert all(1 / diagnose.OPERAND_MARGIN <= r <= diagnose.OPERAND_MARGIN for r in ratios), f.evidence
+def test_16_bit_operands_are_called_operand_rounding_and_a_damped_solve_is_not(decay):
+    """A chunked kernel whose products take bfloat16 operands, or only its chunk solve's, is compared with the
+    oracle's chunked algorithm rounded the same way -- its error points the same way (cosine) and has its size --
+    and called operand rounding, naming which operands; a chunk solve damped by 2e-3 (errors as large) is still
+    called systematic, with the closest rounding's comparison quoted."""
+    for fn, ops in ((buggy.bf16_operands, "bfloat16"), (buggy.bf16_solve, "bfloat16_solve")):
+        report, _ = judge(fn, decay=decay, h0=True)
+        assert report.grade == FAIL, report.format()
+        f = primary(report)
+        assert f.kind == "operand-rounding" and f.evidence["operands"] == ops, report.format()
+        assert "rounding in a 16-bit operand" in f.text and "not a damping" in f.text, f.text
+        assert f.evidence["operand_cosine"] >= diagnose.OPERAND_COSINE, f.evidence
     damped, _ = judge(buggy.damped_solve, decay=decay, h0=True)
     assert damped.grade == FAIL, damped.format()
     kinds = [x.kind for x in damped.diagnosis]
     assert "operand-rounding" not in kinds and primary(damped).kind == "systematic", damped.format()
-    assert "what bfloat16 product operands give" in primary(damped).text, damped.format()
+    assert "not operand rounding" in primary(damped).text, damped.format()
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,10 +358,11 @@ def test_a_training_call_case_compares_with_the_bfloat16_operand_baseline_too():
     call = Call(*p.inputs(), scale=p.scale, initial_state=p.initial_state, qk_l2norm=True)
     do = np.random.default_rng(0).standard_normal(p.v.shape)
     case = ModeCase.of(call, do, np.zeros_like(p.initial_state))
-    report = case.judge(case.operand_baseline({}))
+    report = case.judge(case.operand_baseline({}, "bfloat16_solve"))
     assert report.grade == FAIL, report.format()
     f = primary(report)
-    assert f.kind == "operand-rounding" and set(f.evidence["operand_ratio"].values()) == {1.0}, report.format()
+    assert f.kind == "operand-rounding" and f.evidence["operands"] == "bfloat16_solve", report.format()
+    assert set(f.evidence["operand_ratio"].values()) == {1.0} and f.evidence["operand_cosine"] == 1.0, f.evidence
 
 
 def _cancellation_record(profile_chunk, T, seed):
