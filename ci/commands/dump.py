@@ -4,7 +4,11 @@
   inputs ``input_*``, the kernel's results ``got_*``, the reference ``ref_*``, the per-token error profiles
   ``profile_*``; whatever the run had), ``verdicts.json`` (the case's record as in the JSON report), one PNG of
   error / tolerance per token for each failing per-token result, and ``reproduce.txt`` (a one-line
-  ``python -c`` that runs the kernel on the case again and prints its verdicts).
+  ``python -c`` that runs the kernel on the case again and prints its verdicts). A serving case's arrays are named
+  per call (``call0_input_q``, ``call0_state_indices``, ``call0_got_o``, ``call0_ref_o``, ``call0_got_pool``,
+  ``call0_ref_pool``, ``call0_ratio_o``, ...: ``ci/running/serving.py``, ``SessionRun.arrays``) and its one PNG,
+  ``serving_per_call.png``, is error / tolerance of ``o`` per sequence and token and of the state per slot, call by
+  call (``serving_dump.plot_serving``).
 * :func:`plot_validation`: the heat map of a report, cases x results, colour log10(error / tolerance).
 """
 
@@ -22,10 +26,12 @@ from gdn2_oracle.oracle import call_modes
 
 from ..grading.grades import FAIL, PASS, PRECISION, Verdict
 from .output import write_json
+from .serving_dump import n_calls, plot_serving
 
 # Colour range of the heat map and of the per-token plots, in log10(error / tolerance).
 LOG_RANGE = 3.0
 MARK = {FAIL: "x", PRECISION: "~"}
+SERVING_PLOT = "serving_per_call.png"  # a serving case's plot (serving_dump.plot_serving)
 
 
 def safe_name(text):
@@ -104,13 +110,18 @@ class Dumper:
             for name, x in (arrays.get(prefix) or {}).items():
                 if x is not None:
                     named[f"{prefix}_{name}"] = _npz_array(x)
+        calls = arrays.get("serving") or {}  # a serving case's arrays, already named per call (call0_got_o, ...)
+        named.update({name: _npz_array(x) for name, x in calls.items() if x is not None})
         if named:
             np.savez_compressed(path / "arrays.npz", **named)
+        title = f"{kernel_label} on {case.name} ({case.dtype})"
         profiles = arrays.get("profile") or {}
         for v in record.get("verdicts") or []:
             if v.get("grade", PASS if v.get("passed") else FAIL) != PASS and v["name"] in profiles:
                 plot_token_profile(path / f"{safe_name(v['name'])}_per_token.png", profiles[v["name"]], v,
-                                   title=f"{kernel_label} on {case.name} ({case.dtype})")
+                                   title=title)
+        if n_calls(calls):
+            plot_serving(path / SERVING_PLOT, calls, record.get("verdicts") or [], title=title, log_range=LOG_RANGE)
         self.written.append(path)
         return path
 

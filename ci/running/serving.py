@@ -30,7 +30,9 @@ or, for a ``torch:`` spec, its ``state_dtype`` option; float32 otherwise. Inputs
 input dtype (exact), indices as int32 (``cu_seqlens`` int64 to torch).
 
 :class:`ServingCase` (``describe()``, ``run(fn)``, ``release()``) is what ``validate --modes decode,speculative``
-runs: :func:`serving_cases` gives them for ``oracle/serving_recipes.py``'s recipes.
+runs: :func:`serving_cases` gives them for ``oracle/serving_recipes.py``'s recipes. :class:`SessionRun` is one run
+judged; with ``--dump`` its :meth:`SessionRun.arrays` (per call: inputs, the kernel's and the reference's ``o`` and
+pool, error / tolerance per token and slot) is what a case not graded PASS keeps.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.serving import GDN2, V_FIRST_KEYWORD
 
 from ..grading.result import CaseResult
-from ..grading.serving import STATE_DTYPES, Session
+from ..grading.serving import INPUT_NAMES, STATE_DTYPES, Session
 from . import replay_backends
 from .drivers import PoolDriver, ReplayDriver
 from .families import kernel_family
@@ -186,20 +188,97 @@ def run_session(fn, session: Session, *, keep=False, v_first=False):
     """Run kernel ``fn`` (or its driver, :func:`driver`) on every call of ``session``, chained on its own states, and
     grade it (``ci/grading/serving.py``): the Report, or with ``keep`` ``(report, [(o, pool after), ...])``. A family
     session runs a family kernel in FLA's family signature; ``v_first``: with the ``[V, K]`` pool."""
-    drv = driver(fn, session.family, v_first)
-    if drv.family != session.family:
-        raise ValueError(f"family: a {drv.family} kernel cannot run the {session.family} session {session.name!r}")
-    judge = session.judge(drv.state_dtype, replay_capacity=drv.replay_capacity,
-                          replay_storage=getattr(drv, "replay_storage", None))
-    pool = drv.start(session)
-    kept = []
+    run = SessionRun(fn, session, keep=keep, v_first=v_first)
+    return (run.report, run.kept) if keep else run.report
+
+
+class SessionRun:
+    """One kernel run on a session and judged (:func:`run_session`): ``judge`` (its :class:`SessionJudge`, holding the
+    reference calls and the metrics' scales), ``report``, ``initial_pool`` (the pool the kernel started from) and,
+    with ``keep``, ``kept`` ``[(o, pool after), ...]`` per call."""
+
+    def __init__(self, fn, session: Session, *, keep=False, v_first=False):
+        drv = driver(fn, session.family, v_first)
+        if drv.family != session.family:
+            raise ValueError(f"family: a {drv.family} kernel cannot run the {session.family} session "
+                             f"{session.name!r}")
+        self.session = session
+        self.judge = session.judge(drv.state_dtype, replay_capacity=drv.replay_capacity,
+                                   replay_storage=getattr(drv, "replay_storage", None))
+        pool = self.initial_pool = drv.start(session)
+        self.keep, self.kept = bool(keep), []
+        for i, call in enumerate(session.calls):
+            o, new_pool = drv.step(call, session.dtype)
+            self.judge.add(i, o, pool, new_pool)
+            if keep:
+                self.kept.append((o, new_pool))
+            pool = new_pool
+        self.report = self.judge.report()
+
+    def arrays(self):
+        """What ``--dump`` writes of the run (needs ``keep``), named for ``arrays.npz``: per call ``i``
+        ``call{i}_input_q`` .. ``call{i}_input_w`` (the session's inputs), ``call{i}_state_indices``,
+        ``call{i}_num_accepted_tokens`` and ``call{i}_cu_seqlens`` (where the call has them), ``call{i}_read_slots``
+        (the slot each sequence must start from), ``call{i}_got_o`` / ``call{i}_ref_o`` (the kernel's and the judge's
+        reference outputs: 0 at padding, NaN where the reference is not finite) and ``call{i}_got_pool`` /
+        ``call{i}_ref_pool`` (the pools after the call, the reference's NaN at a written slot it does not judge),
+        ``call{i}_ratio_o`` ``[B, T]`` (error / tolerance per token, NaN where not judged) and ``call{i}_ratio_state``
+        ``[P]`` (per written slot, NaN elsewhere); once: ``initial_pool`` and, for a graded result not PASS,
+        ``per_call_ratio_<result>`` (the judge's per-call error profile over the result's tolerance)."""
+        if not self.keep:
+            raise ValueError("keep: the run kept no results (SessionRun(..., keep=True))")
+        session, judge = self.session, self.judge
+        tol = {v.name: v for v in self.report.verdicts if v.name in judge.metrics}
+        out = {"initial_pool": self.initial_pool, **call_inputs(session)}
+        ref_pool = np.asarray(session.initial_pool(), np.float64)
+        for i, (rc, (o, pool)) in enumerate(zip(judge.ref, self.kept)):
+            key = f"call{i}_"
+            out[key + "read_slots"] = rc.plan.read_slots
+            ref_o = np.zeros(np.shape(o), np.float64)
+            ref_o[rc.judged] = rc.o
+            ref_o[~rc.idle & ~rc.judged] = np.nan
+            ref_pool = ref_pool.copy()
+            ref_pool[rc.written] = np.nan
+            ref_pool[rc.state_slots] = rc.state
+            got_o, got_pool = np.asarray(o, np.float64), np.asarray(pool, np.float64)
+            ratio_o = np.full(rc.judged.shape, np.nan)
+            ratio_o[rc.judged] = _ratio(got_o[rc.judged] - rc.o, judge.metrics["o"].scales, tol.get("o"))
+            ratio_state = np.full(got_pool.shape[0], np.nan)
+            ratio_state[rc.state_slots] = _ratio(got_pool[rc.state_slots] - rc.state, judge.metrics["state"].scales,
+                                                 tol.get("state"))
+            out.update({key + "got_o": o, key + "ref_o": ref_o, key + "got_pool": pool, key + "ref_pool": ref_pool,
+                        key + "ratio_o": ratio_o, key + "ratio_state": ratio_state})
+        for name, profile in (self.report.profiles or {}).items():
+            v = tol.get(name)
+            out[f"per_call_ratio_{name}"] = np.asarray(profile, np.float64) / (v.tol_ratio if v and v.tol_ratio > 0
+                                                                                else 1.0)
+        return out
+
+
+def _ratio(diff, scales, verdict):
+    """Per leading index of ``diff`` (a token's ``[HV, V]`` or a slot's ``[HV, K, V]`` error): error / tolerance as
+    ``Verdict.ratio`` has it, the larger of rms / (rms scale x tol_ratio) and max / (max scale x tol_max); inf where
+    not finite."""
+    if not len(diff):
+        return np.zeros(0)
+    d = np.asarray(diff, np.float64).reshape(len(diff), -1)
+    t_rms, t_max = (verdict.tol_ratio, verdict.tol_max) if verdict is not None else (1.0, 1.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        rms = np.sqrt(np.mean(np.square(d), axis=1)) / (scales[0] * (t_rms if t_rms > 0 else 1.0))
+        big = np.max(np.abs(d), axis=1) / (scales[1] * (t_max if t_max > 0 else 1.0))
+    return np.where(np.all(np.isfinite(d), axis=1), np.maximum(rms, big), np.inf)
+
+
+def call_inputs(session):
+    """The per-call inputs and bookkeeping of ``session`` named as :meth:`SessionRun.arrays` names them (what
+    ``--dump`` keeps of a case whose kernel raised)."""
+    out = {}
     for i, call in enumerate(session.calls):
-        o, new_pool = drv.step(call, session.dtype)
-        judge.add(i, o, pool, new_pool)
-        if keep:
-            kept.append((o, new_pool))
-        pool = new_pool
-    return (judge.report(), kept) if keep else judge.report()
+        out.update({f"call{i}_input_{n}": x for n, x in zip(INPUT_NAMES, call.inputs())})
+        for n in ("state_indices", "num_accepted_tokens", "cu_seqlens"):
+            if getattr(call, n) is not None:
+                out[f"call{i}_{n}"] = np.asarray(getattr(call, n))
+    return out
 
 
 class ServingCase:
@@ -221,15 +300,23 @@ class ServingCase:
 
     def run(self, fn, mesh=None, *, capture=False, program=None) -> CaseResult:
         """Judge kernel ``fn`` on the session's calls chained on its own pool (no mesh: a decode call is not
-        sharded); a kernel that raises, or is no serving kernel, fails the case. Nothing is captured for
-        ``--dump``: the result's ``arrays`` are empty."""
+        sharded); a kernel that raises, or is no serving kernel, fails the case. ``capture`` (``--dump``): the
+        result's ``arrays`` hold ``{"serving": {name: array}}`` for a case not graded PASS: per call its inputs,
+        bookkeeping, the kernel's and the reference's ``o`` and pool after it, and error / tolerance per token and
+        per written slot (:meth:`SessionRun.arrays`); of a kernel that raised, the calls' inputs; nothing (``{}``)
+        for a PASS."""
         t0 = time.perf_counter()
         arrays = {} if capture else None
         try:
-            report = run_session(fn, self.session, v_first=self.v_first)
+            run = SessionRun(fn, self.session, keep=capture, v_first=self.v_first)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises (or is no serving kernel) fails this case
+            if capture:
+                arrays["serving"] = call_inputs(self.session)
             return CaseResult.failed(self.describe(), exc, time.perf_counter() - t0, arrays=arrays)
-        return CaseResult.judged(self.describe(), report, time.perf_counter() - t0, arrays=arrays)
+        result = CaseResult.judged(self.describe(), run.report, time.perf_counter() - t0, arrays=arrays)
+        if capture and not result.passed:  # only a dumped case keeps its arrays
+            arrays["serving"] = run.arrays()
+        return result
 
     def release(self):
         self.session.release()
