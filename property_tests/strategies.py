@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from hypothesis import target
 
 from gdn2_oracle import kernels, oracle
+from gdn2_oracle.ci.running import families
 from gdn2_oracle.kernels import DEFAULTS as DEFAULT_KERNELS
 from gdn2_oracle.kernels.spec import runnable
 from gdn2_oracle.oracle import Recipe
@@ -106,6 +107,73 @@ def repro(recipe: Recipe, kernel_name="pairwise") -> str:
                     kernel_name)
 
 
+def python_c(code) -> str:
+    """``python -c "code"`` for a POSIX shell: ``code`` double-quoted with ``\\``, ``"``, ``$`` and backquotes escaped,
+    so that a kernel spec holding quotes (``replay-recurrent[mutant='late_flush']``, whose repr is double-quoted)
+    reaches Python intact."""
+    return 'python -c "' + "".join("\\" + c if c in '\\"$`' else c for c in code) + '"'
+
+
+def carry_repro(recipe: Recipe, kernel_name="pairwise", t=CARRY_SPLITS[0]) -> str:
+    """A shell one-liner that reruns ``test_state_carry``'s call of ``kernel_name`` on this recipe split at ``t``
+    (``[0, t)`` then ``[t, T)`` from the carried final state, the VJPs chained: ``harness.carried_results``) and
+    prints both judgements (:func:`show`): against the float64 oracle, and against the kernel's one call."""
+    return runnable(python_c(
+        "from gdn2_oracle import oracle, kernels; from gdn2_oracle.ci.running.harness import validate_carried; "
+        f"from gdn2_oracle.property_tests.strategies import show; p = {recipe.call()}; "
+        f"do, dfs = {recipe.cotangents_call('p')}; r, a = validate_carried(kernels.get({kernel_name!r}), p, do, dfs, "
+        f"{t!r}, dtype={recipe.dtype!r}); show([('[0,{t}) + [{t},{recipe.shape[1]}) with carried state vs the float64 "
+        "oracle', r), ('carried vs one call (tight agreement)', a)])"), kernel_name)
+
+
+def carry_example(recipe: Recipe, kernel_name, t) -> str:
+    """The ``@example`` line of a ``test_state_carry`` failure, with the test id of its split ``t`` (a pytest
+    parameter: the example runs under every split, the failure was seen under this one)."""
+    return (f"{example(recipe)}  on test_state_carry (it failed as test_state_carry[{kernel_name}-split{t}]; "
+            "an example runs under every split)")
+
+
+# --------------------------------------------------------------------------------------------
+# serving reproducers (property_tests/test_serving.py, test_family_serving.py)
+
+SUITE = "gdn2_oracle.property_tests"  # the installed suite a reproducer imports (pytest may name it otherwise)
+
+
+def given_example(**drawn) -> str:
+    """The ``@example`` decorator pinning the drawn arguments ``drawn`` of a test."""
+    return "@example(" + ", ".join(f"{k}={v!r}" for k, v in drawn.items()) + ")"
+
+
+class Rerun(NamedTuple):
+    """What reruns one failing serving property: its ``check_*`` function (which returns ``[(label, Report)]``), the
+    kernel's name as selected, the dtype and the test's drawn arguments (``{}``: a test without draws)."""
+
+    check: Callable
+    kernel: str
+    dtype: str
+    drawn: dict
+
+    def command(self) -> str:
+        """A shell one-liner that builds the kernel from its name (``kernel_named`` of the check's module, as pytest
+        builds it), runs the check and prints every ``(label, report)`` (``show``)."""
+        module = f"{SUITE}.{self.check.__module__.rsplit('.', 1)[-1]}"  # the installed module, however pytest named it
+        args = ", ".join([f"kernel_named({self.kernel!r})", repr(self.dtype)]
+                         + [f"{k}={v!r}" for k, v in self.drawn.items()])
+        return runnable(python_c(f"from {module} import {self.check.__name__}, kernel_named, show; "
+                                 f"show({self.check.__name__}({args}))"), self.kernel)
+
+    def explain(self) -> str:
+        """The lines a failure message adds: the reproducer, and the ``@example`` line that pins the draw."""
+        pin = given_example(**self.drawn) if self.drawn else "(nothing drawn: the test runs these values every time)"
+        return f"reproduce: {self.command()}\npin it:    {pin}"
+
+
+def show(checks):
+    """Print each ``(label, report)`` of a serving check: its grade and verdict table (what a reproducer prints)."""
+    for label, report in checks:
+        print(f"{label}: {report.grade}\n{report.format()}", flush=True)
+
+
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
 
 
@@ -153,6 +221,15 @@ def kernel_fn(name, **options):
     shape compiles once per session, across tests and Hypothesis examples.
     """
     return _kernel_fn(name, tuple(sorted(options.items())))
+
+
+def selected_kernel(name):
+    """``(callable, family)`` of the kernel selected as ``name`` (``--gdn2-kernel``), built as pytest builds it
+    (conftest.py): the spec's ``family`` option taken out of it (``ci.running.families.spec_family``), else read from
+    the kernel (``kernel_family``). What a failure's reproducer builds from the name alone."""
+    spec, option = families.spec_family(kernels.KernelSpec.parse(name))
+    fn = kernel_fn(name) if option is None else kernel_fn(spec.name, **spec.options)
+    return fn, families.kernel_family(fn, option, label=name)
 
 
 class Kernel(NamedTuple):

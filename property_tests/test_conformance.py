@@ -101,19 +101,25 @@ def per_config_examples(**fixed):
     return deco
 
 
-def explain(spec, kernel_name, report, what):
-    """Failure message: the verdict table, a reproduction and the lines to pin the example."""
+def explain(spec, kernel_name, report, what, carry=None):
+    """Failure message: the verdict table, a reproduction and the lines to pin the example. ``carry``: the split
+    point of a state-carry failure (the reproducer reruns the split call, :func:`strategies.carry_repro`)."""
+    if carry is None:
+        reproduce, pin = strategies.repro(spec, kernel_name), strategies.example(spec)
+    else:
+        reproduce, pin = strategies.carry_repro(spec, kernel_name, carry), strategies.carry_example(spec, kernel_name,
+                                                                                                  carry)
     return (f"{what}\n{report.format()}\n"
-            f"reproduce: {strategies.repro(spec, kernel_name)}\n"
-            f"pin it:    {strategies.example(spec)}\n"
+            f"reproduce: {reproduce}\n"
+            f"pin it:    {pin}\n"
             f"golden:    {spec.call()}  (cotangents: {spec.cotangents_call('p')})")
 
 
-def check(report, spec, kernel_name, what):
+def check(report, spec, kernel_name, what, carry=None):
     """Fail (with the explanation and a reproducer) on a FAIL grade; warn on PRECISION (fail under --gdn2-strict)."""
     note(f"spec: {spec!r}")
     if not report.passed:
-        grading.enforce(report, explain(spec, kernel_name, report, what))
+        grading.enforce(report, explain(spec, kernel_name, report, what, carry))
 
 
 def run(fn, problem, do, dfs, dtype):
@@ -221,29 +227,18 @@ def test_chunk_and_split_invariance(kernel, owner, options, spec):
 # 4. state carry
 
 
-def _piece(p, lo, hi, h0):
-    return oracle.Problem(*(x[:, lo:hi] for x in p.inputs()), scale=p.scale, initial_state=h0)
-
-
 @pytest.mark.parametrize("t", CARRY_SPLITS, ids=[f"split{t}" for t in CARRY_SPLITS])
 @given(spec=specs(CARRY_CONFIG))
 def test_state_carry(kernel, t, spec):
     """[0, t) then [t, T) with the carried final state equals one call: forward, and every gradient
-    by chaining the two calls' VJPs (the second call's dh0 is the first call's final-state cotangent)."""
+    by chaining the two calls' VJPs (the second call's dh0 is the first call's final-state cotangent).
+    A failure's reproducer reruns this split call (``harness.carried_results``), not one call."""
     p, do, dfs = inputs_of(spec)
-    whole = run(kernel.fn, p, do, dfs, spec.dtype)
-    first_fwd = run(kernel.fn, _piece(p, 0, t, p.initial_state), do[:, :t], dfs, spec.dtype)  # dfs: placeholder
-    second = run(kernel.fn, _piece(p, t, None, first_fwd["final_state"].astype(np.float64)), do[:, t:], dfs, spec.dtype)
-    first = run(kernel.fn, _piece(p, 0, t, p.initial_state), do[:, :t], second["dh0"].astype(np.float64), spec.dtype)
-    carried = {"o": np.concatenate([first["o"], second["o"]], axis=1), "final_state": second["final_state"],
-               "dh0": first["dh0"]}
-    for name in ("dq", "dk", "dv", "dg", "db", "dw"):
-        carried[name] = np.concatenate([first[name], second[name]], axis=1)
-    ref = references.reference_results(p, do, dfs)
-    report, base, cum = judge(p, do, dfs, carried, ref, spec.dtype)
-    check(report, spec, kernel.name, f"{kernel.name}: [0,{t}) + [{t},{p.shape[1]}) with carried state vs the oracle")
-    check(agreement(p, carried, whole, ref, base, spec.dtype, what="carried~one call", cum=cum),
-          spec, kernel.name, f"{kernel.name}: split at {t} with carried state vs one call (tight agreement)")
+    report, agrees = harness.validate_carried(kernel.fn, p, do, dfs, t, dtype=spec.dtype)
+    check(report, spec, kernel.name, f"{kernel.name}: [0,{t}) + [{t},{p.shape[1]}) with carried state vs the oracle",
+          carry=t)
+    check(agrees, spec, kernel.name, f"{kernel.name}: split at {t} with carried state vs one call (tight agreement)",
+          carry=t)
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,8 +32,10 @@ from gdn2_oracle.kernels.registry import FAMILY_SERVING_DEFAULTS
 from gdn2_oracle.oracle import serving as oracle_serving
 from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.serving import DecodeCall
-from gdn2_oracle.property_tests import grading, strategies
+from gdn2_oracle.property_tests import strategies
 from gdn2_oracle.property_tests.plugin import kernel_names
+from gdn2_oracle.property_tests.strategies import Rerun
+from gdn2_oracle.property_tests.test_serving import enforce_all
 
 FAMILIES = ("gdn", "kda")
 pytestmark = pytest.mark.gdn2_family(*FAMILIES)
@@ -53,6 +55,15 @@ class FamilyServingKernel(NamedTuple):
     name: str
     fn: Callable
     family: str
+
+
+show = strategies.show  # a failure's reproducer imports it from here, with the check and kernel_named
+
+
+def kernel_named(name):
+    """The :class:`FamilyServingKernel` selected as ``name`` (``--gdn2-kernel``), built as pytest builds it, with its
+    family (``strategies.selected_kernel``): what a failure's reproducer runs the check on."""
+    return FamilyServingKernel(name, *strategies.selected_kernel(name))
 
 
 def family_serving_kernels(config):
@@ -85,16 +96,19 @@ def _family(kernel):
     return kernel.family
 
 
-def _enforce(kernel, session):
-    report = run_session(kernel.fn, session)
-    grading.enforce(report, f"{kernel.name} {session.name}:\n{report.format()}")
+def check_family_sessions(kernel, dtype="float32"):
+    """The family sessions of ``oracle/serving_recipes.py`` in the kernel's family: ``(session name, report)`` of
+    each, run as it is consumed (a generator: the test stops at the first failure)."""
+    for script in recipes.family_sessions((_family(kernel),), (dtype,)):
+        session = Session.from_script(script)
+        yield session.name, run_session(kernel.fn, session)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.gdn2_modes(CHAINED, WINDOWS)
 def test_family_sessions(serving_kernel, dtype):
-    for script in recipes.family_sessions((_family(serving_kernel),), (dtype,)):
-        _enforce(serving_kernel, Session.from_script(script))
+    enforce_all(check_family_sessions(serving_kernel, dtype), f"{serving_kernel.name} {dtype}",
+                Rerun(check_family_sessions, serving_kernel.name, dtype, {}))
 
 
 def steps_session(family, dtype, seed, prefill, steps):
@@ -114,6 +128,12 @@ def steps_session(family, dtype, seed, prefill, steps):
     return Session(f"steps_p{prefill}_n{steps}", calls, pool, dtype=dtype, mode=CHAINED, family=family)
 
 
+def check_drawn_steps(kernel, dtype="float32", seed=0, prefill=1, steps=1):
+    """:func:`steps_session` in the kernel's family: ``[(session name, report)]``."""
+    session = steps_session(_family(kernel), dtype, seed, prefill, steps)
+    return [(session.name, run_session(kernel.fn, session))]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds, prefill=st.integers(1, 6), steps=st.integers(1, 40))
 @example(seed=0, prefill=1, steps=14)  # a ring of 16 (replay-recurrent's default) flushes at the last token
@@ -121,7 +141,8 @@ def steps_session(family, dtype, seed, prefill, steps):
 @example(seed=2, prefill=2, steps=33)
 @pytest.mark.gdn2_modes(CHAINED)
 def test_drawn_steps(serving_kernel, dtype, seed, prefill, steps):
-    _enforce(serving_kernel, steps_session(_family(serving_kernel), dtype, seed, prefill, steps))
+    enforce_all(check_drawn_steps(serving_kernel, dtype, seed, prefill, steps), f"{serving_kernel.name} {dtype}",
+                Rerun(check_drawn_steps, serving_kernel.name, dtype, dict(seed=seed, prefill=prefill, steps=steps)))
 
 
 def windows_session(family, dtype, seed, S, accepted):
@@ -150,10 +171,17 @@ def window_draws(draw):
     return S, draw(st.lists(st.integers(1, S), min_size=1, max_size=10))
 
 
+def check_drawn_windows(kernel, dtype="float32", seed=0, drawn=(1, (1,))):
+    """:func:`windows_session` of ``drawn = (S, accepted)`` in the kernel's family: ``[(session name, report)]``."""
+    S, accepted = drawn
+    session = windows_session(_family(kernel), dtype, seed, S, accepted)
+    return [(session.name, run_session(kernel.fn, session))]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @given(seed=strategies.seeds, drawn=window_draws())
 @example(seed=0, drawn=(3, [3, 2, 1, 3, 3, 1, 2, 2, 3]))
 @pytest.mark.gdn2_modes(WINDOWS)
 def test_drawn_windows(serving_kernel, dtype, seed, drawn):
-    S, accepted = drawn
-    _enforce(serving_kernel, windows_session(_family(serving_kernel), dtype, seed, S, accepted))
+    enforce_all(check_drawn_windows(serving_kernel, dtype, seed, drawn), f"{serving_kernel.name} {dtype}",
+                Rerun(check_drawn_windows, serving_kernel.name, dtype, dict(seed=seed, drawn=drawn)))

@@ -18,7 +18,9 @@ running the same tokens must agree within a third of that bound (docs/DESIGN.md 
 * **long horizon**: 4,096 tokens at per-step decay 0.99992, as single-token calls and as 256-token chunks.
 
 The property functions (``check_*``) return ``[(label, Report)]`` so that ``tests/test_serving_mutants.py`` can
-show which property catches each wrong kernel of ``kernels/testing_decode.py``.
+show which property catches each wrong kernel of ``kernels/testing_decode.py``, and so that a failure's reproducer
+(``strategies.Rerun``: a ``python -c`` running the check on the kernel built from its name, ``kernel_named``, and
+printing every report, ``show``) reruns exactly what failed; the message also gives the ``@example`` of the draw.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.serving import DecodeCall
 from gdn2_oracle.property_tests import grading, strategies
 from gdn2_oracle.property_tests.plugin import kernel_names
+from gdn2_oracle.property_tests.strategies import Rerun
 
 # The plain contract's properties: a Gated DeltaNet or KDA kernel is skipped with the reason (conftest.py).
 pytestmark = pytest.mark.gdn2_family(GDN2)
@@ -82,6 +85,15 @@ def serving_kernels(config):
     if not named and not out:
         return [ServingKernel(FALLBACK, strategies.kernel_fn(FALLBACK))]
     return [ServingKernel(k.name, k.fn) for k in out]
+
+
+show = strategies.show  # a failure's reproducer imports it from here, with the check and kernel_named
+
+
+def kernel_named(name):
+    """The :class:`ServingKernel` selected as ``name`` (``--gdn2-kernel``), built as pytest builds it
+    (``strategies.selected_kernel``): what a failure's reproducer runs the check on."""
+    return ServingKernel(name, strategies.selected_kernel(name)[0])
 
 
 def no_pool(name):
@@ -125,10 +137,13 @@ def _split(xs, pattern):
     return out
 
 
-def enforce_all(checks, what):
-    """Apply the suite's grade policy (FAIL fails, PRECISION warns) to every ``(label, report)``."""
+def enforce_all(checks, what, rerun: Rerun | None = None):
+    """Apply the suite's grade policy (FAIL fails, PRECISION warns) to every ``(label, report)``; the message ends
+    with ``rerun``'s reproducer and ``@example`` line (:class:`strategies.Rerun`). Shared by the family properties
+    (``test_family_serving.py``)."""
+    tail = "" if rerun is None else "\n" + rerun.explain()
     for label, report in checks:
-        grading.enforce(report, f"{what}, {label}:\n{report.format()}")
+        grading.enforce(report, f"{what}, {label}:\n{report.format()}{tail}")
 
 
 # --- 1. chunked-prefill continuation ------------------------------------------------------------------------------
@@ -169,7 +184,9 @@ def check_prefill_continuation(kernel, dtype="float32", seed=0, *, T=PREFILL_T, 
 @pytest.mark.gdn2_modes(CHAINED)
 def test_prefill_continuation_at_every_split(serving_kernel, dtype, seed, decay, gates):
     enforce_all(check_prefill_continuation(serving_kernel, dtype, seed, decay=decay, gates=gates),
-                f"{serving_kernel.name} {dtype} seed={seed} decay={decay} gates={gates}")
+                f"{serving_kernel.name} {dtype} seed={seed} decay={decay} gates={gates}",
+                Rerun(check_prefill_continuation, serving_kernel.name, dtype,
+                      dict(seed=seed, decay=decay, gates=gates)))
 
 
 # --- 2. every accept count ----------------------------------------------------------------------------------------
@@ -218,7 +235,8 @@ def check_accept_counts(kernel, dtype="float32", seed=0, *, S=DRAFTS):
 @example(seed=0)
 @pytest.mark.gdn2_modes(SPECULATIVE)
 def test_every_accept_count(serving_kernel, dtype, seed):
-    enforce_all(check_accept_counts(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
+    enforce_all(check_accept_counts(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}",
+                Rerun(check_accept_counts, serving_kernel.name, dtype, dict(seed=seed)))
 
 
 # --- 3. pool gather / scatter ---------------------------------------------------------------------------------------
@@ -264,7 +282,8 @@ def check_pool_gather_scatter(kernel, dtype="float32", seed=0):
 @example(seed=0)
 @pytest.mark.gdn2_modes(CHAINED)
 def test_pool_gather_scatter(serving_kernel, dtype, seed):
-    enforce_all(check_pool_gather_scatter(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
+    enforce_all(check_pool_gather_scatter(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}",
+                Rerun(check_pool_gather_scatter, serving_kernel.name, dtype, dict(seed=seed)))
 
 
 # --- 4. replay identity ----------------------------------------------------------------------------------------------
@@ -308,7 +327,8 @@ def check_replay(kernel, dtype="float32", seed=0, *, L=REPLAY_L, capacity=REPLAY
 @example(seed=0)
 @pytest.mark.gdn2_modes(CHAINED)
 def test_replay_identity(serving_kernel, dtype, seed):
-    enforce_all(check_replay(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}")
+    enforce_all(check_replay(serving_kernel, dtype, seed), f"{serving_kernel.name} {dtype} seed={seed}",
+                Rerun(check_replay, serving_kernel.name, dtype, dict(seed=seed)))
 
 
 # --- 5. long horizon ------------------------------------------------------------------------------------------------
@@ -325,4 +345,4 @@ def test_long_horizon(serving_kernel, record_property):
     checks = check_long_horizon(serving_kernel)
     record_property("serving_long_horizon", {label: {v.name: v.err_ratio for v in r.verdicts if v.name in judge.GRADED}
                                              for label, r in checks})
-    enforce_all(checks, f"{serving_kernel.name} float32")
+    enforce_all(checks, f"{serving_kernel.name} float32", Rerun(check_long_horizon, serving_kernel.name, "float32", {}))

@@ -15,7 +15,7 @@ from gdn2_oracle.golden.processes import by_signal
 from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 
 from ..grading.case import Case
-from ..grading.tolerance import Report
+from ..grading.tolerance import Report, agreement, dtype_name
 from . import mesh as mesh_lib
 from . import program_cache
 from .per_kernel import per_kernel
@@ -221,3 +221,39 @@ def validate(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="float32", 
     check_representable(problem, dtype)
     got = kernel_results(fn, problem, do, dfinal_state, dtype=dtype)
     return Case.of(problem, do, dfinal_state, dtype=dtype, ref=ref).judge(got)
+
+
+def piece(problem: oracle.Problem, lo, hi, initial_state):
+    """Tokens ``[lo, hi)`` of ``problem`` (``hi`` None: to the end) starting from ``initial_state``."""
+    return oracle.Problem(*(x[:, lo:hi] for x in problem.inputs()), scale=problem.scale, initial_state=initial_state)
+
+
+def carried_results(fn, problem: oracle.Problem, do, dfinal_state, t, *, dtype="float32"):
+    """``{name: np.ndarray}`` of the nine results as two calls give them: ``[0, t)``, then ``[t, T)`` from the first
+    call's final state (docs/DESIGN.md §2's state carry). The forward outputs are concatenated along T, the final
+    state is the second call's; the gradients chain the two calls' VJPs: the second call's ``dh0`` is the first
+    call's final-state cotangent, ``dh0`` is the first call's. Three kernel calls: the first piece's forward (its
+    final state), the second piece, the first piece again with the chained cotangent."""
+    first_fwd = kernel_results(fn, piece(problem, 0, t, problem.initial_state), do[:, :t], dfinal_state,
+                               dtype=dtype)  # dfinal_state: a placeholder, only its final state is used
+    second = kernel_results(fn, piece(problem, t, None, first_fwd["final_state"].astype(np.float64)), do[:, t:],
+                            dfinal_state, dtype=dtype)
+    first = kernel_results(fn, piece(problem, 0, t, problem.initial_state), do[:, :t],
+                           second["dh0"].astype(np.float64), dtype=dtype)
+    out = {"final_state": second["final_state"], "dh0": first["dh0"]}
+    for name in RESULTS:
+        if name not in out:
+            out[name] = np.concatenate([first[name], second[name]], axis=1)
+    return {name: out[name] for name in RESULTS}
+
+
+def validate_carried(fn, problem: oracle.Problem, do, dfinal_state, t, *, dtype="float32"):
+    """``(report, agreement)``: :func:`carried_results` of ``fn`` split at ``t`` judged against the float64 oracle,
+    and against ``fn``'s one call on the whole problem (``tolerance.agreement``: the tight agreement bound)."""
+    check_representable(problem, dtype)
+    whole = kernel_results(fn, problem, do, dfinal_state, dtype=dtype)
+    got = carried_results(fn, problem, do, dfinal_state, t, dtype=dtype)
+    case = Case.of(problem, do, dfinal_state, dtype=dtype)
+    dtypes = {n: dtype_name(got[n]) for n in RESULTS}
+    return case.judge(got), agreement(problem, got, whole, case.reference(), case.baseline(dtypes), dtype,
+                                      what="carried~one call", cum=lambda: case.cum_baseline(dtypes))
