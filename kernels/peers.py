@@ -24,6 +24,11 @@ both exact, and drops the padding from every result and gradient. It does NOT cl
 change their damping: the kernels run as published, and where they disagree with the oracle that
 is a finding (:data:`DOMAIN_NOTES` lists their declared domain).
 
+Two PyPI distributions install a top-level ``atomic_ops``: ``atomic-ops`` and ``gdn2-pallas``. Before importing it,
+the ``atomic-ops`` peer checks which installed distribution provides it (:func:`atomic_ops_distribution`): another
+one, or several at once (their files overwrite each other), is a ValueError naming them; its note names the version
+of ``atomic-ops`` found (``importlib.metadata``).
+
 ``atomic_ops`` has no ``interpret`` switch; off-TPU the adapter swaps the ``pl`` module those two
 modules use for a proxy whose ``pallas_call`` defaults to ``interpret=True`` (a module-local shim:
 ``jax.experimental.pallas`` itself is untouched).
@@ -32,21 +37,26 @@ modules use for a proxy whose ``pallas_call`` defaults to ``interpret=True`` (a 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import re
 import types
 
 import jax
 import jax.numpy as jnp
 
+from . import kernel_warnings
 from .contract import check_inputs
 
 WIDTH = 128
+DISTRIBUTION = "atomic-ops"  # the PyPI distribution the atomic-ops peer's top-level package atomic_ops must come from
+PINNED = "atomic-ops==0.2.0"  # what the peers extra installs
 
 DOMAIN_NOTES = {
     "atomic-ops": (
-        "atomic-ops 0.1.0 declared domain: K = V = 128 (adapter zero-pads), T % bt == 0 (adapter pads "
-        "identity tokens); pairwise decay exponent clipped to [-20, 20] inside a chunk; WY solve damped "
-        "by wy_eps (default 1e-3, i.e. solves (I + (1-eps) T) not (I + T)); every stage clips values to "
-        "+-clip (1e4) and maps NaN to 0"),
+        "atomic_ops declared domain (atomic-ops 0.1.0; 0.2.0 ships it unchanged): K = V = 128 (adapter "
+        "zero-pads), T % bt == 0 (adapter pads identity tokens); pairwise decay exponent clipped to [-20, 20] "
+        "inside a chunk; WY solve damped by wy_eps (default 1e-3, i.e. solves (I + (1-eps) T) not (I + T)); every "
+        "stage clips values to +-clip (1e4) and maps NaN to 0"),
     "atomic-gdn2": (
         "atomic-gdn2 0.2.0 declared domain: K = V = 128, T % bt == 0 (adapter pads); g <= 0 and "
         "beta*||k||^2 <= 2; BTL half span 0.5*bs2*|g| < 88 (their layer clamps |g| <= g_max = 160/bs2 = 5; "
@@ -62,6 +72,42 @@ def _import(module, name):
     except Exception as exc:  # noqa: BLE001 - any import failure: say what to install
         raise ValueError(f"name: kernel {name!r} needs the module {module!r} ({type(exc).__name__}: {exc}); "
                          f"install the peers extra: pip install 'gdn2-oracle[peers]' (atomic-ops==0.2.0)") from None
+
+
+def _normal(dist):
+    """A distribution name compared as PyPI does: case and runs of ``-``, ``_``, ``.`` aside (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
+def _version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
+def atomic_ops_distribution(top="atomic_ops"):
+    """``(distribution, version)`` of the installed distribution ``atomic-ops`` providing the top-level package
+    ``top``, read from ``importlib.metadata`` before anything is imported; None when no installed distribution
+    provides it (absent, or on ``sys.path`` from a checkout). ValueError naming ``name`` when another distribution
+    provides it (``gdn2-pallas`` installs an ``atomic_ops`` too), or several do (their files overwrite each other)."""
+    found = sorted(set(importlib.metadata.packages_distributions().get(top, ())), key=_normal)
+    if not found:
+        return None
+    ours = [d for d in found if _normal(d) == _normal(DISTRIBUTION)]
+    others = [d for d in found if d not in ours]
+    named = ", ".join(f"{d} {_version(d)}" for d in others)
+    peer = f"name: kernel 'atomic-ops': the top-level package {top} here"
+    if not ours:
+        source = f"comes from {named}" if len(others) == 1 else f"comes from several distributions ({named})"
+        raise ValueError(f"{peer} {source}, not {DISTRIBUTION}: the 'atomic-ops' peer needs `pip install {PINNED}` "
+                         f"(or run {others[0]} by its own spec, docs/third-party.md)")
+    if others:
+        raise ValueError(f"{peer} is installed by several distributions ({ours[0]} {_version(ours[0])}, {named}), "
+                         f"whose files overwrite each other: the 'atomic-ops' peer needs it from {DISTRIBUTION} alone: "
+                         f"`pip uninstall {' '.join(others)}`, then `pip install --force-reinstall {PINNED}` (or run "
+                         f"{others[0]} by its own spec in an environment of its own, docs/third-party.md)")
+    return ours[0], _version(ours[0])
 
 
 def _interpret_default(interpret):
@@ -136,6 +182,7 @@ _PRESETS = {"small": "KAGGLE_SMALL", "medium": "KAGGLE_MEDIUM", "large": "KAGGLE
 
 def atomic_ops_kernel(config=None, *, interpret=None, **fields):
     """The ``atomic-ops`` peer: ``atomic_ops.gdn2_pallas_forward_trainable`` behind the contract."""
+    provider = atomic_ops_distribution()
     atomic_ops = _import("atomic_ops", "atomic-ops")
 
     if config is None:
@@ -155,13 +202,17 @@ def atomic_ops_kernel(config=None, *, interpret=None, **fields):
 
     def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
         (pq, pk, pv, pg, pb, pw), h0, scale_, sizes = _prepare(q, k, v, g, b, w, scale, initial_state, config.bt)
-        o, hT = atomic_ops.gdn2_pallas_forward_trainable(pq, pk, pv, pw, pb, pg, scale_, h0=h0, config=config)
+        o, hT = kernel_warnings.call(atomic_ops.gdn2_pallas_forward_trainable, "atomic-ops", pq, pk, pv, pw, pb, pg,
+                                     scale_, h0=h0, config=config)
         return _unpad(o, hT, sizes, v.dtype)
 
     kernel.__name__ = "atomic_ops"
     kernel.config = config
     kernel.modules = ("atomic_ops.gdn2_pipeline", "atomic_ops.gdn2_fwd", "atomic_ops.gdn2_bwd", "atomic_ops.configs")
-    kernel.note = DOMAIN_NOTES["atomic-ops"]
+    kernel.distribution = provider  # (name, version) of what provides atomic_ops, or None: no distribution
+    found = (f"atomic_ops from {provider[0]} {provider[1]}" if provider else
+             f"atomic_ops from {getattr(atomic_ops, '__file__', '?')}, of no installed distribution (version unknown)")
+    kernel.note = f"{found}; {DOMAIN_NOTES['atomic-ops']}"
     return kernel
 
 
@@ -180,9 +231,9 @@ def atomic_gdn2_kernel(*, interpret=None, **fields):
     def kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
         (pq, pk, pv, pg, pb, pw), h0, scale_, sizes = _prepare(q, k, v, g, b, w, scale, initial_state, cfg.bt)
         if scale_ not in calls:
-            calls[scale_] = atomic_gdn2.make_blr_trainable(cfg, scale_)
+            calls[scale_] = kernel_warnings.call(atomic_gdn2.make_blr_trainable, "atomic-gdn2", cfg, scale_)
         hm = [jnp.transpose(x, (0, 2, 1, 3)) for x in (pq, pk, pv, pw, pb, pg)]
-        o, hT = calls[scale_](*hm, h0)
+        o, hT = kernel_warnings.call(calls[scale_], "atomic-gdn2", *hm, h0)
         return _unpad(jnp.transpose(o, (0, 2, 1, 3)), hT, sizes, v.dtype)
 
     kernel.__name__ = "atomic_gdn2"
@@ -198,6 +249,12 @@ def available():
     """``{name: None or the reason it is unavailable}`` (import check only)."""
     out = {}
     for name, mod in (("atomic-ops", "atomic_ops"), ("atomic-gdn2", "atomic_gdn2")):
+        if name == "atomic-ops":
+            try:
+                atomic_ops_distribution()
+            except ValueError as exc:
+                out[name] = str(exc).removeprefix("name: ")
+                continue
         try:
             importlib.import_module(mod)
             out[name] = None

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import kernel_warnings
 from .adapt import LAYOUTS, TENSORS, parse_order
 from .contract import check_finite_values, check_inputs
 from .families import FAMILIES, check_family_call, check_family_values
@@ -349,7 +350,7 @@ class TorchKernel:
         for name in PARAMS:
             if name in given:
                 kwargs[name] = given[name]
-        return self.results(self.fn(*(named[n] for n in self.order), **kwargs))
+        return self.results(kernel_warnings.call(self.fn, self.__name__, *(named[n] for n in self.order), **kwargs))
 
     def results(self, out):
         """``(list of result tensors in the contract layout, single)``; TorchContractError for non-tensors
@@ -586,4 +587,4 @@ class FamilyTorchKernel(TorchKernel):
         for name in PARAMS:
             if name in given:
                 kwargs[name] = given[name]
-        return self.results(self.fn(*(given[n] for n in self.order), **kwargs))
+        return self.results(kernel_warnings.call(self.fn, self.__name__, *(given[n] for n in self.order), **kwargs))
