@@ -16,7 +16,7 @@ import importlib
 import inspect
 from dataclasses import dataclass, field
 
-from . import adapt
+from . import adapt, kernel_warnings
 from .registry import BUILTIN, DEFAULTS, OPTIONAL, REPLAYSSM_FACTORY, REPLAYSSM_PREFIX, TORCH_FACTORY, TORCH_PREFIX
 
 __all__ = ["DEFAULTS", "FACTORY", "KernelSpec", "Reference", "accepts", "get", "known", "names", "parse_spec",
@@ -244,7 +244,8 @@ def get(spec, **options):
     """The kernel named by ``spec`` built with its options and ``options`` (which win). An external
     ``"pkg.mod:attr"`` callable gets the mapping options (``order``, ``layout``, ``scale_arg``, ``state_arg``,
     ``decay_base``) applied and the others bound as keyword arguments of every call; ``pad`` and ``o_dtype``
-    wrap any kernel (kernels/adapt.py)."""
+    wrap any kernel (kernels/adapt.py). A user's kernel function (``pkg.mod:attr``, what a ``factory=1`` or
+    registered factory makes) is called through kernels/kernel_warnings.py: its warnings are reported at it."""
     name, parsed = parse_spec(spec)
     options = {k: v.load(k) if isinstance(v, Reference) else v for k, v in {**parsed, **options}.items()}
     own = _declared(factory(name)) if ":" not in name else set()  # a factory's own option of that name wins
@@ -268,7 +269,8 @@ def _build(name, options):
     if ":" in name:
         fn = resolve(name)
         if options.pop(FACTORY, False):
-            fn = _made(fn, {k: options.pop(k) for k in list(options) if k not in adapt.MAPPING})
+            fn = _made(fn, {k: options.pop(k) for k in list(options) if k not in adapt.MAPPING}, name)
+        fn = _reported(fn, name)
         if any(k in adapt.MAPPING for k in options):
             return adapt.mapped(fn, **options)
         return functools.partial(fn, **options) if options else fn
@@ -276,12 +278,24 @@ def _build(name, options):
     refused = sorted(o for o in options if not _takes(make, o))
     if refused:
         raise ValueError(f"options: {name!r} does not accept {refused}")
+    if name in _REGISTERED:  # a user's factory and kernel
+        return _reported(kernel_warnings.call(make, name, **options), name)
     return make(**options)
 
 
-def _made(make, options):
-    """The kernel ``make(**options)`` returns (``factory=1``); ValueError naming ``factory`` if it is not callable."""
-    kernel = make(**options)
+def _reported(fn, name):
+    """A user's kernel ``fn`` whose warnings are reported at it, not at the suite's line calling it
+    (kernels/kernel_warnings.py); a callable object other than a function is left as it is (the suite reads its
+    type and attributes)."""
+    if inspect.isfunction(fn) or inspect.ismethod(fn):
+        return kernel_warnings.attributed(fn, name)
+    return fn
+
+
+def _made(make, options, name):
+    """The kernel ``make(**options)`` returns (``factory=1``; its warnings reported at ``name``); ValueError naming
+    ``factory`` if it is not callable."""
+    kernel = kernel_warnings.call(make, name, **options)
     if not callable(kernel):
         raise ValueError(f"{FACTORY}: {getattr(make, '__name__', make)!r} returned a {type(kernel).__name__}, "
                          "not a kernel")
@@ -354,6 +368,13 @@ def module_root(spec):
     if any(folder == p or p in folder.parents for p in installed):
         return None
     return str(folder)
+
+
+def python_c(code) -> str:
+    """``python -c "code"`` for a POSIX shell: ``code`` double-quoted with ``\\``, ``"``, ``$`` and backquotes
+    escaped, so that a kernel spec holding quotes (``replay-recurrent[mutant='late_flush']``, whose repr is
+    double-quoted) reaches Python intact (every reproducer's form)."""
+    return 'python -c "' + "".join("\\" + c if c in '\\"$`' else c for c in code) + '"'
 
 
 def runnable(command, spec):

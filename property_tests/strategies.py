@@ -31,7 +31,7 @@ from hypothesis import target
 from gdn2_oracle import kernels, oracle
 from gdn2_oracle.ci.running import families
 from gdn2_oracle.kernels import DEFAULTS as DEFAULT_KERNELS
-from gdn2_oracle.kernels.spec import runnable
+from gdn2_oracle.kernels.spec import python_c, runnable
 from gdn2_oracle.oracle import Recipe
 from gdn2_oracle.oracle.mode_recipes import MODES, ModeRecipe, drawn_fields
 
@@ -101,17 +101,10 @@ def example(recipe: Recipe) -> str:
 
 def repro(recipe: Recipe, kernel_name="pairwise") -> str:
     """A shell one-liner that validates ``kernel_name`` on this recipe and prints the report."""
-    return runnable("python -c \"from gdn2_oracle import oracle, kernels; from gdn2_oracle.ci.running.harness import "
-                    f"validate; p = {recipe.call()}; do, dfs = {recipe.cotangents_call('p')}; "
-                    f"print(validate(kernels.get({kernel_name!r}), p, do, dfs, dtype={recipe.dtype!r}).format())\"",
-                    kernel_name)
-
-
-def python_c(code) -> str:
-    """``python -c "code"`` for a POSIX shell: ``code`` double-quoted with ``\\``, ``"``, ``$`` and backquotes escaped,
-    so that a kernel spec holding quotes (``replay-recurrent[mutant='late_flush']``, whose repr is double-quoted)
-    reaches Python intact."""
-    return 'python -c "' + "".join("\\" + c if c in '\\"$`' else c for c in code) + '"'
+    return runnable(python_c("from gdn2_oracle import oracle, kernels; from gdn2_oracle.ci.running.harness import "
+                             f"validate; p = {recipe.call()}; do, dfs = {recipe.cotangents_call('p')}; "
+                             f"print(validate(kernels.get({kernel_name!r}), p, do, dfs, "
+                             f"dtype={recipe.dtype!r}).format())"), kernel_name)
 
 
 def carry_repro(recipe: Recipe, kernel_name="pairwise", t=CARRY_SPLITS[0]) -> str:
@@ -316,7 +309,8 @@ def mode_example(recipe: ModeRecipe) -> str:
 
 def mode_repro(recipe: ModeRecipe, kernel_name="pairwise") -> str:
     """A shell one-liner that judges ``kernel_name`` on this training call and prints the report."""
-    return runnable("python -c \"from gdn2_oracle import kernels; from gdn2_oracle.oracle.mode_recipes import "
-                    "ModeRecipe; from gdn2_oracle.ci.grading.modes import ModeCase; from gdn2_oracle.ci.running.modes "
-                    f"import validate; print(validate(kernels.get({kernel_name!r}), ModeCase.from_recipe('hunt', "
-                    f"{recipe.call_source()})).format())\"", kernel_name)
+    return runnable(python_c("from gdn2_oracle import kernels; from gdn2_oracle.oracle.mode_recipes import "
+                             "ModeRecipe; from gdn2_oracle.ci.grading.modes import ModeCase; from "
+                             "gdn2_oracle.ci.running.modes import validate; print(validate(kernels.get("
+                             f"{kernel_name!r}), ModeCase.from_recipe('hunt', {recipe.call_source()})).format())"),
+                    kernel_name)

@@ -25,7 +25,7 @@ from hypothesis import example, given, note, settings
 from gdn2_oracle.ci.grading.tolerance import Report
 from gdn2_oracle.ci.running.cases import FamilyRunCase
 from gdn2_oracle.ci.running.families import accepted_flags
-from gdn2_oracle.kernels.spec import runnable
+from gdn2_oracle.kernels.spec import python_c, runnable
 from gdn2_oracle.oracle import family_recipes
 from gdn2_oracle.oracle.families import MAPPED
 from gdn2_oracle.oracle.family_recipes import FamilyRecipe
@@ -44,9 +44,9 @@ def check_oracle(fn, recipe: FamilyRecipe) -> Report:
 
 def repro(recipe: FamilyRecipe, kernel_name) -> str:
     """A shell one-liner that judges ``kernel_name`` on ``recipe`` and prints the report."""
-    return runnable("python -c \"from gdn2_oracle import kernels; from gdn2_oracle.oracle.family_recipes import "
-                    "FamilyRecipe; from gdn2_oracle.property_tests.test_families import check_oracle; "
-                    f"print(check_oracle(kernels.get({kernel_name!r}), {recipe.call_source()}).format())\"",
+    return runnable(python_c("from gdn2_oracle import kernels; from gdn2_oracle.oracle.family_recipes import "
+                             "FamilyRecipe; from gdn2_oracle.property_tests.test_families import check_oracle; "
+                             f"print(check_oracle(kernels.get({kernel_name!r}), {recipe.call_source()}).format())"),
                     kernel_name)
 
 

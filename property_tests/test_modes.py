@@ -33,7 +33,7 @@ from gdn2_oracle.ci.running import modes as running
 from gdn2_oracle.oracle import INPUTS, Problem, call_modes, mode_recipes, modes, preprocess
 from gdn2_oracle.oracle.generate import round_to
 from gdn2_oracle.property_tests import grading
-from gdn2_oracle.property_tests.strategies import seeds
+from gdn2_oracle.property_tests.strategies import mode_repro, seeds
 
 # The plain contract's properties: a Gated DeltaNet or KDA kernel is skipped with the reason (conftest.py).
 pytestmark = pytest.mark.gdn2_family(GDN2)
@@ -78,11 +78,7 @@ def case_of(recipe):
 def explain(recipe, kernel_name, report, what):
     return (f"{what}\n{report.format()}\n"
             f"recipe:    {recipe.call_source()}\n"
-            "reproduce: python -c \"from gdn2_oracle import kernels; "
-            "from gdn2_oracle.oracle.mode_recipes import ModeRecipe; "
-            "from gdn2_oracle.ci.grading.modes import ModeCase; from gdn2_oracle.ci.running.modes import validate; "
-            f"print(validate(kernels.get({kernel_name!r}), ModeCase.from_recipe('r', {recipe.call_source()}))"
-            ".format())\"")
+            f"reproduce: {mode_repro(recipe, kernel_name)}")
 
 
 def check(report, recipe, kernel_name, what):

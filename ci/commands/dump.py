@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gdn2_oracle.kernels.spec import runnable
+from gdn2_oracle.kernels.spec import python_c, runnable
 from gdn2_oracle.oracle import call_modes
 
 from ..grading.grades import FAIL, PASS, PRECISION, Verdict
@@ -59,21 +59,21 @@ def one_liner(case, spec, *, case_set=None, seed=0):
     set by ``validate``), like ``property_tests.strategies.repro``; any other (a training-call or serving case):
     the ``gdn2-oracle validate`` run of that one case through ``ci.cli.main``.
     """
-    head = ("python -c \"from gdn2_oracle import oracle; from gdn2_oracle.kernels import KernelSpec; "
+    head = ("from gdn2_oracle import oracle; from gdn2_oracle.kernels import KernelSpec; "
             "from gdn2_oracle.ci.grading.case import Case; from gdn2_oracle.ci.running.harness import kernel_results; ")
     tail = (f"fn = KernelSpec.parse({spec!r}).build(); "
-            f"print(c.judge(kernel_results(fn, *c.data(), dtype={case.dtype!r})).format())\"")
+            f"print(c.judge(kernel_results(fn, *c.data(), dtype={case.dtype!r})).format())")
     if getattr(case, "source", None) == "golden" and not case.modes:  # a mode golden: validate's run
-        return head + f"c = Case.golden({case.name!r}); " + tail
+        return python_c(head + f"c = Case.golden({case.name!r}); " + tail)
     recipe = getattr(case, "recipe", None)
     if recipe is not None and hasattr(recipe, "call"):
-        return (head + f"p = {recipe.call()}; do, dfs = {recipe.cotangents_call('p')}; "
-                f"c = Case.of(p, do, dfs, dtype={case.dtype!r}, name={case.name!r}); " + tail)
+        return python_c(head + f"p = {recipe.call()}; do, dfs = {recipe.cotangents_call('p')}; "
+                        f"c = Case.of(p, do, dfs, dtype={case.dtype!r}, name={case.name!r}); " + tail)
     argv = ["validate", "--kernel", spec, "--cases", case_set or "full", "--case", case.name, "--dtype", case.dtype,
             "--seed", str(seed), "--no-progress"]
     if case.modes:
         argv += ["--modes", ",".join(dict.fromkeys((call_modes.BASE.name, *case.modes)))]
-    return f"python -c \"import sys; from gdn2_oracle.ci.cli import main; sys.exit(main({argv!r}))\""
+    return python_c(f"import sys; from gdn2_oracle.ci.cli import main; sys.exit(main({argv!r}))")
 
 
 class Dumper:

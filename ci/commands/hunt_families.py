@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from hypothesis import strategies as st
 
-from gdn2_oracle.kernels.spec import KernelSpec, runnable
+from gdn2_oracle.kernels.spec import KernelSpec, python_c, runnable
 from gdn2_oracle.oracle import DECAYS, KERNEL_DTYPES, QK_MODES
 from gdn2_oracle.oracle.family_recipes import BETAS, LOGIT_BETAS, FamilyRecipe
 
@@ -115,7 +115,7 @@ def built_label(kernel):
 
 def family_repro(recipe: FamilyRecipe, kernel) -> str:
     """A shell one-liner that judges ``kernel`` (a spec) on this family call again and prints the report."""
-    return runnable("python -c \"from gdn2_oracle import kernels; from gdn2_oracle.oracle.family_recipes import "
-                    "FamilyRecipe; from gdn2_oracle.ci.commands.hunt_families import judge; "
-                    f"print(judge(kernels.get({built_label(kernel)!r}), {recipe.call_source()}).format())\"",
+    return runnable(python_c("from gdn2_oracle import kernels; from gdn2_oracle.oracle.family_recipes import "
+                             "FamilyRecipe; from gdn2_oracle.ci.commands.hunt_families import judge; "
+                             f"print(judge(kernels.get({built_label(kernel)!r}), {recipe.call_source()}).format())"),
                     built_label(kernel))
