@@ -73,8 +73,9 @@ def failure(test, **arguments):
 
 
 def reproducer(message):
-    """The ``reproduce:`` command of a failure message."""
-    found = re.findall(r"^reproduce: (.+)$", message, re.MULTILINE)
+    """The ``reproduce:`` command of a failure message (a pytest run's output may show the message twice: under
+    ``CI`` pytest's short test summary prints it whole)."""
+    found = list(dict.fromkeys(re.findall(r"^reproduce: (.+)$", message, re.MULTILINE)))
     assert len(found) == 1, message
     return found[0]
 
