@@ -46,7 +46,7 @@ from ..running import families as family_running
 from ..running import modes as mode_running
 from ..running import multihost
 from ..running import serving as serving_running
-from ..running.ahead import Ahead
+from ..running.ahead import Ahead, job_key
 from ..running.cases import CallCase, DenseCase, FamilyRunCase
 from ..running.fingerprint import source_sha256
 from ..running.mesh import format_mesh
@@ -439,7 +439,7 @@ class ValidationRun:
         elif not takes_part(case, kout["accepted_modes"], kout["family"], flags, not serving_only(fn)):
             kout["not_accepted_cases"].append(case.name)
         else:
-            key = (fn, id(case))
+            key = job_key(fn, case)  # by identity: kernels that compare equal are two kernels
             program = functools.partial(ahead.compiled, key) if key in ahead else None
             result = run_case(fn, case, mesh, capture=dump is not None, program=program)
             arrays, result.arrays = result.arrays, None
@@ -499,7 +499,7 @@ def compile_ahead(built, case_list, mesh, workers, program_cache=True, families=
     mesh: none -- each program compiles on its first call), through the program cache unless ``program_cache``
     is false."""
     jobs = [] if workers == 0 or mesh is not None else [
-        ((fn, id(case)), functools.partial(case.ahead, fn, program_cache))
+        (job_key(fn, case), functools.partial(case.ahead, fn, program_cache))
         for case in case_list if case.compiles_ahead for (_, fn), family in zip(built, families or repeat(GDN2))
         if case_family(case) == family]
     return Ahead(jobs, workers or None)

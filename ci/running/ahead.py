@@ -11,6 +11,9 @@ so its compile is ours to schedule. A torch kernel runs in a host callback: only
 kernel that fails to trace (a contract breach, an exception, ``sys.exit``) fails in the lookahead thread; the
 failure is kept and raised again when its case comes up, in the main thread, where the case is judged as before.
 Programs run on a mesh are compiled on first call (sharding is decided there), as are the training-call modes'.
+
+Keys and signatures hold a kernel by identity (:func:`job_key`, ``harness.program_signature``: ``per_kernel.Identity``):
+two kernel objects that compare equal (a dataclass with a field left out of ``__eq__``) get programs of their own.
 """
 
 from __future__ import annotations
@@ -19,12 +22,19 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from .per_kernel import Identity
+
 
 def default_workers():
     """Compile threads by default: one per two cores. XLA's CPU compiler already keeps more than one core busy:
     measured on a 2-core host, two programs compiled side by side took 2.6x as long each as one alone, so there
     one compile thread, overlapping the lookahead's tracing and the judging of earlier cases, is the most."""
     return max(1, (os.cpu_count() or 1) // 2)
+
+
+def job_key(fn, case):
+    """The key of kernel ``fn``'s program on ``case``: both by identity (never ``==``), both held by the key."""
+    return Identity(fn), Identity(case)
 
 
 class Ahead:

@@ -17,7 +17,9 @@ own program and key; two different callables that trace to the same program shar
 
 **What it cannot see, and so never stores**: a program holding something whose content cannot be written down (a
 host callback such as a torch kernel's, a Python object without readable state) is :class:`program_key.Unkeyable`
-and is lowered every run. A lowering rule registered by user code at run time is not in the key (JAX's version is).
+and is lowered every run; so is a program holding a primitive lowered by user code (a lowering rule registered
+from a user's file, or a primitive defined in a user module: ``program_key.user_lowering``), since the key covers
+the installed distributions' versions (JAX's own rules among them), never a user's file.
 
 **An entry** is ``HEADER``, its key, the payload's sha256 and the payload. A read checks all three: a damaged,
 truncated, swapped (another key's entry under this name) or older-format entry is ignored and rebuilt, so entries

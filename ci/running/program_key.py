@@ -13,14 +13,24 @@ Pallas kernel's body by name (``jaxpr=gdn2_fwd_factorized_c64``), hides a block'
   a ``jit`` or ``cond`` branch) in full, with their constants' bytes;
 * anything else -- a Python function (a host callback, a custom rule not yet traced), an object with
   ``__slots__`` or a C type whose state cannot be read -- makes the program **unkeyable** (:class:`Unkeyable`):
-  it is then traced and lowered every run, never stored.
+  it is then traced and lowered every run, never stored;
+* a primitive lowered by user code (:func:`user_lowering`) -- a lowering rule whose code (or a function it closes
+  over, e.g. the one given to ``mlir.lower_fun``) lies outside the installed distributions, or a primitive defined
+  in a user module -- makes it unkeyable too: the key covers the installed distributions' versions (JAX's own rules
+  among them), never a user's file, so a rule reading a user's setting would come back from the cache unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
+import site
+import sys
+import sysconfig
+import types
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +51,129 @@ class Unkeyable(ValueError):
     """A traced program holds something whose content cannot be written down (e.g. a Python callback)."""
 
 
+@functools.cache
+def _installed_roots():
+    """The folders installed distributions and the standard library live in (site-packages, user site, stdlib)."""
+    paths = {*site.getsitepackages(), site.getusersitepackages(),
+             *(sysconfig.get_paths().get(k) for k in ("purelib", "platlib", "stdlib", "platstdlib"))}
+    return tuple(Path(p).resolve() for p in paths if p)
+
+
+@functools.lru_cache(maxsize=4096)
+def installed_file(filename):
+    """Whether the source file ``filename`` belongs to an installed distribution or the standard library (under
+    site-packages or the stdlib), as opposed to a user's file found through ``sys.path`` / ``PYTHONPATH``, an
+    editable checkout or code made by ``exec`` (``<string>``)."""
+    if not isinstance(filename, str) or not filename:
+        raise ValueError(f"filename: expected a file name, got {filename!r}")
+    if filename.startswith("<"):
+        return filename.startswith("<frozen ")  # a frozen stdlib module; other <...> is exec'd code
+    path = Path(filename).resolve()
+    return any(path.is_relative_to(root) for root in _installed_roots())
+
+
+def _module_file(name):
+    """The source file of module ``name`` ('' for a built-in one; None for ``__main__`` or an unknown module)."""
+    module = sys.modules.get(name) if name and name != "__main__" else None
+    return None if module is None else getattr(module, "__file__", None) or ""
+
+
+def _user_code(obj, seen, depth=6):
+    """The user's file (or module) defining ``obj`` -- a lowering rule -- or a function it holds (closure cells,
+    ``functools.partial`` arguments, ``__wrapped__``, a bound method's function and object, a callable object's
+    class); None when all of it is an installed distribution's or the standard library's."""
+    if depth < 0 or id(obj) in seen:
+        return None
+    seen.add(id(obj))
+    parts = []
+    if isinstance(obj, functools.partial):
+        parts = [obj.func, *obj.args, *obj.keywords.values()]
+    elif isinstance(obj, types.MethodType):
+        parts = [obj.__func__, obj.__self__]
+    elif isinstance(obj, types.FunctionType):
+        file = obj.__code__.co_filename
+        if obj.__module__ == "__main__" or not installed_file(file):
+            return file
+        parts = [c.cell_contents for c in obj.__closure__ or () if _cell_full(c)]
+        parts += [getattr(obj, "__wrapped__", None)]
+    elif isinstance(obj, (tuple, list)):
+        parts = list(obj)
+    elif isinstance(obj, (types.BuiltinFunctionType, type)) or callable(obj):
+        cls = obj if isinstance(obj, type) else None if isinstance(obj, types.BuiltinFunctionType) else type(obj)
+        name = getattr(cls if cls is not None else obj, "__module__", None)
+        file = _module_file(name)
+        if name == "__main__" or (file and not installed_file(file)):
+            return file or name
+        if cls is not None and not isinstance(obj, type):
+            parts = [cls.__call__, *(v for v in getattr(obj, "__dict__", {}).values())]
+    for part in parts:
+        if callable(part) or isinstance(part, (tuple, list)):
+            found = _user_code(part, seen, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _cell_full(cell):
+    """Whether closure ``cell`` holds a value (a cell not yet assigned holds none)."""
+    try:
+        cell.cell_contents  # noqa: B018 - reading an empty cell raises ValueError
+    except ValueError:
+        return False
+    return True
+
+
+def _lowering_rules(primitive):
+    """The lowering rules registered for ``primitive`` with ``jax.interpreters.mlir.register_lowering``: the one
+    for every platform and each platform's own (JAX keeps them in ``mlir._lowerings`` and
+    ``mlir._platform_specific_lowerings``)."""
+    from jax._src.interpreters import mlir
+
+    entries = [mlir._lowerings.get(primitive),
+               *(rules.get(primitive) for rules in list(mlir._platform_specific_lowerings.values()))]
+    return [getattr(e, "rule", e) for e in entries if e is not None]
+
+
+def _user_primitives():
+    """``{id(primitive): (primitive, module name)}`` for each primitive a user module (one not under an installed
+    distribution or the standard library, or ``__main__``) holds as a global and no installed module holds."""
+    from jax.extend.core import Primitive
+
+    user, installed = {}, []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        values = getattr(module, "__dict__", None)
+        if not isinstance(values, dict):
+            continue
+        held = [v for v in list(values.values()) if isinstance(v, Primitive)]
+        if name == "__main__" or (file and not installed_file(file)):
+            user.update((id(p), (p, name)) for p in held)
+        else:
+            installed.append(held)
+    for held in installed if user else ():
+        for p in held:
+            user.pop(id(p), None)
+    return user
+
+
+def user_lowering(primitive, user_primitives=None):
+    """Why ``primitive`` is lowered by user code (a sentence), or None: a registered lowering rule (or a function
+    it holds) defined outside the installed distributions and the standard library, or the primitive defined in a
+    user module (``user_primitives``: :func:`_user_primitives`, computed when not given) with a rule registered."""
+    rules = _lowering_rules(primitive)
+    for rule in rules:
+        where = _user_code(rule, set())
+        if where is not None:
+            what = getattr(rule, "__qualname__", type(rule).__qualname__)
+            return (f"primitive {primitive.name}: its lowering rule ({what}) is user code ({where}), which the key "
+                    f"cannot see")
+    user_primitives = _user_primitives() if user_primitives is None else user_primitives
+    if rules and id(primitive) in user_primitives:
+        return (f"primitive {primitive.name} is defined in the user module {user_primitives[id(primitive)][1]}, "
+                f"with a lowering rule registered, which the key cannot see")
+    return None
+
+
 def _jaxpr_types():
     from jax.extend import core
 
@@ -55,6 +188,8 @@ class _Writer:
         self.Jaxpr, self.ClosedJaxpr, self.Literal, self.Var = _jaxpr_types()
         self.seen_jaxprs = {}  # id -> (index, jaxpr): a jaxpr used twice (a shared branch) is written once; the
         # jaxpr is held so that its id cannot be reused by another object during the walk
+        self.lowered_by = {}  # id(primitive) -> (primitive, why it is lowered by user code or None), checked once
+        self.user_primitives = None  # _user_primitives(), found at the first primitive checked
 
     def put(self, text):
         self.h.update(text.encode("utf-8", "surrogatepass"))
@@ -88,6 +223,7 @@ class _Writer:
         for c in consts:
             self.value(c)
         for eqn in jaxpr.eqns:
+            self.primitive(eqn.primitive)
             self.put(f"eqn {eqn.primitive.name} {len(eqn.invars)} {len(eqn.outvars)} {_effects(eqn.effects)}")
             for v in (*eqn.invars, *eqn.outvars):
                 var(v)
@@ -102,6 +238,16 @@ class _Writer:
         self.put("out")
         for v in jaxpr.outvars:
             var(v)
+
+    def primitive(self, primitive):
+        """Raise :class:`Unkeyable` when ``primitive`` is lowered by user code (:func:`user_lowering`)."""
+        held = self.lowered_by.get(id(primitive))
+        if held is None:
+            if self.user_primitives is None:
+                self.user_primitives = _user_primitives()
+            held = self.lowered_by[id(primitive)] = (primitive, user_lowering(primitive, self.user_primitives))
+        if held[1] is not None:
+            raise Unkeyable(held[1])
 
     def value(self, x):  # noqa: C901 - one branch per kind of value, in order of frequency
         if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
