@@ -30,9 +30,9 @@ directory is kept under :data:`MAX_BYTES` (least recently used entries go first)
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
+import dis
 import functools
 import hashlib
 import json
@@ -41,6 +41,7 @@ import platform
 import sys
 import tempfile
 import time
+import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -155,22 +156,36 @@ def _package_root() -> Path:
 
 
 def _imports(path: Path, module: str):
-    """The ``gdn2_oracle`` modules (names relative to the package) that the source at ``path`` imports."""
+    """The ``gdn2_oracle`` modules (names relative to the package) that the source at ``path`` imports, function-local
+    imports included.
+
+    Read from the compiled code's ``IMPORT_NAME`` instructions (each after its level and from-list constants), not
+    from ``ast.parse``: CPython 3.11's AST constructor keeps its recursion counter per interpreter and miscounts when
+    another thread parses at the same time (python/cpython#106905, ``SystemError: AST constructor recursion depth
+    mismatch``), and this runs while a run's compile threads trace kernels. ``compile`` to bytecode builds no
+    Python AST objects."""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            mod = node.module or ""
-            if node.level:
-                base = package[:len(package) - (node.level - 1)]
-            elif mod.split(".")[0] == "gdn2_oracle":
-                base, mod = [], mod.removeprefix("gdn2_oracle").lstrip(".")
-            else:
-                continue
-            head = base + (mod.split(".") if mod else [])
-            yield ".".join(head)
-            yield from (".".join([*head, alias.name]) for alias in node.names)
-        elif isinstance(node, ast.Import):
-            yield from (a.name.removeprefix("gdn2_oracle.") for a in node.names if a.name.startswith("gdn2_oracle."))
+    for name, level, fromlist in _import_instructions(compile(path.read_bytes(), str(path), "exec", dont_inherit=True)):
+        if level:
+            base = package[:len(package) - (level - 1)]
+        elif name.split(".")[0] == "gdn2_oracle":
+            base, name = [], name.removeprefix("gdn2_oracle").lstrip(".")
+        else:
+            continue
+        head = base + (name.split(".") if name else [])
+        yield ".".join(head)
+        yield from (".".join([*head, alias]) for alias in fromlist or ())
+
+
+def _import_instructions(code):
+    """``(name, level, fromlist)`` of every import statement in ``code`` and the code objects nested in it."""
+    ops = list(dis.get_instructions(code))
+    for i, op in enumerate(ops):
+        if op.opname == "IMPORT_NAME" and i >= 2:
+            yield op.argval, ops[i - 2].argval, ops[i - 1].argval
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _import_instructions(const)
 
 
 def _file_of(root: Path, module: str):
