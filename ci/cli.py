@@ -14,7 +14,9 @@ interpreter teardown (where JAX's threads could crash the process).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import json
 import os
 import sys
 import time
@@ -23,6 +25,7 @@ from gdn2_oracle.golden.processes import TERMINATED, is_interrupt, signal_status
 
 from .commands.output import EXIT, PROG, UsageError
 from .grading.grades import INTERRUPTED
+from .running import ast_guard, supervised
 
 # The subcommands (modules of ci/commands, imported when the parser is built), in the order ``--help`` lists them.
 COMMANDS = ("validate", "bench", "golden", "domain", "hunt", "cost")
@@ -101,10 +104,15 @@ def build_parser():
 
 
 def main(argv=None):
-    """Entry point of the ``gdn2-oracle`` console script; returns the exit status. As the script
-    (``argv is None``) an interrupted command exits with ``os._exit(130)`` once its output is flushed."""
+    """The command line's entry point (the console script's child, ``ci/supervisor.py``; or in-process with ``argv``);
+    returns the exit status. With ``argv is None`` an interrupted command exits with ``os._exit(130)`` once its
+    output is flushed, and a supervised one tells its parent the status once its report is complete."""
+    if argv is None:
+        supervised.start()
+    ast_guard.install()  # before any thread: CPython's ast.parse is not thread-safe (ci/running/ast_guard.py)
     with terminate_as_interrupt() as received:  # SIGTERM: the same partial report as Ctrl-C, then exit 143
         code = _interrupted(received.status(_main(argv)))
+    supervised.finished(code)
     if argv is None and (code in (EXIT["interrupted"], TERMINATED) or _joining()):
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -143,25 +151,51 @@ def _raw_args(argv):
     return argparse.Namespace(command=name, json=given[-1] if given and name else None)
 
 
-def _report_interrupt(args, started):
-    """After an interrupt the command did not report (it came during start-up): its ``--json`` file, unless this
-    run already wrote it, becomes a report that judged nothing and is marked interrupted, so that no earlier run's
-    report is left there to be read as this one's. Returns the path written, or None."""
+def _report_path(args):
+    """The ``--json`` file of the command (resolved as the command resolves it), or None."""
     if getattr(args, "json", None) is None:
         return None
-    from .commands.output import output_path, write_json
+    from .commands.output import output_path
+
+    return output_path(args.json, option="--json", default_name=f"{args.command}.json", suffixes=(".json",))
+
+
+def _mark_report(args, **fields):
+    """Write the command's ``--json`` file as a report that judged nothing (``fields``: its outcome); returns the path
+    written, or None. Before the command runs it is marked incomplete (``supervised.INCOMPLETE``: no earlier run's
+    report stays there to be read as this one's, whatever ends the process); a start-up interrupt or a usage error
+    then rewrites it."""
+    from .commands.output import write_json
 
     module = sys.modules.get(f"{__package__}.commands.{args.command}")
     try:
-        path = output_path(args.json, option="--json", default_name=f"{args.command}.json", suffixes=(".json",))
-        if path.exists() and path.stat().st_mtime >= started:
+        path = _report_path(args)
+        if path is None:
             return None
-        write_json(path, {"schema": getattr(module, "SCHEMA", None), "command": args.command, "passed": False,
-                          "interrupted": True, "outcome": "interrupted", "grade": INTERRUPTED,
-                          "note": "interrupted before any result: nothing was judged"})
+        write_json(path, {"schema": getattr(module, "SCHEMA", None), "command": args.command,
+                          **supervised.INCOMPLETE, **fields})
     except (UsageError, OSError):
         return None
     return path
+
+
+def _report_interrupt(args, started):
+    """After an interrupt the command did not report (it came during start-up): its ``--json`` file, unless this
+    run already wrote a report there, becomes a report that judged nothing and is marked interrupted, so that no
+    earlier run's report is left there to be read as this one's. Returns the path written, or None."""
+    with contextlib.suppress(UsageError, OSError, ValueError, AttributeError):
+        path = _report_path(args)
+        if path is not None and path.exists() and path.stat().st_mtime >= started and not _marker(path):
+            return None
+    return _mark_report(args, interrupted=True, outcome="interrupted", grade=INTERRUPTED,
+                        note="interrupted before any result: nothing was judged")
+
+
+def _marker(path):
+    """Whether the JSON at ``path`` is the incomplete marker this run wrote before its command started."""
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(path.read_text(encoding="utf-8")).get("outcome") == supervised.INCOMPLETE["outcome"]
+    return False
 
 
 def _joining():
@@ -201,7 +235,7 @@ def _set_jobs(args):
 
 
 def _main(argv):
-    started, args = time.time(), None
+    started, args, marked = time.time(), None, None
     try:
         args = build_parser().parse_args(argv)
         _check_paths(args)
@@ -212,6 +246,10 @@ def _main(argv):
             enable()
         if hasattr(args, "jobs"):
             _set_jobs(args)
+        marked = _mark_report(args)  # before any kernel is imported or run
+        if marked is not None:
+            supervised.report(marked)
+        supervised.ready()  # start-up is over: the supervising parent forwards signals from here on
         return command(args.command).run(args)
     except _Exit as exc:
         return exc.status
@@ -220,6 +258,8 @@ def _main(argv):
         if not msg.startswith((PROG, "usage:")):
             msg = f"{PROG}: error: {msg}"
         print(msg, file=sys.stderr)
+        if marked is not None:  # the command refused its options after the report was marked incomplete
+            _mark_report(args, outcome="usage-error", grade="EMPTY", note=msg)
         return EXIT["usage"]
     except (KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - only a signal's interrupt (else re-raised)
         if not is_interrupt(exc):  # before the command's own interrupt handling (start-up) or after it

@@ -11,9 +11,15 @@ here: ``import gdn2_oracle.oracle`` never loads JAX.
 level keeps only the subpackages' folders. pyproject.toml maps it.)
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("gdn2-oracle")
-except PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
-    __version__ = "unknown"
+def __getattr__(name):
+    """``__version__``, read from the installed distribution's metadata on first use (importing
+    ``importlib.metadata`` here would slow every start of the console script, whose signal handlers wait for it)."""
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gdn2-oracle")
+    except PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
+        return "unknown"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from gdn2_oracle.golden.processes import is_interrupt, signalled
 
+from ..running import supervised
 from ..running.watchdog import Watchdog
 from .output import UsageError, progress, stop_run
 
@@ -87,6 +88,7 @@ class RunLoop:
         """``with loop.unit(name, **details): <kernel call>``: the unit the watchdog watches (``details``: what
         ``on_timeout`` gets should it pass the limit)."""
         self._details = details
+        supervised.doing(name)  # named by the console script's parent should the process end in this call
         return self._dog.case(name)
 
     def note(self, text):

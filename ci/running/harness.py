@@ -166,8 +166,9 @@ def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="floa
 
 @contextlib.contextmanager
 def guarded():
-    """Around a kernel call: ``sys.exit()`` or a ``KeyboardInterrupt`` raised by the kernel itself becomes a
-    :class:`KernelError` (the case fails, the run goes on); a real Ctrl-C or SIGTERM still stops the run."""
+    """Around a kernel call: ``sys.exit()``, a ``KeyboardInterrupt`` raised by the kernel itself or a ``BaseException``
+    of the kernel's own class becomes a :class:`KernelError` (the case fails, the run goes on); a real Ctrl-C or
+    SIGTERM still stops the run."""
     try:
         yield
     except SystemExit as exc:
@@ -176,6 +177,11 @@ def guarded():
         if by_signal():
             raise
         raise KernelError("the kernel raised KeyboardInterrupt itself (no Ctrl-C was pressed)") from None
+    except (Exception, GeneratorExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a kernel's own BaseException subclass: the kernel's error
+        raise KernelError(f"the kernel raised {type(exc).__module__}.{type(exc).__qualname__} (a BaseException, "
+                          f"not an Exception): {exc}") from exc
 
 
 _CALLBACK_LOGGER = "jax._src.callback"  # logs a failed callback's traceback; we report its last line instead

@@ -22,6 +22,8 @@ import time
 
 from gdn2_oracle.golden.processes import signalled
 
+from . import supervised
+
 GRACE = 2.0  # seconds a signal may take to stop the run before the watchdog acts on it
 STOPPING = (signal.SIGINT, signal.SIGTERM)  # the signals that stop a run (others written to the wakeup fd do not)
 
@@ -99,4 +101,5 @@ def exit_now(code):
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
+    supervised.finished(code)  # the report was written before: this status is the verdict
     os._exit(code)
