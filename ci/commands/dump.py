@@ -24,6 +24,7 @@ import numpy as np
 from gdn2_oracle.kernels.spec import python_c, runnable
 from gdn2_oracle.oracle import call_modes
 
+from ..grading.case import Case
 from ..grading.grades import FAIL, PASS, PRECISION, Verdict
 from .output import write_json
 from .serving_dump import n_calls, plot_serving
@@ -55,15 +56,16 @@ def reproducer(case, spec, *, case_set=None, seed=0):
 def one_liner(case, spec, *, case_set=None, seed=0):
     """The one-line shell command that runs kernel ``spec`` (a spec string) on ``case`` and prints its verdicts.
 
-    A dense golden case: ``Case.golden(name)``; a generated dense case: its :class:`oracle.Recipe` (``case.recipe``,
-    set by ``validate``), like ``property_tests.strategies.repro``; any other (a training-call or serving case):
+    A dense GDN-2 golden case: ``Case.golden(name)``; a generated dense case: its :class:`oracle.Recipe`
+    (``case.recipe``, set by ``validate``), like ``property_tests.strategies.repro``; any other (a training-call,
+    family or serving case, a mode or family golden among them):
     the ``gdn2-oracle validate`` run of that one case through ``ci.cli.main``.
     """
     head = ("from gdn2_oracle import oracle; from gdn2_oracle.kernels import KernelSpec; "
             "from gdn2_oracle.ci.grading.case import Case; from gdn2_oracle.ci.running.harness import kernel_results; ")
     tail = (f"fn = KernelSpec.parse({spec!r}).build(); "
             f"print(c.judge(kernel_results(fn, *c.data(), dtype={case.dtype!r})).format())")
-    if getattr(case, "source", None) == "golden" and not case.modes:  # a mode golden: validate's run
+    if isinstance(case, Case) and case.source == "golden":  # a GDN-2 golden (a family or mode one: validate, below)
         return python_c(head + f"c = Case.golden({case.name!r}); " + tail)
     recipe = getattr(case, "recipe", None)
     if recipe is not None and hasattr(recipe, "call"):

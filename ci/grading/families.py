@@ -102,7 +102,7 @@ def cases(kind="quick", dtypes=DTYPES, *, seed=0, families_selected=families.MAP
 def golden_cases(families_selected, dtypes, modes_selected=MODES, plain=True, case_type=None):
     """The family goldens (``golden/family_catalogue.py``; 256-bit references, hash-checked when first loaded) of
     ``families_selected`` in ``dtypes`` whose modes are all in ``modes_selected`` (a plain one only with ``plain``),
-    each judged against its stored results (:attr:`ModeCase.exact`)."""
+    each judged against its stored results (:attr:`ModeCase.stored_reference`)."""
     from gdn2_oracle.golden.load import family_judged_cases  # the corpus is read only when a set has it
 
     case_type = case_type or FamilyCase
@@ -111,5 +111,5 @@ def golden_cases(families_selected, dtypes, modes_selected=MODES, plain=True, ca
         if set(e.modes) <= set(modes_selected) and (plain or e.modes):
             flags = tuple(f for f in e.flags if not any(f in call_modes.get(m).keywords for m in e.modes))
             out.append(case_type(e.name, "golden", e.dtype, e.shape, e.build, e.modes, dict(e.regime),
-                                 exact=e.reference, family=e.family, flags=flags))
+                                 stored_reference=e.reference, family=e.family, flags=flags))
     return out

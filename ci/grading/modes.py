@@ -144,7 +144,7 @@ class ModeCase(CachedCase):
     regime: dict = field(default_factory=dict)
     seconds: float = 0.0
     key: dict | None = None  # what determines the data (the recipe), the reference cache's key; None: not cached
-    exact: Callable | None = None  # () -> a golden's stored results by name; None: the float64 oracle's
+    stored_reference: Callable | None = None  # () -> a golden's stored results by name; None: the float64 oracle
     _data: tuple | None = None
     _ref: dict | None = None
     _env: dict | None = None
@@ -170,7 +170,7 @@ class ModeCase(CachedCase):
     @classmethod
     def golden(cls, name):
         """The mode golden ``name`` (``golden/mode_catalogue.py``; loaded and hash-checked when first used), in its
-        own precision; its reference is the golden's stored results (:attr:`exact`)."""
+        own precision; its reference is the golden's stored results (:attr:`stored_reference`)."""
         from gdn2_oracle import golden  # the corpus is read only by cases that use it
 
         c = golden.mode_catalogue.get(name)
@@ -180,7 +180,8 @@ class ModeCase(CachedCase):
             return (g.call(), *g.cotangents())
 
         case = cls.from_recipe(name, c.recipe)
-        case.source, case.build, case.exact = "golden", build, lambda: golden.load_mode(name).reference()
+        case.source, case.build = "golden", build
+        case.stored_reference = lambda: golden.load_mode(name).reference()
         case.key = None  # the data are the golden file's: not cached by the recipe
         case.regime["purpose"] = c.purpose
         return case
@@ -221,8 +222,8 @@ class ModeCase(CachedCase):
             call, do, dfs = self.data()
             names = [n for n in self.names() if n != "intermediate_states"]
             self._ref, self._env = self._float64(call, do, dfs, names)  # the envelopes: a golden's too
-            if self.exact is not None:
-                stored = self.exact()
+            if self.stored_reference is not None:
+                stored = self.stored_reference()
                 self._ref = {n: np.asarray(stored[n], np.float64) for n in names}
                 self._exact_states = stored.get("intermediate_states")
         return self._with_states(self._ref, chunk_size, "reference")

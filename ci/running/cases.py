@@ -11,6 +11,7 @@ module only runs the kernel on the case's data and hands its results to the case
 
 from __future__ import annotations
 
+import inspect
 import time
 
 from gdn2_oracle import oracle
@@ -24,9 +25,21 @@ from . import harness, modes
 
 class Runs:
     """``run`` for a case with ``data()``, a kernel call (:meth:`results`), a judge (:meth:`graded`), the reference
-    (:meth:`exact`) and the names of its data (:meth:`inputs`)."""
+    (:meth:`reference_for`) and the names of its data (:meth:`inputs`).
 
+    A subclass whose dataclass fields name one of these methods (:data:`PROTOCOL`) is refused when defined: an
+    instance's field would hide the method (a case's ``exact`` field once made ``--dump`` call None)."""
+
+    PROTOCOL = ("data", "results", "graded", "reference_for", "inputs", "describe", "release", "ahead", "run")
     compiles_ahead = False  # whether :meth:`ahead` gives the kernel's program, traced and compiled ahead of the case
+
+    def __init_subclass__(cls, **kw):
+        """TypeError naming a dataclass field of ``cls`` that would hide a method of :data:`PROTOCOL`."""
+        super().__init_subclass__(**kw)
+        fields = {*getattr(cls, "__dataclass_fields__", {}), *inspect.get_annotations(cls)}  # inherited, its own
+        clash = sorted(fields & set(Runs.PROTOCOL))
+        if clash:
+            raise TypeError(f"{cls.__name__}: field(s) {clash} would hide the case method(s) of the same name")
 
     def run(self, fn, mesh=None, *, capture=False, program=None) -> CaseResult:
         """Judge kernel ``fn`` on this case: an input error when the case's data cannot be built (nothing known of the
@@ -46,7 +59,7 @@ class Runs:
         report = self.graded(fn, got)
         result = CaseResult.judged(self.describe(), report, time.perf_counter() - t0, arrays=arrays)
         if capture and not result.passed:  # only a dumped case keeps its arrays (the reference is cached by the case)
-            ref = self.exact(fn)
+            ref = self.reference_for(fn)
             arrays.update(got=dict(got), ref={n: ref[n] for n in got if n in ref}, profile=dict(report.profiles))
         return result
 
@@ -71,7 +84,8 @@ class DenseCase(Runs, Case):
     def graded(self, fn, got):
         return self.judge(got)
 
-    def exact(self, fn):
+    def reference_for(self, fn):
+        """The reference results the kernel ``fn`` is judged against."""
         return self.reference()
 
     @staticmethod
@@ -92,7 +106,8 @@ class CallCase(Runs, ModeCase):
     def graded(self, fn, got):
         return self.judge(got, chunk_size=modes.kernel_chunk_size(fn), names=modes.judged_names(fn, self.call))
 
-    def exact(self, fn):
+    def reference_for(self, fn):
+        """The reference, its states at chunk starts at the kernel ``fn``'s chunk size."""
         return self.reference(chunk_size=modes.kernel_chunk_size(fn))
 
     @staticmethod

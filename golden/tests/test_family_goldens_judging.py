@@ -16,7 +16,7 @@ def _case(entry):
     """The judge's case of a family golden: its stored results are the reference (``exact``)."""
     flags = tuple(f for f in entry.flags if f != "use_gate_in_kernel")  # the in-kernel log-decay is a mode
     return FamilyCase(entry.name, "golden", entry.dtype, entry.shape, entry.build, entry.modes, dict(entry.regime),
-                      family=entry.family, flags=flags, exact=entry.reference)
+                      family=entry.family, flags=flags, stored_reference=entry.reference)
 
 
 @pytest.mark.parametrize("entry", family_judged_cases(), ids=family_names())
