@@ -20,6 +20,14 @@ import numpy as np
 from . import replay_decode
 from .contract import storage_dtype
 
+# The longest replay ring a kernel is built with: its ``d`` / ``k`` caches hold ``capacity`` rows per slot and value
+# head (``[slots, HV, capacity, K + V]``), allocated by every session; serving engines use 16-64 tokens and the
+# suite's sessions run a few hundred, so a longer ring is never flushed in them: it only costs memory, up to more
+# than the host has (a per-session allocation failure, graded FAIL on every serving case, were it built).
+MAX_CAPACITY = 1 << 16
+MAX_CAPACITY_WHY = ("a longer ring is never flushed in the suite's sessions of a few hundred tokens; its caches, "
+                    "[slots, HV, capacity, K + V] per session, only grow with it")
+
 
 class ReplayKernel:
     """A replay kernel's options and operations (module docstring)."""
@@ -30,6 +38,8 @@ class ReplayKernel:
     def __init__(self, capacity=16, state_dtype="float32", cache_dtype=None, mutant=None):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
             raise ValueError(f"capacity: expected an integer >= 1, got {capacity!r}")
+        if capacity > MAX_CAPACITY:
+            raise ValueError(f"capacity: {capacity} is over {MAX_CAPACITY} tokens ({MAX_CAPACITY_WHY})")
         state_dtype = storage_dtype("state_dtype", state_dtype)
         cache_dtype = storage_dtype("cache_dtype", cache_dtype or state_dtype)
         if mutant is not None and mutant not in replay_decode.MUTANTS:

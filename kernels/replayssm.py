@@ -22,6 +22,7 @@ import importlib
 import numpy as np
 
 from .contract import storage_dtype
+from .replay_kernel import MAX_CAPACITY, MAX_CAPACITY_WHY
 
 PREFIX = "replayssm:"
 # module -> the functions looked up in it, by name
@@ -70,6 +71,12 @@ class ReplaySSMKernel:
 
     def __init__(self, package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None):
         self.capacity, self.spec_len = _count("capacity", capacity), _count("spec_len", spec_len)
+        if self.capacity > MAX_CAPACITY:
+            raise ValueError(f"capacity: {self.capacity} is over {MAX_CAPACITY} tokens ({MAX_CAPACITY_WHY})")
+        if device is not None:  # checked now (a device this host lacks is a usage error, not a failed session)
+            from .torch_bridge import resolve_device
+
+            resolve_device(device)
         self.state_dtype = storage_dtype("state_dtype", state_dtype)
         self.cache_dtype = storage_dtype("cache_dtype", cache_dtype or state_dtype)
         self.device = device

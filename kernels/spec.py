@@ -14,6 +14,7 @@ import ast
 import functools
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass, field
 
 from . import adapt, kernel_warnings
@@ -270,6 +271,7 @@ def _build(name, options):
         fn = resolve(name)
         if options.pop(FACTORY, False):
             fn = _made(fn, {k: options.pop(k) for k in list(options) if k not in adapt.MAPPING}, name)
+        check_kernel(fn, name, [k for k in options if k not in adapt.MAPPING])
         fn = _reported(fn, name)
         if any(k in adapt.MAPPING for k in options):
             return adapt.mapped(fn, **options)
@@ -281,6 +283,35 @@ def _build(name, options):
     if name in _REGISTERED:  # a user's factory and kernel
         return _reported(kernel_warnings.call(make, name, **options), name)
     return make(**options)
+
+
+# The fewest positional tensors a kernel is called with: FLA's family call ``q, k, v, g, beta`` (the contract's
+# ``q, k, v, g, b, w`` has six, a mapped ``order=...sh`` eight; ``layout=mixed_qkv`` kernels take five too).
+POSITIONAL_TENSORS = 5
+
+
+def check_kernel(fn, name, keywords=()):
+    """ValueError unless ``fn`` (what ``package.module:attr`` names, or its factory made) can be a kernel taking
+    ``keywords`` (the options bound to every call), the check a ``torch:`` spec gets (kernels/torch_bridge.py): a
+    built-in function of the standard library (``os:system``) is none, nor a callable whose signature cannot take
+    :data:`POSITIONAL_TENSORS` positional tensors; an option its signature cannot take (no such keyword, no
+    ``**kwargs``) is named. A callable without a readable signature passes (a C extension's kernel)."""
+    if inspect.isbuiltin(fn) and str(getattr(fn, "__module__", None) or "builtins").partition(".")[0] in (
+            *sys.stdlib_module_names, "builtins"):
+        raise ValueError(f"name: {name!r} is a built-in function of Python's standard library, not a kernel")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind_partial(*range(POSITIONAL_TENSORS))
+    except TypeError:
+        raise ValueError(f"name: {name!r} is not a kernel: its signature {sig} cannot take the positional tensors "
+                         "q, k, v, g, b(eta), w (a factory of kernels needs factory=1)") from None
+    refused = sorted(k for k in keywords if not accepts_keywords(fn, (k,), unknown=True))
+    if refused:
+        raise ValueError(f"options: {name!r} does not accept {refused} (its signature {sig} has no such parameter "
+                         "and no **kwargs)")
 
 
 def _reported(fn, name):
@@ -333,6 +364,10 @@ class KernelSpec:
             raise
         except SystemExit as exc:  # a kernel module that calls sys.exit() on import
             raise ValueError(f"building it called sys.exit({exc.code!r})") from None
+        except MemoryError as exc:  # an option asking for more memory than there is (a ring, a buffer)
+            given = {**self.options, **extra}
+            named = f"options {', '.join(f'{k}={v!r}' for k, v in given.items())}: " if given else ""
+            raise ValueError(f"{named}building the kernel ran out of memory ({exc or 'MemoryError'})") from None
         except Exception as exc:  # noqa: BLE001 - a broken external factory is reported, not raised
             raise ValueError(f"{type(exc).__name__}: {exc}") from None
 

@@ -84,20 +84,33 @@ def numpy_dtype(dtype):
 
 
 def resolve_device(device):
-    """The torch device: ``device`` if given, else CUDA when available, else the CPU (CUDA with its index)."""
+    """The torch device: ``device`` if given, else CUDA when available, else the CPU (CUDA with its index).
+    ValueError naming ``device`` when it is no torch device or this host cannot hold a tensor there and read it
+    back (a backend torch lacks here, ``meta``, a CUDA index past the last GPU)."""
     torch = import_torch()
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: {device!r} is not a torch device ({exc})") from None
+        raise ValueError(f"device: {device!r} is not a torch device ({_first_line(exc)})") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device: {device!r} asked for CUDA, but torch.cuda.is_available() is False")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+    try:  # one value there and back: a kernel's results are read on the host
+        torch.zeros(1, device=dev).cpu()
+    except Exception as exc:  # noqa: BLE001 - any backend's refusal is this option's usage error
+        raise ValueError(f"device: {device!r} is not usable on this host ({type(exc).__name__}: "
+                         f"{_first_line(exc)})") from None
     return dev
+
+
+def _first_line(exc, limit=160):
+    """The first line of an exception's message, at most ``limit`` characters (torch's run on for pages)."""
+    line = (str(exc).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def _refused_keywords(fn, keywords):

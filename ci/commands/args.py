@@ -11,17 +11,21 @@ from .output import PROG, UsageError, output_path
 
 MESH_HELP = ("run every kernel on a device mesh, e.g. data=2,seq=4 (axes seq, data, heads shard T, B, H; "
              "inputs placed with NamedSharding)")
+JOBS_PER_CORE = 4  # --jobs ceiling: this many worker processes per core this process may use
 JOBS_HELP = ("worker processes of the float64 oracle over batch/head slices of large problems (default: one a core; "
-             "results identical to one process)")
+             f"results identical to one process); 1 to {JOBS_PER_CORE} x the cores: each is a CPU-bound process "
+             "with its own NumPy and slice, so past the cores they only share them and cost memory")
 SUFFIXES = {"json": (".json",), "plot": (".png",)}
 
 
 def csv(kind):
     """An argparse type: a comma-separated list of ``kind``."""
     def parse(text):
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
+        items = [t.strip() for t in text.split(",")]
+        if not any(items):
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        if not all(items):  # "float32," or "1,,2": a value left out, never silently dropped
+            raise argparse.ArgumentTypeError(f"empty item in the comma-separated list {text!r}")
         try:
             return [kind(t) for t in items]
         except ValueError:
@@ -37,6 +41,21 @@ def nonnegative(text):
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def jobs(text):
+    """A ``--jobs`` value: an integer from 1 to :data:`JOBS_PER_CORE` times the cores this process may use."""
+    from gdn2_oracle.golden.processes import default_jobs
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    cores = default_jobs()
+    if not 1 <= value <= JOBS_PER_CORE * cores:
+        raise argparse.ArgumentTypeError(f"expected 1 to {JOBS_PER_CORE * cores} worker processes "
+                                         f"({JOBS_PER_CORE} x the {cores} core(s) this process may use), got {value}")
     return value
 
 
@@ -116,7 +135,7 @@ def add_run_options(p, *, mesh_jobs=True):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     if mesh_jobs:
         p.add_argument("--mesh", type=mesh, metavar="AXIS=N,...", help=MESH_HELP)
-        p.add_argument("--jobs", type=int, metavar="N", help=JOBS_HELP)
+        p.add_argument("--jobs", type=jobs, metavar="N", help=JOBS_HELP)
 
 
 def specs(names):

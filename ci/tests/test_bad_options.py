@@ -1,0 +1,65 @@
+"""A bad option is one usage error before any work, never a kernel failure on every case (issue 39, item 7).
+
+Each run is the console script in a subprocess with its caches under ``tmp_path``: exit 2, one ``error:`` line on
+stderr naming the option, no traceback, and nothing on stdout (no case was started). The kernel options are checked
+where the kernel is built (``ci/commands/args.py: build``, shared by validate, bench, domain and hunt): a value the
+factory refuses (a replay ring too long to allocate, a torch device this host lacks), an option a ``module:attr``
+function cannot take, a ``module:attr`` that is not a kernel; the list options by their argparse types.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = str(Path(sys.executable).with_name("gdn2-oracle"))
+DROPPED = ("GDN2_", "PYTEST_", "JAX_", "XLA_")  # this session's settings never reach the command
+EXIT_USAGE = 2
+ONE_CASE = ("--case", "kv_16x32", "--dtype", "float32")
+CORRECT = "gdn2_oracle.kernels.testing:correct"
+
+# (argv, what the error line names)
+BAD = {
+    "capacity": (["validate", "--kernel", "replay-recurrent[capacity=1000000000000]", "--case", "serving_gdn_pool_g2",
+                  "--dtype", "float32"], "capacity"),
+    "device-keyword": (["validate", "--kernel", f"{CORRECT}[device=tpu]", *ONE_CASE], "device"),
+    "torch-device": (["validate", "--kernel", "torch:gdn2_oracle.kernels.testing_torch:recurrent[device=meta]",
+                      *ONE_CASE], "device"),
+    "not-a-kernel": (["validate", "--kernel", "os:system", *ONE_CASE], "--kernel"),
+    "builtin": (["validate", "--kernel", "builtins:max", *ONE_CASE], "--kernel"),
+    "jobs": (["validate", "--jobs", "100000", *ONE_CASE], "--jobs"),
+    "dtype-empty-item": (["validate", "--dtype", "float32,", "--case", "kv_16x32"], "--dtype"),
+    "bench-batch": (["bench", "--kernel", "pairwise", "--batch", "1,,2", "--seq", "16", "--heads", "1", "--dim", "8"],
+                    "--batch"),
+    "bench-not-a-kernel": (["bench", "--kernel", "os:system", "--batch", "1", "--seq", "16", "--heads", "1",
+                            "--dim", "8"], "--kernel"),
+    "bench-jobs": (["bench", "--kernel", "pairwise", "--jobs", "100000", "--batch", "1"], "--jobs"),
+    "domain-device": (["domain", "--kernel", f"{CORRECT}[device=tpu]"], "device"),
+    "hunt-not-a-kernel": (["hunt", "--kernel", "os:system"], "--kernel"),
+}
+
+
+def _env(tmp_path):
+    """The environment of a console-script run: every cache under ``tmp_path``, none of this session's settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED)}
+    env.update(PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(tmp_path / "xdg"),
+               GDN2_REFERENCE_CACHE=str(tmp_path / "references"), GDN2_PROGRAM_CACHE=str(tmp_path / "programs"),
+               GDN2_COMPILE_CACHE=str(tmp_path / "compiled"))
+    return env
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_a_bad_option_is_one_usage_error_naming_it_before_any_case(tmp_path, name):
+    argv, option = BAD[name]
+    proc = subprocess.run([CLI, *argv, "--no-progress"], capture_output=True, text=True, env=_env(tmp_path),
+                          cwd=tmp_path, timeout=120)
+    shown = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == EXIT_USAGE, shown
+    assert "Traceback" not in proc.stderr, shown
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and option in errors[0], shown
+    assert proc.stdout == "", shown  # no case started: nothing printed of a run
