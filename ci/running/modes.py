@@ -32,6 +32,7 @@ from .harness import (
     ContractError,
     KernelError,
     check_dtype,
+    guarded,
     host_callback_error,
     host_cast,
     o_dtype_hint,
@@ -241,7 +242,7 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     if reason:
         raise ValueError(reason)
     try:
-        with quiet_callback_failures(), mesh_lib.using(mesh):
+        with quiet_callback_failures(), mesh_lib.using(mesh), guarded():
             if forward_only(fn):
                 out = jax.block_until_ready(forward_runner(fn, static, call.state_shape)(inputs, h0, params))
             else:

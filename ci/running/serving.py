@@ -53,7 +53,7 @@ from ..grading.serving import INPUT_NAMES, STATE_DTYPES, Session
 from . import replay_backends
 from .drivers import PoolDriver, ReplayDriver
 from .families import kernel_family
-from .harness import host_cast, to_device
+from .harness import guarded, host_cast, to_device
 
 CONVENTIONS = ("pool", "fla", "replay")  # state_pool / FLA's initial_state + ssm_state_indices / replay states
 
@@ -308,7 +308,8 @@ class ServingCase:
         t0 = time.perf_counter()
         arrays = {} if capture else None
         try:
-            run = SessionRun(fn, self.session, keep=capture, v_first=self.v_first)
+            with guarded():
+                run = SessionRun(fn, self.session, keep=capture, v_first=self.v_first)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises (or is no serving kernel) fails this case
             if capture:
                 arrays["serving"] = call_inputs(self.session)

@@ -1,4 +1,4 @@
-"""A bad option is one usage error before any work, never a kernel failure on every case (issue 39, item 7).
+"""A bad option is one usage error before any work, never a kernel failure on every case.
 
 Each run is the console script in a subprocess with its caches under ``tmp_path``: exit 2, one ``error:`` line on
 stderr naming the option, no traceback, and nothing on stdout (no case was started). The kernel options are checked

@@ -1,4 +1,4 @@
-"""``validate --dump`` through the console script on each case kind the dense tests leave out (issue 39, item 6).
+"""``validate --dump`` through the console script on each case kind the dense tests leave out.
 
 A training-call case and a family case (``ModeCase``) once crashed the dump with ``TypeError: 'NoneType' object is
 not callable``: the dataclass field ``exact`` (a golden's stored results) hid the running floor's ``exact(fn)``

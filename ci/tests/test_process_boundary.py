@@ -49,6 +49,11 @@ class OwnStop(BaseException):
 
 def raises_its_own(q, k, v, g, b, w, *, scale=None, initial_state=None):
     raise OwnStop("stop from inside the kernel")
+
+
+def gdn_raises_its_own(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                       use_gate_in_kernel=False, A_log=None, dt_bias=None):
+    raise OwnStop("stop from inside the family kernel")
 '''
 
 
@@ -186,10 +191,12 @@ def test_a_kernel_that_ends_the_process_is_a_fail_and_leaves_no_pass_behind(tmp_
     assert report["passed"] is False and report["outcome"] == "crashed" and report["grade"] == "FAIL", report
 
 
-def test_a_kernel_raising_its_own_base_exception_fails_its_case_with_the_table(tmp_path):
-    """Before: a traceback, no table, no JSON."""
+@pytest.mark.parametrize("kernel, case", [("raises_its_own", "kv_32x8"),
+                                          ("gdn_raises_its_own[family=gdn]", "gdn_gate_softplus")])
+def test_a_kernel_raising_its_own_base_exception_fails_its_case_with_the_table(tmp_path, kernel, case):
+    """Before: a traceback, no table, no JSON (a dense case, and a family call through the training-call runner)."""
     (tmp_path / "enders.py").write_text(KERNELS)
-    proc = console(tmp_path, "validate", "--kernel", "enders:raises_its_own", "--case", "kv_32x8", "--dtype",
+    proc = console(tmp_path, "validate", "--kernel", f"enders:{kernel}", "--case", case, "--dtype",
                    "float32", "--no-progress", "--json", "r.json", PYTHONPATH=str(tmp_path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "enders.OwnStop" in proc.stdout and "overall: FAIL" in proc.stdout and "Traceback" not in proc.stderr
