@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import importlib
 import json
-import os
 import sys
 import time
 
@@ -110,6 +109,7 @@ def main(argv=None):
     if argv is None:
         supervised.start()
     ast_guard.install()  # before any thread: CPython's ast.parse is not thread-safe (ci/running/ast_guard.py)
+    supervised.guard_exit()  # a kernel calling os._exit fails its case instead of ending the run
     with terminate_as_interrupt() as received:  # SIGTERM: the same partial report as Ctrl-C, then exit 143
         code = _interrupted(received.status(_main(argv)))
     supervised.finished(code)
@@ -119,7 +119,7 @@ def main(argv=None):
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(code)  # no interpreter teardown: JAX/XLA threads can crash it after an interrupt or a failed start
+        supervised.exit_process(code)  # no interpreter teardown: JAX/XLA threads can crash it after an interrupt
     return code
 
 

@@ -22,6 +22,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from . import supervised
 from .per_kernel import Identity
 
 
@@ -72,7 +73,8 @@ class Ahead:
                 return
             future = self._futures[key]
             try:
-                signature, lower = prepare()
+                with supervised.kernel_call():  # tracing runs the kernel's Python (os._exit there raises)
+                    signature, lower = prepare()
             except BaseException as exc:  # noqa: BLE001 - kept, raised again where the case is judged
                 future.set_exception(exc)
                 continue
@@ -80,7 +82,8 @@ class Ahead:
             if program is None:
                 program = self._programs[signature] = Future()
                 try:
-                    lowered = lower()
+                    with supervised.kernel_call():
+                        lowered = lower()
                 except BaseException as exc:  # noqa: BLE001 - kept for every case of this program
                     program.set_exception(exc)
                 else:

@@ -17,7 +17,7 @@ from gdn2_oracle.oracle import KERNEL_DTYPES, RESULTS
 from ..grading.case import Case
 from ..grading.tolerance import Report, agreement, dtype_name
 from . import mesh as mesh_lib
-from . import program_cache
+from . import program_cache, supervised
 from .per_kernel import Identity, per_kernel
 
 
@@ -166,11 +166,14 @@ def kernel_results(fn, problem: oracle.Problem, do, dfinal_state, *, dtype="floa
 
 @contextlib.contextmanager
 def guarded():
-    """Around a kernel call: ``sys.exit()``, a ``KeyboardInterrupt`` raised by the kernel itself or a ``BaseException``
-    of the kernel's own class becomes a :class:`KernelError` (the case fails, the run goes on); a real Ctrl-C or
-    SIGTERM still stops the run."""
+    """Around a kernel call: ``sys.exit()``, ``os._exit()`` (once ``supervised.guard_exit`` is installed), a
+    ``KeyboardInterrupt`` raised by the kernel itself or a ``BaseException`` of the kernel's own class becomes a
+    :class:`KernelError` (the case fails, the run goes on); a real Ctrl-C or SIGTERM still stops the run."""
     try:
-        yield
+        with supervised.kernel_call():  # os._exit in the kernel raises (supervised.guard_exit) instead of ending us
+            yield
+    except supervised.ProcessExitInKernel as exc:
+        raise KernelError(str(exc)) from None
     except SystemExit as exc:
         raise KernelError(f"the kernel called sys.exit({exc.code!r})") from None
     except KeyboardInterrupt:

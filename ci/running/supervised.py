@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 
 ENV = "GDN2_ORACLE_STATUS_FD"  # the status pipe's write end, set by the parent for the child
 PARENT_ENV = "GDN2_ORACLE_PARENT_PID"  # the supervising parent's pid (the child ends when it is gone)
@@ -90,3 +91,49 @@ def finished(code):
         with contextlib.suppress(OSError):
             os.close(_fd)
         _fd = None
+
+
+# --- a kernel calling os._exit -------------------------------------------------------------------------------------
+
+class ProcessExitInKernel(Exception):
+    """``os._exit(code)`` called while a kernel call was in progress: raised in its place (the kernel's error)."""
+
+    def __init__(self, code):
+        super().__init__(f"the kernel called os._exit({code!r})")
+        self.code = code
+
+
+_real_exit = os._exit
+_calls = [0]  # kernel calls in progress, in any thread (host callbacks run on other threads than the caller)
+_calls_lock = threading.Lock()
+
+
+def exit_process(code):
+    """End the process now (``os._exit``), whatever :func:`guard_exit` installed: the suite's own way out."""
+    _real_exit(code)
+
+
+def _exit_unless_in_kernel(code):
+    """``os._exit`` while the guard is installed: raises :class:`ProcessExitInKernel` during a kernel call."""
+    if _calls[0]:
+        raise ProcessExitInKernel(code)
+    _real_exit(code)
+
+
+def guard_exit():
+    """From now on ``os._exit`` called during a kernel call (:func:`kernel_call`) raises instead of ending the process,
+    so the kernel's case fails with the run going on -- in ``validate`` and in a pytest run of the conformance suite,
+    which no parent process supervises. Idempotent."""
+    os._exit = _exit_unless_in_kernel
+
+
+@contextlib.contextmanager
+def kernel_call():
+    """Mark a kernel call (tracing, compiling or running the kernel's code) as in progress."""
+    with _calls_lock:
+        _calls[0] += 1
+    try:
+        yield
+    finally:
+        with _calls_lock:
+            _calls[0] -= 1

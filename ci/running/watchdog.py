@@ -13,7 +13,6 @@ signalled``) counts too, even one that arrived before the watchdog started.
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import signal
 import socket
@@ -102,4 +101,4 @@ def exit_now(code):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     supervised.finished(code)  # the report was written before: this status is the verdict
-    os._exit(code)
+    supervised.exit_process(code)

@@ -3,9 +3,11 @@ in its own verdict (docs/commands.md, "Runs that did not finish").
 
 * cold runs, with the compile-ahead threads and torch's callbacks running, end in a verdict table (before: half of
   them died of ``SystemError: AST constructor recursion depth mismatch``, python/cpython#106905);
-* a kernel that ends the process (``os._exit(0)``, a segfault) is a FAIL with one line naming it, exit 1, and the
-  ``--json`` report marked ``crashed`` (before: exit 0, and an earlier run's PASS left in the file);
-* a kernel raising a ``BaseException`` of its own is that kernel's error, with the table and the report;
+* a kernel that ends the process where Python cannot see it (a C library's ``_exit(0)``, a segfault) is a FAIL with
+  one line naming it, exit 1, and the ``--json`` report marked ``crashed`` (before: exit 0, and an earlier run's PASS
+  left in the file);
+* a kernel raising a ``BaseException`` of its own, or calling ``os._exit``, is that kernel's error, with the table
+  and the report, in ``validate`` and in the conformance suite under pytest;
 * Ctrl-C / SIGTERM at any moment from the first line of ``main``: 130 / 143, one line, no traceback.
 """
 
@@ -25,6 +27,7 @@ import pytest
 
 from gdn2_oracle.ci.grading import reference_cache
 from gdn2_oracle.ci.running import ast_guard
+from gdn2_oracle.ci.testing import pytest_run
 
 SCRIPT = Path(sys.executable).with_name("gdn2-oracle")  # the console script of the environment under test
 
@@ -35,6 +38,12 @@ import signal
 
 def ends_the_process(q, k, v, g, b, w, *, scale=None, initial_state=None):
     os._exit(0)  # as some libraries do on an error path
+
+
+def exits_in_c(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    import ctypes
+
+    ctypes.CDLL(None)._exit(0)  # a C library ending the process: nothing in Python sees it
 
 
 def segfaults(q, k, v, g, b, w, *, scale=None, initial_state=None):
@@ -174,11 +183,11 @@ def test_cold_runs_of_the_console_script_end_in_a_verdict(tmp_path, name, argv):
 
 # --- a kernel that ends the process -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kernel, how", [("ends_the_process", "exited with status 0"),
+@pytest.mark.parametrize("kernel, how", [("exits_in_c", "exited with status 0"),
                                          ("segfaults", "was killed by SIGSEGV")])
 def test_a_kernel_that_ends_the_process_is_a_fail_and_leaves_no_pass_behind(tmp_path, kernel, how):
-    """Before: ``os._exit(0)`` in a kernel ended ``validate`` with exit 0, no verdict, and an earlier run's PASS left
-    in the ``--json`` file."""
+    """Before: a kernel ending the process with status 0 ended ``validate`` with exit 0, no verdict, and an earlier
+    run's PASS left in the ``--json`` file."""
     (tmp_path / "enders.py").write_text(KERNELS)
     (tmp_path / "r.json").write_text(json.dumps({"passed": True, "grade": "PASS", "outcome": "pass"}))
     proc = console(tmp_path, "validate", "--kernel", f"enders:{kernel}", "--case", "kv_32x8", "--dtype", "float32",
@@ -191,17 +200,31 @@ def test_a_kernel_that_ends_the_process_is_a_fail_and_leaves_no_pass_behind(tmp_
     assert report["passed"] is False and report["outcome"] == "crashed" and report["grade"] == "FAIL", report
 
 
-@pytest.mark.parametrize("kernel, case", [("raises_its_own", "kv_32x8"),
-                                          ("gdn_raises_its_own[family=gdn]", "gdn_gate_softplus")])
-def test_a_kernel_raising_its_own_base_exception_fails_its_case_with_the_table(tmp_path, kernel, case):
-    """Before: a traceback, no table, no JSON (a dense case, and a family call through the training-call runner)."""
+@pytest.mark.parametrize("kernel, case, error", [
+    ("raises_its_own", "kv_32x8", "enders.OwnStop"),
+    ("gdn_raises_its_own[family=gdn]", "gdn_gate_softplus", "enders.OwnStop"),
+    ("ends_the_process", "kv_32x8", "the kernel called os._exit(0)"),
+])
+def test_a_kernel_raising_its_own_base_exception_fails_its_case_with_the_table(tmp_path, kernel, case, error):
+    """Before: a traceback, no table, no JSON (a dense case, and a family call through the training-call runner);
+    ``os._exit(0)`` in the kernel ended the run with exit 0. Now each is the kernel's error, graded; the run goes on."""
     (tmp_path / "enders.py").write_text(KERNELS)
     proc = console(tmp_path, "validate", "--kernel", f"enders:{kernel}", "--case", case, "--dtype",
                    "float32", "--no-progress", "--json", "r.json", PYTHONPATH=str(tmp_path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "enders.OwnStop" in proc.stdout and "overall: FAIL" in proc.stdout and "Traceback" not in proc.stderr
+    assert error in proc.stdout and "overall: FAIL" in proc.stdout and "Traceback" not in proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["outcome"] == "fail" and "OwnStop" in report["kernels"][0]["cases"][0]["error"]
+    assert report["outcome"] == "fail" and error.split(".")[-1] in report["kernels"][0]["cases"][0]["error"]
+
+
+def test_a_kernel_calling_os_exit_fails_the_conformance_suite_instead_of_ending_it_with_0(tmp_path):
+    """pytest has no supervising parent: before, ``os._exit(0)`` in a kernel ended a run of the conformance suite with
+    exit 0 and no summary -- a CI gate read a pass."""
+    (tmp_path / "enders.py").write_text(KERNELS)
+    code, out = pytest_run(tmp_path, "--pyargs", "gdn2_oracle.property_tests.test_conformance", "--gdn2-kernel",
+                           "enders:ends_the_process", "--gdn2-profile", "dev", "-k", "test_matches_oracle", "-q",
+                           "-x", env={"PYTHONPATH": str(tmp_path)})
+    assert code == 1 and "failed" in out and "the kernel called os._exit(0)" in out, out
 
 
 # --- signals at any moment ----------------------------------------------------------------------------------------
