@@ -79,7 +79,7 @@ class Run:
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
         for raw in lines:
-            kind, _, rest = raw.decode("utf-8", "replace").partition(" ")
+            kind, _, rest = str(raw, "utf-8", "replace").partition(" ")
             if kind == "ready":
                 self.ready = True
                 if self.signal is not None:  # a signal came while the child announced itself

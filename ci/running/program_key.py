@@ -145,7 +145,7 @@ def _user_primitives():
         values = getattr(module, "__dict__", None)
         if not isinstance(values, dict):
             continue
-        held = [v for v in list(values.values()) if isinstance(v, Primitive)]
+        held = [v for v in list(values.values()) if issubclass(type(v), Primitive)]  # type(): no __class__ hook
         if name == "__main__" or (file and not installed_file(file)):
             user.update((id(p), (p, name)) for p in held)
         else:
