@@ -278,3 +278,28 @@ def test_an_early_signal_at_any_moment_gives_one_line_and_its_status(tmp_path, s
                 or report.get("passed") is not False or report.get("outcome") != "interrupted"):
             failures.append(f"at {delay} s: exit {proc.returncode}, report {report.get('outcome')}, stderr {err!r}")
     assert not failures, "\n".join(failures)
+
+
+OTHER_COMMANDS = {
+    "bench": ["bench", "--batch", "1", "--seq", "32", "--heads", "2", "--dim", "16", "--repeats", "1"],
+    "domain": ["domain", "--out", "d"],
+    "hunt": ["hunt", "--seed", "3", "--budget", "5"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(OTHER_COMMANDS))
+def test_bench_domain_and_hunt_never_exit_0_for_a_kernel_that_ends_the_process(tmp_path, command):
+    """The same parent and the same guard serve every command: a C-level exit(0) is a crashed run (exit 1, one line),
+    ``os._exit(0)`` a kernel error (exit 1, the command's own report). Before: both exit 0."""
+    (tmp_path / "enders.py").write_text(KERNELS)
+    name, *rest = OTHER_COMMANDS[command]
+    crashed = console(tmp_path, name, "--kernel", "enders:exits_in_c", *rest, "--no-progress",
+                      PYTHONPATH=str(tmp_path))
+    assert crashed.returncode == 1, crashed.stdout + crashed.stderr
+    assert "the run ended without a verdict: the process exited with status 0" in crashed.stderr, crashed.stderr
+    graded = console(tmp_path, name, "--kernel", "enders:ends_the_process", *rest, "--no-progress",
+                     PYTHONPATH=str(tmp_path))
+    assert graded.returncode == 1, graded.stdout + graded.stderr
+    assert "ended without a verdict" not in graded.stderr and "Traceback" not in graded.stderr, graded.stderr
+    said = graded.stdout + graded.stderr + ((tmp_path / "d" / "domain.json").read_text() if name == "domain" else "")
+    assert "the kernel called os._exit(0)" in said, said
