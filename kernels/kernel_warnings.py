@@ -129,7 +129,7 @@ def _module_at(filename):
     """``(name, globals)`` of the loaded module whose file is ``filename`` (the name ``warnings.warn`` matched the
     filters against), else the file name less ``.py`` and None, as ``warnings.warn_explicit`` does."""
     if filename not in _MODULES:
-        for name, mod in list(sys.modules.items()):
+        for name, mod in sys.modules.copy().items():  # copied at once: another thread may be importing
             if getattr(mod, "__file__", None) == filename:
                 _MODULES[filename] = (name, vars(mod))
                 break

@@ -153,6 +153,11 @@ def exported(traced, signature, export, retrace):
     except program_key.Unkeyable:
         STATS["unkeyable"] += 1
         return None
+    except Exception as exc:  # noqa: BLE001 - the key is the suite's own work on a traced program: never the kernel's
+        STATS["unkeyable"] += 1  # fault; a program that cannot be keyed is lowered as usual, never stored
+        warnings.warn(ProgramCacheWarning(f"program cache: the program's key could not be formed ({type(exc).__name__}:"
+                                          f" {exc}); it is lowered this run and not stored"), stacklevel=2)
+        return None
     payload = read(root, name)
     if payload is not None:
         try:

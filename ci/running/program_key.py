@@ -105,7 +105,7 @@ def _user_code(obj, seen, depth=6):
         if name == "__main__" or (file and not installed_file(file)):
             return file or name
         if cls is not None and not isinstance(obj, type):
-            parts = [cls.__call__, *(v for v in getattr(obj, "__dict__", {}).values())]
+            parts = [cls.__call__, *getattr(obj, "__dict__", {}).copy().values()]
     for part in parts:
         if callable(part) or isinstance(part, (tuple, list)):
             found = _user_code(part, seen, depth - 1)
@@ -140,12 +140,14 @@ def _user_primitives():
     from jax.extend.core import Primitive
 
     user, installed = {}, []
-    for name, module in list(sys.modules.items()):
+    # copy() makes no object per entry, so no gc callback -- and no thread importing a module -- can run inside it;
+    # list(sys.modules.items()) makes a tuple per entry and raised 'dictionary changed size during iteration'
+    for name, module in sys.modules.copy().items():
         file = getattr(module, "__file__", None)
         values = getattr(module, "__dict__", None)
         if not isinstance(values, dict):
             continue
-        held = [v for v in list(values.values()) if issubclass(type(v), Primitive)]  # type(): no __class__ hook
+        held = [v for v in values.copy().values() if issubclass(type(v), Primitive)]  # type(): no __class__ hook
         if name == "__main__" or (file and not installed_file(file)):
             user.update((id(p), (p, name)) for p in held)
         else:
