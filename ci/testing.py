@@ -1,5 +1,6 @@
-"""Support for the suite's own tests (not for users): the ``cli`` fixture, pytest in a subprocess, and one
-``assert_matches_oracle`` whose references are cached by recipe."""
+"""Support for the suite's own tests (not for users): the ``cli`` fixture, the installed console script in a
+subprocess (``console``), pytest in a subprocess, and one ``assert_matches_oracle`` whose references are cached by
+recipe."""
 
 from __future__ import annotations
 
@@ -29,6 +30,29 @@ def cli(capsys):
         out, err = capsys.readouterr()
         return code, out, err
     return run
+
+
+# The console script of the environment under test, and the variables of this session that never reach it.
+CONSOLE_SCRIPT = Path(sys.executable).with_name("gdn2-oracle")
+DROPPED = ("GDN2_", "PYTEST_", "JAX_", "XLA_")
+
+
+def console_env(tmp_path, **extra):
+    """The environment of a cold console-script run: every cache folder fresh under ``tmp_path``, none of this
+    session's settings (:data:`DROPPED`), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED)}
+    env.update(PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(tmp_path / "xdg"),
+               GDN2_REFERENCE_CACHE=str(tmp_path / "references"), GDN2_PROGRAM_CACHE=str(tmp_path / "programs"),
+               GDN2_COMPILE_CACHE=str(tmp_path / "compiled"), **extra)
+    return env
+
+
+def console(tmp_path, *argv, timeout=600, **env):
+    """``gdn2-oracle ARGV`` run cold (:func:`console_env`) from ``tmp_path`` as a user runs it: the installed console
+    script in a subprocess. Returns the ``CompletedProcess`` (text output); ``env``: extra variables."""
+    assert CONSOLE_SCRIPT.is_file(), f"no console script at {CONSOLE_SCRIPT}: the package is not installed here"
+    return subprocess.run([str(CONSOLE_SCRIPT), *map(str, argv)], cwd=tmp_path, env=console_env(tmp_path, **env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def pytest_run(cwd, *args, timeout=600, env=None):

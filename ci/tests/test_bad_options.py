@@ -9,15 +9,10 @@ function cannot take, a ``module:attr`` that is not a kernel; the list options b
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-CLI = str(Path(sys.executable).with_name("gdn2-oracle"))
-DROPPED = ("GDN2_", "PYTEST_", "JAX_", "XLA_")  # this session's settings never reach the command
+from gdn2_oracle.ci.testing import console
+
 EXIT_USAGE = 2
 ONE_CASE = ("--case", "kv_16x32", "--dtype", "float32")
 CORRECT = "gdn2_oracle.kernels.testing:correct"
@@ -43,20 +38,10 @@ BAD = {
 }
 
 
-def _env(tmp_path):
-    """The environment of a console-script run: every cache under ``tmp_path``, none of this session's settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED)}
-    env.update(PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(tmp_path / "xdg"),
-               GDN2_REFERENCE_CACHE=str(tmp_path / "references"), GDN2_PROGRAM_CACHE=str(tmp_path / "programs"),
-               GDN2_COMPILE_CACHE=str(tmp_path / "compiled"))
-    return env
-
-
 @pytest.mark.parametrize("name", list(BAD))
 def test_a_bad_option_is_one_usage_error_naming_it_before_any_case(tmp_path, name):
     argv, option = BAD[name]
-    proc = subprocess.run([CLI, *argv, "--no-progress"], capture_output=True, text=True, env=_env(tmp_path),
-                          cwd=tmp_path, timeout=120)
+    proc = console(tmp_path, *argv, "--no-progress", timeout=120)
     shown = f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert proc.returncode == EXIT_USAGE, shown
     assert "Traceback" not in proc.stderr, shown

@@ -10,19 +10,14 @@ Dense and serving cases are dumped by ``test_validate_dump_plot.py``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gdn2_oracle.ci.running.cases import CallCase, Runs
+from gdn2_oracle.ci.testing import console
 
-CLI = str(Path(sys.executable).with_name("gdn2-oracle"))
-DROPPED = ("GDN2_", "PYTEST_", "JAX_", "XLA_")  # this session's settings never reach the command
 FAMILIES = "gdn2_oracle.kernels.testing_families"
 
 # (kernel, case set, case, dtype): a generated family call, a generated training call, a family golden without a
@@ -35,22 +30,12 @@ KINDS = {
 }
 
 
-def _env(tmp_path):
-    """The environment of a console-script run: every cache under ``tmp_path``, none of this session's settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED)}
-    env.update(PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(tmp_path / "xdg"),
-               GDN2_REFERENCE_CACHE=str(tmp_path / "references"), GDN2_PROGRAM_CACHE=str(tmp_path / "programs"),
-               GDN2_COMPILE_CACHE=str(tmp_path / "compiled"))
-    return env
-
-
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_validate_dump_of_a_failing_case_exits_1_with_a_table_and_its_folder(tmp_path, kind):
     kernel, case_set, case, dtype = KINDS[kind]
     root = tmp_path / "dump"
-    proc = subprocess.run([CLI, "validate", "--kernel", kernel, "--cases", case_set, "--case", case, "--dtype", dtype,
-                           "--no-progress", "--dump", str(root)],
-                          capture_output=True, text=True, env=_env(tmp_path), timeout=300)
+    proc = console(tmp_path, "validate", "--kernel", kernel, "--cases", case_set, "--case", case, "--dtype", dtype,
+                   "--no-progress", "--dump", root, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "Traceback" not in out, out

@@ -9,11 +9,7 @@ with or without the program cache, in either order.
 from __future__ import annotations
 
 import functools
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,9 +17,8 @@ import pytest
 from gdn2_oracle import oracle
 from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.running.ahead import Ahead
+from gdn2_oracle.ci.testing import console
 
-CLI = str(Path(sys.executable).with_name("gdn2-oracle"))
-DROPPED = ("GDN2_", "PYTEST_", "JAX_", "XLA_")  # this session's settings never reach the command
 EXIT_FAIL = 1
 
 MODULE = """\
@@ -52,13 +47,8 @@ def validate(tmp_path, kernels, *extra):
     """``(exit status, {kernel: grade}, output)`` of the console script ``validate`` on one small golden case, with
     fresh caches under ``tmp_path`` and the module :data:`MODULE` on ``PYTHONPATH``."""
     (tmp_path / "eqkernel.py").write_text(MODULE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED)}
-    env.update(PYTHONPATH=str(tmp_path), PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(tmp_path / "xdg"),
-               GDN2_REFERENCE_CACHE=str(tmp_path / "references"), GDN2_PROGRAM_CACHE=str(tmp_path / "programs"),
-               GDN2_COMPILE_CACHE=str(tmp_path / "compiled"))
-    proc = subprocess.run([CLI, "validate", "--kernel", ",".join(f"eqkernel:{k}" for k in kernels),
-                           "--case", "kv_32x8", "--dtype", "float32", *extra],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = console(tmp_path, "validate", "--kernel", ",".join(f"eqkernel:{k}" for k in kernels), "--case", "kv_32x8",
+                   "--dtype", "float32", *extra, timeout=300, PYTHONPATH=str(tmp_path))
     out = proc.stdout + proc.stderr
     grades = dict(re.findall(r"^eqkernel:(\w+): (\w+) \(", out, re.MULTILINE))
     return proc.returncode, grades, out

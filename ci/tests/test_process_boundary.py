@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,9 +25,7 @@ import pytest
 
 from gdn2_oracle.ci.grading import reference_cache
 from gdn2_oracle.ci.running import ast_guard
-from gdn2_oracle.ci.testing import pytest_run
-
-SCRIPT = Path(sys.executable).with_name("gdn2-oracle")  # the console script of the environment under test
+from gdn2_oracle.ci.testing import CONSOLE_SCRIPT, console, console_env, pytest_run
 
 KERNELS = '''
 import os
@@ -64,20 +60,6 @@ def gdn_raises_its_own(q, k, v, g, beta, *, scale=None, initial_state=None, outp
                        use_gate_in_kernel=False, A_log=None, dt_bias=None):
     raise OwnStop("stop from inside the family kernel")
 '''
-
-
-def cold_env(tmp_path, **extra):
-    """The environment of a cold run: every cache folder fresh under ``tmp_path``."""
-    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "GDN2_REFERENCE_CACHE": str(tmp_path / "ref"),
-            "GDN2_PROGRAM_CACHE": str(tmp_path / "prog"), "GDN2_COMPILE_CACHE": str(tmp_path / "jax"),
-            "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax"), **extra}
-
-
-def console(tmp_path, *argv, timeout=600, **env):
-    """Run the console script cold; ``CompletedProcess`` with text output."""
-    assert SCRIPT.is_file(), f"no console script at {SCRIPT}: the package is not installed in this environment"
-    return subprocess.run([str(SCRIPT), *argv], cwd=tmp_path, env=cold_env(tmp_path, **env), capture_output=True,
-                          text=True, timeout=timeout)
 
 
 # --- one ast.parse at a time --------------------------------------------------------------------------------------
@@ -261,8 +243,8 @@ def test_an_early_signal_at_any_moment_gives_one_line_and_its_status(tmp_path, s
         run_dir = tmp_path / f"at{delay}"
         run_dir.mkdir()
         (run_dir / "r.json").write_text(json.dumps({"passed": True, "grade": "PASS"}))
-        proc = subprocess.Popen([str(SCRIPT), "validate", "--kernel", "pairwise", "--cases", "smoke", "--dtype",
-                                 "float32", "--no-progress", "--json", "r.json"], cwd=run_dir, env=cold_env(run_dir),
+        proc = subprocess.Popen([str(CONSOLE_SCRIPT), "validate", "--kernel", "pairwise", "--cases", "smoke", "--dtype",
+                                 "float32", "--no-progress", "--json", "r.json"], cwd=run_dir, env=console_env(run_dir),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         handling(proc.pid, signal.SIGTERM)  # main's first lines ran (Python itself catches SIGINT from the start)
         heavy = [lib for lib in ("_multiarray_umath", "jaxlib", "libtorch") if lib in Path(f"/proc/{proc.pid}/maps")
