@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-release test-all bench check clean test-oldest
+.PHONY: test test-release test-all bench check clean test-oldest peers
 REPORTS := reports
 
 $(PY):
@@ -22,6 +22,23 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --no-deps torch==2.13.0 sympy==1.14.0 fla-core==0.6.0 triton==3.9.0
 	$(PY) -m pip install -q filelock 'typing-extensions>=4.10' networkx jinja2 fsspec 'einops>=0.8'
 	touch $(STAMP)
+
+# The third-party kernels judged by name (docs/third-party.md), installed from PyPI, none of them committed:
+# transformers (its pure-torch GDN and KDA fallbacks) into the venv; vLLM's and SGLang's wheels downloaded whole
+# (--no-deps: their engines do not install here; kernels/third_party.py loads their Triton kernel files from the
+# wheel); gdn2-pallas, atomic-ops and deltanet-tpu each in a folder of its own (gdn2-pallas and atomic-ops both
+# ship a top-level atomic_ops; deltanet-tpu asks for Python >= 3.12 and runs on 3.11). GDN2_PEERS names the folder.
+PEERS := $(CURDIR)/.peers
+PEER_STAMP := .peers/.installed
+$(PEER_STAMP): Makefile | $(STAMP)
+	rm -rf .peers && mkdir -p .peers/wheels
+	$(PY) -m pip install -q transformers==5.25.0
+	$(PY) -m pip download -q --no-deps -d .peers/wheels vllm==0.33.0 sglang==0.5.23
+	$(PY) -m pip install -q --no-deps --target .peers/gdn2-pallas gdn2-pallas==0.1.1
+	$(PY) -m pip install -q --no-deps --target .peers/atomic-ops atomic-ops==0.2.0
+	$(PY) -m pip install -q --no-deps --ignore-requires-python --target .peers/deltanet-tpu deltanet-tpu==0.3.0
+	touch $(PEER_STAMP)
+peers: $(PEER_STAMP)
 
 # The suite: the conformance suite (property_tests/) and every package's own tests (*/tests/), in two groups
 # (conftest.py): `make test` runs all but the release group, `make test-release` the release group (tests
@@ -42,13 +59,13 @@ $(STAMP): pyproject.toml | $(PY)
 TEST_WORKERS ?= auto
 PYTEST := XDG_CACHE_HOME=$(CURDIR)/.test-cache-home \
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.jax-cache GDN2_COMPILE_CACHE=$(CURDIR)/.jax-cache \
-	GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache GDN2_PROGRAM_CACHE=$(CURDIR)/.program-cache \
+	GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache GDN2_PROGRAM_CACHE=$(CURDIR)/.program-cache GDN2_PEERS=$(PEERS) \
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist worksteal
-test: $(STAMP)
+test: $(STAMP) $(PEER_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PYTEST) -m "not release" $(PYTEST_ARGS)
 
-test-release: $(STAMP)
+test-release: $(STAMP) $(PEER_STAMP)
 	$(PYTEST) -m release $(PYTEST_ARGS)
 
 test-all: test test-release
@@ -70,7 +87,7 @@ bench: $(STAMP)
 	$(VENV)/bin/pytest ci/benchmarks --benchmark-only --benchmark-enable --benchmark-autosave $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache .program-cache .test-cache-home .venv-oldest $(REPORTS)
+	rm -rf $(VENV) .peers .pytest_cache .hypothesis .benchmarks .jax-cache .reference-cache .program-cache .test-cache-home .venv-oldest $(REPORTS)
 
 # The dependency floors (pyproject.toml [project] dependencies), each installed at its floor: its own venv,
 # the project (editable) with ci/oldest-constraints.txt (pip -c: the floors pinned ==; jaxlib follows jax), then
