@@ -22,7 +22,7 @@ from .registry import BUILTIN, DEFAULTS, OPTIONAL, REPLAYSSM_FACTORY, REPLAYSSM_
 
 __all__ = ["DEFAULTS", "FACTORY", "KernelSpec", "Reference", "accepts", "get", "known", "names", "parse_spec",
            "parse_value", "register",
-           "resolve", "split_specs"]
+           "resolve", "signature_of", "split_specs"]
 
 # Names registered at run time (``register``): name -> factory callable or "module:attr".
 _REGISTERED: dict = {}
@@ -200,12 +200,59 @@ def names(optional=False):
     return out
 
 
+def _pass_through(sig):
+    """Whether signature ``sig`` is a pass-through wrapper's ``(*args, **kwargs)``: it names no parameter."""
+    return all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()) and bool(sig.parameters)
+
+
+def inner_callable(fn):
+    """The one callable a pass-through wrapper ``fn`` calls, or None: its ``__wrapped__``; for a callable object
+    whose ``__call__`` passes through (a ``torch.nn.Module``, as the Hub kernels' ``Func`` around transformers'
+    fallbacks), its bound ``forward``; for a function, the single callable (not a class, not a module) among its
+    closure's cells."""
+    inner = getattr(fn, "__wrapped__", None) if inspect.isfunction(fn) or inspect.ismethod(fn) else None
+    if inner is None and not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+        try:
+            inner = inspect.getattr_static(fn, "__wrapped__")
+        except AttributeError:
+            inner = None
+        forward = getattr(type(fn), "forward", None)
+        if inner is None and inspect.isfunction(forward):
+            inner = getattr(fn, "forward", None)
+    if callable(inner):
+        return inner
+    code = getattr(fn, "__func__", fn)
+    cells = []
+    for cell in getattr(code, "__closure__", None) or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    found = [c for c in cells if callable(c) and not isinstance(c, type)]
+    return found[0] if len(found) == 1 else None
+
+
+def signature_of(fn, _depth=0):
+    """``fn``'s signature read through pass-through wrappers (``(*args, **kwargs)``: :func:`inner_callable`, up to
+    eight deep) to the first that names its parameters; ValueError/TypeError as :func:`inspect.signature` for a
+    callable without one."""
+    sig = inspect.signature(fn)
+    if _depth < 8 and _pass_through(sig):
+        inner = inner_callable(fn)
+        if inner is not None and inner is not fn:
+            try:
+                return signature_of(inner, _depth + 1)
+            except (TypeError, ValueError):
+                return sig
+    return sig
+
+
 def keyword_names(fn):
-    """``(names, var_keyword)``: the keyword parameters ``fn``'s signature names and whether it takes ``**kwargs``;
-    None for a callable without a signature (a builtin or C callable). A ``TorchKernel`` has the signature of
-    the keywords its torch function takes."""
+    """``(names, var_keyword)``: the keyword parameters ``fn``'s signature names (read through pass-through
+    wrappers, :func:`signature_of`) and whether it takes ``**kwargs``; None for a callable without a signature (a
+    builtin or C callable). A ``TorchKernel`` has the signature of the keywords its torch function takes."""
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = signature_of(fn).parameters.values()
     except (TypeError, ValueError):
         return None
     return (frozenset(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)),
@@ -245,11 +292,14 @@ def get(spec, **options):
     """The kernel named by ``spec`` built with its options and ``options`` (which win). An external
     ``"pkg.mod:attr"`` callable gets the mapping options (``order``, ``layout``, ``scale_arg``, ``state_arg``,
     ``decay_base``) applied and the others bound as keyword arguments of every call; ``pad`` and ``o_dtype``
-    wrap any kernel (kernels/adapt.py). A user's kernel function (``pkg.mod:attr``, what a ``factory=1`` or
+    wrap any kernel (kernels/adapt.py), and ``interpret`` any but a ``torch:`` one, where it is the torch bridge's
+    (Triton's interpreter). A user's kernel function (``pkg.mod:attr``, what a ``factory=1`` or
     registered factory makes) is called through kernels/kernel_warnings.py: its warnings are reported at it."""
     name, parsed = parse_spec(spec)
     options = {k: v.load(k) if isinstance(v, Reference) else v for k, v in {**parsed, **options}.items()}
-    own = _declared(factory(name)) if ":" not in name else set()  # a factory's own option of that name wins
+    # a factory's own option of that name wins (the torch bridge's interpret=1 is Triton's interpreter, not Pallas's)
+    own = (_declared(factory(name)) if ":" not in name
+           else _declared(resolve(TORCH_FACTORY)) if name.startswith(TORCH_PREFIX) else set())
     wrapping = {k: options.pop(k) for k in adapt.WRAPPING if k in options and k not in own}
     packed = options.get("layout") == adapt.MIXED_QKV and "layout" not in own and options.pop("layout")
     fn = _build(name, options)

@@ -26,12 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import kernel_warnings
+from . import kernel_warnings, triton_interpret
 from .adapt import LAYOUTS, TENSORS, parse_order
 from .contract import check_finite_values, check_inputs
 from .families import FAMILIES, check_family_call, check_family_values
 from .modes import check_cu_seqlens, check_gate, check_state
-from .spec import resolve
+from .spec import inner_callable, resolve, signature_of
 
 RESULT_NAMES = ("o", "final_state", "intermediate_states")
 # FLA chunk_gdn2's training-call keywords and their defaults (the plain contract).
@@ -114,9 +114,10 @@ def _first_line(exc, limit=160):
 
 
 def _refused_keywords(fn, keywords):
-    """The ``keywords`` a torch function's signature cannot take (none when it has ``**kwargs`` or no signature)."""
+    """The ``keywords`` a torch function's signature (read through pass-through wrappers) cannot take (none when it
+    has ``**kwargs`` or no signature)."""
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = signature_of(fn).parameters.values()
     except (TypeError, ValueError):
         return []
     if any(p.kind is p.VAR_KEYWORD for p in params):
@@ -140,26 +141,10 @@ def accepted_mode_keywords(fn, _depth=0):
     named = tuple(k for k in MODE_KEYWORDS if k in names)
     if not any(p.kind is p.VAR_KEYWORD for p in params):
         return named
-    inner = _wrapped(fn)
+    inner = inner_callable(fn)
     if named or inner is None or _depth >= 8:
         return tuple(MODE_KEYWORDS)
     return accepted_mode_keywords(inner, _depth + 1)
-
-
-def _wrapped(fn):
-    """The one function a wrapper ``fn`` calls: its ``__wrapped__``, else the single callable (not a class) among
-    its closure's cells; None otherwise."""
-    inner = getattr(fn, "__wrapped__", None)
-    if callable(inner):
-        return inner
-    cells = []
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            cells.append(cell.cell_contents)
-        except ValueError:  # an empty cell
-            continue
-    found = [c for c in cells if callable(c) and not isinstance(c, type)]
-    return found[0] if len(found) == 1 else None
 
 
 def _nonzero_probe(names, zeros):
@@ -483,24 +468,76 @@ def _module_names(fn):
     return (mod,) if isinstance(mod, str) and mod in sys.modules else ()
 
 
-def torch_kernel(target, family=None, **options):
+def torch_kernel(target, family=None, interpret=None, **options):
     """The ``torch:`` spec: ``target`` is ``package.module:attr``, a torch callable; options as documented. With
     ``family`` (``gdn`` / ``kda``) the callable is in that FLA family's signature (:class:`FamilyTorchKernel`;
-    packed sequences when it names ``cu_seqlens``)."""
+    packed sequences when it names ``cu_seqlens``). ``interpret=1``: its Triton kernels run in Triton's
+    interpreter on the CPU (kernels/triton_interpret.py; chosen before the module is imported, and the Triton
+    functions loaded before are switched to it), which the kernel's note says."""
+    note = None
+    if interpret not in (None, 0, False):
+        if interpret not in (1, True):
+            raise ValueError(f"interpret: expected 1 (Triton's interpreter on the CPU) or 0, got {interpret!r}")
+        switched = "triton" in sys.modules and not triton_interpret.interpreting()
+        triton_interpret.enable(f"kernel 'torch:{target}[interpret=1]'")
+        before = "; triton was imported before: its loaded JIT functions were switched to the interpreter"
+        note = (f"interpret=1: its Triton kernels run in Triton's interpreter on the CPU "
+                f"(kernels/triton_interpret.py{before if switched else ''}); {triton_interpret.BF16_DOT_NOTE}")
     fn = resolve(target)
     if family is None:
-        return TorchKernel(fn, name=f"torch:{target}", options=options)
-    return FamilyTorchKernel(fn, name=f"torch:{target}", family=family, options=options,
+        return TorchKernel(fn, name=f"torch:{target}", options=options, note=note)
+    return FamilyTorchKernel(fn, name=f"torch:{target}", family=family, options=options, note=note,
                              packed=_names_keyword(fn, "cu_seqlens"))
 
 
 def _names_keyword(fn, name):
-    """Whether callable ``fn`` takes keyword ``name`` (by name or through ``**kwargs``; unknown signature: yes)."""
+    """Whether callable ``fn`` takes keyword ``name`` (by name or through ``**kwargs``, its signature read through
+    pass-through wrappers; unknown signature: yes)."""
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = signature_of(fn).parameters.values()
     except (TypeError, ValueError):
         return True
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _named_keyword(fn, name):
+    """Whether callable ``fn``'s signature (read through pass-through wrappers) names keyword ``name`` (unknown
+    signature: yes)."""
+    try:
+        params = signature_of(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _var_keyword(fn):
+    """Whether callable ``fn``'s signature (read through pass-through wrappers) takes ``**kwargs``."""
+    try:
+        return any(p.kind is p.VAR_KEYWORD for p in signature_of(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+
+
+# FLA's keywords of a family call a torch function may take or not (the ``flags=`` option declares which; the gate
+# parameters A_log, dt_bias and lower_bound come with use_gate_in_kernel).
+FAMILY_KEYWORDS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "use_gate_in_kernel",
+                   "cu_seqlens")
+GATE_KEYWORDS = ("A_log", "dt_bias", "lower_bound")
+GVA_OPTIONS = ("repeat", "none")  # no grouped value heads: q, k repeated to v's heads, or G = 1 only
+_DEFAULT_ARGS = {"scale_arg": "scale", "state_arg": "initial_state"}
+
+
+def declared_flags(value):
+    """The ``flags=`` option as a tuple of :data:`FAMILY_KEYWORDS` (``+``-separated; empty: none); ValueError naming
+    ``flags`` for another name."""
+    if value is None:
+        return None
+    names = tuple(n.strip() for n in str(value).split("+") if n.strip()) if value != () else ()
+    bad = [n for n in names if n not in FAMILY_KEYWORDS]
+    if bad:
+        raise ValueError(f"flags: {bad} not among FLA's family keywords {list(FAMILY_KEYWORDS)} ('+'-separated; "
+                         "'flags=' alone: none)")
+    return names
 
 
 class FamilyTorchKernel(TorchKernel):
@@ -509,8 +546,17 @@ class FamilyTorchKernel(TorchKernel):
     call's flags (``use_qk_l2norm_in_kernel``, ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval``,
     ``use_gate_in_kernel``, and ``lower_bound``) and, differentiated like the other inputs, ``A_log`` and
     ``dt_bias``. ``order``: the positional order of the five tensors as names separated by ``,`` or a tuple
-    (default ``q,k,v,g,beta``; FLA's naive GDN recurrence takes ``q,k,v,beta,g``). Options as
-    :class:`TorchKernel`'s (``device``, keywords passed through); ``family`` is the kernel's attribute.
+    (default ``q,k,v,g,beta``; FLA's naive GDN recurrence takes ``q,k,v,beta,g``). ``scale_arg`` / ``state_arg``:
+    the keywords of the scale and the initial state (``None``: not passed; then only the default scale / a zero
+    state). Options as :class:`TorchKernel`'s (``device``, keywords passed through); ``family`` is the kernel's
+    attribute.
+
+    ``flags``: the FLA keywords of :data:`FAMILY_KEYWORDS` the torch function takes (``+``-separated, empty for
+    none); without it, those its signature names (read through pass-through wrappers), and those it can only take
+    through ``**kwargs`` are :attr:`hidden_keywords` (the judge probes them, ``ci/running/flag_probe.py``). ``gva``:
+    the torch function has no grouped value heads: ``repeat`` feeds it q, k repeated to v's heads (value head
+    ``hv`` reads key head ``hv // G``, ``repeat_interleave``; inside torch, so the gradients sum back), ``none``
+    takes only calls with as many key as value heads.
 
     ``packed``: ``fn`` takes FLA's ``cu_seqlens`` (packed sequences: ``B == 1``, host-readable offsets handed to
     torch as a LongTensor, states ``[N, HV, K, V]``); the kernel then takes it too. ``no_backward``: why ``fn``
@@ -527,20 +573,48 @@ class FamilyTorchKernel(TorchKernel):
         order = tuple(order.split(",")) if isinstance(order, str) else tuple(order)
         if sorted(order) != sorted(self.TENSORS):
             raise ValueError(f"order: {order!r} is not the five tensors {self.TENSORS} in some order")
+        declared = declared_flags(options.pop("flags", None))
+        self.gva = options.pop("gva", None)
+        if self.gva is not None and self.gva not in GVA_OPTIONS:
+            raise ValueError(f"gva: {self.gva!r} not one of {GVA_OPTIONS} (q, k repeated to v's heads, or only calls "
+                             "with HV == H)")
         super().__init__(fn, name=name, options=options, note=note, modules=modules, mode_keywords=())
         self.family, self.order = family, order
-        self.packed, self.no_backward = bool(packed), no_backward
+        self.declared = declared
+        self.packed = bool(packed) if declared is None else "cu_seqlens" in declared
+        self.no_backward = no_backward
+        # FLA's keywords the torch function takes only through **kwargs, unproven (none when declared)
+        self.hidden_keywords = () if declared is not None or not _var_keyword(fn) else tuple(
+            k for k in FAMILY_KEYWORDS if not _named_keyword(fn, k) and (k != "cu_seqlens" or self.packed))
         # the keywords the wrapper takes: those of the family call the torch function takes too (FLA's flags, the gate
         # parameters, cu_seqlens when packed), so the judge runs it on the cases it can be called on
         sig = inspect.signature(type(self).__call__)
         own = ("self", "q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state", "check_values")
         self.__signature__ = sig.replace(parameters=[
-            p for p in sig.parameters.values()
-            if p.name in own or (p.name == "cu_seqlens" and self.packed)
-            or (p.name != "cu_seqlens" and _names_keyword(fn, p.name))])
+            p for p in sig.parameters.values() if p.name in own or self._takes(p.name)])
+        if self.gva is not None:
+            self.notes.append(
+                "gva=repeat: no grouped value heads of its own; q, k repeated to v's heads (value head hv reads key "
+                "head hv // G), inside torch" if self.gva == "repeat" else
+                "gva=none: no grouped value heads; only calls with as many key as value heads (HV == H) are run")
+
+    def _takes(self, keyword):
+        """Whether the wrapper takes family keyword ``keyword``: declared (``flags=``), else the torch function
+        takes it (cu_seqlens: when packed)."""
+        if keyword == "cu_seqlens":
+            return self.packed
+        if self.declared is not None:
+            return keyword in self.declared or (keyword in GATE_KEYWORDS and "use_gate_in_kernel" in self.declared)
+        return _names_keyword(self.fn, keyword)
 
     def mapping(self):
-        return {"order": ",".join(self.order), "family": getattr(self, "family", None), **self.kwargs}
+        out = {"order": ",".join(self.order), "family": getattr(self, "family", None)}
+        out.update({k: getattr(self, k) for k in ("scale_arg", "state_arg") if getattr(self, k) != _DEFAULT_ARGS[k]})
+        if getattr(self, "declared", None) is not None:
+            out["flags"] = "+".join(self.declared)
+        if self.gva is not None:
+            out["gva"] = self.gva
+        return {**out, **self.kwargs}
 
     def __call__(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                  use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
@@ -553,6 +627,13 @@ class FamilyTorchKernel(TorchKernel):
                                              initial_state=None if cu_seqlens is not None else initial_state,
                                              flags=dict(flags, output_final_state=output_final_state), A_log=A_log,
                                              dt_bias=dt_bias, lower_bound=lower_bound, packed=cu_seqlens is not None)
+        B, T, H, HV, K, V = shape
+        if self.gva == "none" and H != HV:
+            raise ValueError(f"gva: kernel {self.__name__!r} has no grouped value heads (gva=none), but this call has "
+                             f"HV = {HV} value heads over H = {H} key heads")
+        if self.scale_arg is None and scale != float(K) ** -0.5:
+            raise ValueError(f"scale: the kernel takes no scale (scale_arg=None), so only the default "
+                             f"K**-0.5 = {float(K) ** -0.5} can be validated, got {scale}")
         # only the flags that are on: a torch function need not take the others
         static = {**{n: True for n, f in flags.items() if f}, **({} if lb is None else {"lower_bound": lb})}
         if cu_seqlens is not None:
@@ -588,15 +669,25 @@ class FamilyTorchKernel(TorchKernel):
         return tuple(int(x) for x in cu)
 
     def invoke(self, names, ts, scale, static=()):
-        """Call the torch function: the five tensors in ``order``, the scale, the state, the flags, the gate
-        parameters and ``cu_seqlens`` (a LongTensor on the device) as keywords, ``output_final_state=True``."""
+        """Call the torch function: the five tensors in ``order`` (q, k repeated to v's heads with ``gva=repeat``),
+        the scale and the state (as ``scale_arg`` / ``state_arg``, unless None), the flags, the gate parameters and
+        ``cu_seqlens`` (a LongTensor on the device) as keywords, ``output_final_state=True``."""
         torch = import_torch()
         given = dict(zip(names, ts))
-        kwargs = {**self.kwargs, **dict(static), "scale": scale, "output_final_state": True}
+        kwargs = {**self.kwargs, **dict(static), "output_final_state": True}
+        if self.scale_arg is not None:
+            kwargs[self.scale_arg] = scale
         if "cu_seqlens" in kwargs:
             kwargs["cu_seqlens"] = torch.tensor(kwargs["cu_seqlens"], dtype=torch.long, device=self.device)
-        if "h0" in given:
-            kwargs["initial_state"] = given["h0"]
+        if "h0" in given and self.state_arg is not None:
+            kwargs[self.state_arg] = given["h0"]
+        elif "h0" in given and bool(torch.any(given["h0"] != 0)):
+            raise ValueError("initial_state: the kernel takes no initial state (state_arg=None), but this call has a "
+                             "nonzero one")
+        heads = given["v"].shape[2]
+        if self.gva == "repeat" and given["q"].shape[2] != heads:  # value head hv reads key head hv // G
+            for n in ("q", "k"):
+                given[n] = given[n].repeat_interleave(heads // given[n].shape[2], dim=2)
         for name in PARAMS:
             if name in given:
                 kwargs[name] = given[name]

@@ -4,14 +4,17 @@ The interpreter runs a ``@triton.jit`` kernel as NumPy code, program by program,
 compiler, a few seconds for a small problem. It is how a kernel author runs FLA's Triton chunk kernels
 (``kernels/fla_peers.py``, option ``interpret=1``) on a machine without a GPU. Three things make it usable:
 
-* **Set up before Triton is imported.** ``triton.jit`` decides at decoration time whether a function becomes
+* **Before or after Triton is imported.** ``triton.jit`` decides at decoration time whether a function becomes
   an ``InterpretedFunction`` or a compiled ``JITFunction``, and Triton's own library functions
   (``tl.sum``, ``tl.cumsum``, ``tl.max``, ... in ``triton/language/standard.py``) are decorated when
   ``triton`` is imported. Imported without the variable, those stay compiled functions and an interpreted
   kernel that calls them fails ("Cannot call @triton.jit'd outside of the scope of a kernel"; checked on
-  triton 3.9.0). :func:`enable` therefore sets ``TRITON_INTERPRET=1`` when Triton is not imported yet, and
-  refuses (ValueError) when it was imported without it. The variable stays set for the process: every
-  Triton kernel decorated afterwards is interpreted too.
+  triton 3.9.0); without a GPU a compiled kernel fails with "0 active drivers". :func:`enable` sets
+  ``TRITON_INTERPRET=1``; when Triton was already imported without it (transformers imports FLA, and so Triton,
+  when its models load), it also switches every ``JITFunction`` already made to the interpreter
+  (:func:`interpret_loaded`: each gets the interpreter's methods, which Triton's knobs read at call time as
+  well), so a kernel loaded before gives bit for bit what it gives when the variable was set first. The
+  variable stays set for the process: every Triton kernel decorated afterwards is interpreted too.
 * **Two shims** (:func:`install_shims`), each a workaround for the interpreter, not for the kernel:
   :func:`_first_config_when_interpreting` (the autotuner) and :func:`_loop_indices` (loop indices).
 * **float32 only** (:data:`BF16_DOT_NOTE`): the interpreter's ``tl.dot`` on bfloat16 operands is wrong.
@@ -22,6 +25,7 @@ Nothing here imports Triton at module import; the functions do, when asked.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import os
@@ -52,18 +56,24 @@ def interpreting():
 
 def enable(who="kernel"):
     """Put Triton into interpreter mode for this process and install the shims; returns the ``triton`` module.
+    Triton imported before without ``TRITON_INTERPRET=1``: its JIT functions made so far are switched to the
+    interpreter (:func:`interpret_loaded`).
 
-    ValueError (naming ``interpret``) when Triton is not installed, or was imported before without
-    ``TRITON_INTERPRET=1`` (its library functions are then compiled ones: start a fresh process, or set the
-    variable before anything imports Triton).
+    ValueError (naming ``interpret``) when Triton is not installed, or was imported without the internals the
+    switch needs (then: start a fresh process, or set the variable before anything imports Triton).
     """
     if not triton_installed():
         raise ValueError(f"interpret: {who} runs in Triton's interpreter, but Triton is not installed; {_INSTALL}")
     if "triton" in sys.modules and not interpreting():
-        raise ValueError(f"interpret: {who} needs Triton's interpreter, but triton was already imported in this "
-                         f"process without {ENV}=1, so its library functions (tl.sum, tl.cumsum, ...) are "
-                         f"compiled ones the interpreter cannot call; set {ENV}=1 in the environment before "
-                         f"starting Python, or ask for this kernel before anything imports triton")
+        try:
+            from triton.runtime import interpreter, jit  # noqa: F401 - the switch's internals must exist
+        except Exception as exc:  # noqa: BLE001 - a Triton without them cannot be switched: say how to start
+            raise ValueError(f"interpret: {who} needs Triton's interpreter, but triton was already imported in this "
+                             f"process without {ENV}=1 and its loaded JIT functions cannot be switched "
+                             f"({type(exc).__name__}: {exc}); set {ENV}=1 in the environment before starting "
+                             f"Python, or ask for this kernel before anything imports triton") from None
+        os.environ[ENV] = "1"
+        interpret_loaded()
     before = os.environ.get(ENV)
     os.environ[ENV] = "1"
     try:
@@ -74,6 +84,42 @@ def enable(who="kernel"):
         raise ValueError(f"interpret: cannot import triton ({type(exc).__name__}: {exc}); {_INSTALL}") from None
     install_shims()
     return triton
+
+
+@functools.cache
+def _interpreted_class():
+    """A subclass of ``JITFunction`` whose methods are ``InterpretedFunction``'s (its instances' layout is
+    ``JITFunction``'s, so a made one can take it as its class; Triton refuses ``InterpretedFunction`` itself)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    skip = ("__init__", "__dict__", "__weakref__", "__module__", "__doc__", "__orig_bases__", "__parameters__")
+    methods = {n: v for n, v in vars(InterpretedFunction).items() if n not in skip}
+    return type("InterpretedJITFunction", (JITFunction,), {**methods, "__module__": __name__})
+
+
+def interpret_loaded():
+    """Switch every compiled ``JITFunction`` alive in this process (found through the garbage collector: Triton's
+    library functions, kernels of modules imported before, those inside autotuners and heuristics) to the
+    interpreter, as ``triton.jit`` would have made it with ``TRITON_INTERPRET=1`` set: the same function and
+    options, the interpreter's ``run`` and call. Returns how many were switched."""
+    import gc
+
+    from triton.runtime.interpreter import FunctionRewriter
+    from triton.runtime.jit import JITFunction
+
+    switched = _interpreted_class()
+    count = 0
+    for obj in gc.get_objects():
+        if type(obj) is not JITFunction:
+            continue
+        options = dict(version=obj.version, do_not_specialize=obj.do_not_specialize,
+                       do_not_specialize_on_alignment=obj.do_not_specialize_on_alignment, debug=obj.debug,
+                       noinline=obj.noinline, repr=getattr(obj, "_repr", None), launch_metadata=obj.launch_metadata)
+        obj.__class__ = switched
+        obj.rewriter, obj.kwargs = FunctionRewriter(obj.fn, **options), options
+        count += 1
+    return count
 
 
 # --- shim 1: the autotuner --------------------------------------------------------------------------------

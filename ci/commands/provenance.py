@@ -9,13 +9,16 @@ from pathlib import Path
 
 import jax
 
+from ..running import flag_probe
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def kernel_notes(fn):
-    """Notes a kernel declares about itself (e.g. a peer's documented domain)."""
+    """Notes a kernel declares about itself (e.g. a peer's documented domain), and the FLA keywords a family kernel
+    takes through ``**kwargs`` but was probed to ignore or refuse (``ci/running/flag_probe.py``)."""
     note = getattr(fn, "note", None) or getattr(getattr(fn, "func", None), "note", None)
-    return [note] if note else []
+    return ([note] if note else []) + flag_probe.notes(fn)
 
 
 def git_commit():

@@ -25,7 +25,7 @@ from gdn2_oracle.kernels.spec import KernelSpec, accepts_keywords, keyword_names
 from gdn2_oracle.oracle import call_modes, families
 
 from ..grading.families import GDN2
-from . import modes
+from . import flag_probe, modes
 
 FAMILY_OPTION = "family"
 # FLA's keywords a family case may set (oracle.family_recipes.FamilyRecipe.flags).
@@ -83,8 +83,9 @@ def spec_family(spec: KernelSpec):
 
 
 def takes_flags(fn, flags):
-    """Whether ``fn`` can be called with FLA's keywords ``flags`` (its signature names them, or ``**kwargs``)."""
-    return accepts_keywords(fn, tuple(flags), unknown=True)
+    """Whether ``fn`` can be called with FLA's keywords ``flags``: its signature names them, or takes ``**kwargs``
+    and the probe found none of them ignored or refused (``ci/running/flag_probe.py``)."""
+    return accepts_keywords(fn, tuple(flags), unknown=True) and not set(flags) & set(flag_probe.refused(fn))
 
 
 def accepted_flags(fn):
@@ -95,13 +96,14 @@ def accepted_flags(fn):
 def accepted_family_modes(fn, family):
     """The training-call modes kernel ``fn`` of ``family`` takes part in: those whose keywords the family has (its
     FLA entry point's, ``oracle.families.Family``; ``lower_bound`` aside, which only the bounded gate's cases set) and
-    ``fn``'s signature accepts, in registry order."""
+    ``fn``'s signature accepts (through ``**kwargs``: unless probed ignored or refused), in registry order."""
     fam = families.get(family)
     allowed = set(fam.flags) | {name for name, _ in fam.params}
+    probed = set(flag_probe.refused(fn, family))
     out = []
     for m in call_modes.names("training"):
         needed = [k for k in call_modes.get(m).keywords if k != "lower_bound"]
-        if set(needed) <= allowed and accepts_keywords(fn, tuple(needed)):
+        if set(needed) <= allowed and accepts_keywords(fn, tuple(needed)) and not set(needed) & probed:
             out.append(m)
     return tuple(out)
 

@@ -1,0 +1,133 @@
+"""FLA keywords a family kernel takes only through ``**kwargs``, probed (docs/DESIGN.md §2, "PyTorch kernels").
+
+A signature ``fn(q, k, v, g, beta, ..., **kwargs)`` says nothing about which of FLA's keywords the function reads:
+transformers' Gated DeltaNet fallbacks take ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` and
+``use_gate_in_kernel`` through ``**kwargs`` and ignore them. For each such keyword (a kernel's ``hidden_keywords``,
+kernels/torch_bridge.py) the kernel is called twice on one tiny call, with and without the keyword, on inputs where
+the oracle's two results differ; a kernel whose output does not move (less than :data:`MOVED` of the oracle's
+change) ignores it, one that raises refuses it. Either way the judge does not run the cases that set it, and the
+kernel's notes say why (:func:`notes`). Each kernel object is probed once per keyword (a memo by identity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from gdn2_oracle.oracle import families
+
+from ..grading.families import GDN2
+
+MOVED = 1e-3  # a kernel's change below this fraction of the oracle's is no change
+SHAPE = dict(B=1, T=8, H=1, K=8, V=8)  # the probe call: one head, two packed sequences for cu_seqlens
+CU_SEQLENS = np.array([0, 3, 8])
+_MEMO: dict = {}  # id(kernel) -> (kernel, {keyword: Verdict}); the kernel is kept so that its id is not reused
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What the probe found for one keyword: whether the kernel takes it, and why not."""
+
+    keyword: str
+    taken: bool
+    reason: str = ""
+
+
+def hidden_keywords(fn):
+    """The FLA keywords kernel ``fn`` takes only through ``**kwargs`` (its ``hidden_keywords`` attribute)."""
+    return tuple(getattr(fn, "hidden_keywords", ()) or ())
+
+
+def _inputs(family, seed=0):
+    """The probe's arrays: q, k not unit-norm, v, log-decays in [-0.5, -0.05] (raw gate inputs with the in-kernel
+    gate), beta in (0.1, 0.9), A_log and dt_bias."""
+    rng = np.random.default_rng(seed)
+    B, T, H, K, V = (SHAPE[n] for n in "BTHKV")
+    g_shape = (B, T, H, K) if family == "kda" else (B, T, H)
+    arrays = dict(q=rng.standard_normal((B, T, H, K)), k=rng.standard_normal((B, T, H, K)),
+                  v=rng.standard_normal((B, T, H, V)), g=-rng.uniform(0.05, 0.5, g_shape),
+                  beta=rng.uniform(0.1, 0.9, (B, T, H)))
+    dt_bias = rng.uniform(-0.5, 0.5, (H * K if family == "kda" else H,))
+    params = dict(A_log=rng.uniform(-1.0, 0.0, (H,)), dt_bias=dt_bias)
+    return {n: a.astype(np.float32) for n, a in arrays.items()}, {n: a.astype(np.float32) for n, a in params.items()}
+
+
+def _keywords(keyword, params):
+    """``(without, with)``: the call's keywords without and with ``keyword`` (``allow_neg_eigval`` needs the beta
+    sigmoid in both; the in-kernel gate brings its parameters)."""
+    base = {"use_beta_sigmoid_in_kernel": True} if keyword == "allow_neg_eigval" else {}
+    if keyword == "cu_seqlens":
+        return base, {"cu_seqlens": CU_SEQLENS}
+    if keyword == "use_gate_in_kernel":
+        return base, {"use_gate_in_kernel": True, **params}
+    return base, {**base, keyword: True}
+
+
+def _oracle_o(family, arrays, keywords):
+    """The oracle's ``o`` of the probe call in float64."""
+    return np.asarray(families.forward(families.call(family, **arrays, **keywords))[0], np.float64)
+
+
+def _kernel_o(fn, arrays, keywords):
+    """Kernel ``fn``'s ``o`` of the probe call."""
+    o, _ = fn(*(arrays[n] for n in ("q", "k", "v", "g", "beta")), output_final_state=True, **keywords)
+    return np.asarray(o, np.float64)
+
+
+def probe(fn, family, keyword):
+    """The :class:`Verdict` on kernel ``fn`` of ``family`` taking ``keyword`` (memoized by the kernel's identity)."""
+    entry = _MEMO.get(id(fn))
+    if entry is None or entry[0] is not fn:
+        entry = _MEMO[id(fn)] = (fn, {})
+    if keyword not in entry[1]:
+        entry[1][keyword] = _probe(fn, family, keyword)
+    return entry[1][keyword]
+
+
+def _probe(fn, family, keyword):
+    arrays, params = _inputs(family)
+    without, with_ = _keywords(keyword, params)
+    change = np.max(np.abs(_oracle_o(family, arrays, with_) - _oracle_o(family, arrays, without)))
+    if not change > 0:  # the oracle cannot tell the two calls apart: nothing to learn
+        return Verdict(keyword, True, "oracle: no change")
+    try:
+        base = _kernel_o(fn, arrays, without)
+    except Exception as exc:  # noqa: BLE001 - a kernel that cannot run the plain probe: judged as it says
+        return Verdict(keyword, True, f"probe without it raised {type(exc).__name__}")
+    try:
+        moved = np.max(np.abs(_kernel_o(fn, arrays, with_) - base))
+    except Exception as exc:  # noqa: BLE001 - a kernel refusing the keyword at run time does not take it
+        line = (str(exc).strip().splitlines() or [""])[0][:160]
+        return Verdict(keyword, False, f"refuses {keyword} (probed: the call with it raised {type(exc).__name__}: "
+                                       f"{line})")
+    if moved < MOVED * change:
+        what = "same output with and without it" if moved == 0 else (
+            f"output moved by {moved:.2g} where the oracle's moves by {change:.2g}")
+        return Verdict(keyword, False, f"ignores {keyword} (probed: {what})")
+    return Verdict(keyword, True)
+
+
+def _family(fn, family):
+    """The kernel's family: ``family``, else its ``family`` attribute (None: not a family kernel, nothing probed)."""
+    fam = family or getattr(fn, "family", None)
+    return fam if fam in families.FAMILIES and fam != GDN2 else None
+
+
+def refused(fn, family=None):
+    """The hidden keywords kernel ``fn`` does not take (ignored or refused), each probed once."""
+    fam = _family(fn, family)
+    if fam is None:
+        return ()
+    return tuple(k for k in hidden_keywords(fn) if not probe(fn, fam, k).taken)
+
+
+def notes(fn, family=None):
+    """One line per hidden keyword kernel ``fn`` does not take: ``kernel X ignores K (probed: ...)``; its cases
+    are not run."""
+    fam = _family(fn, family)
+    if fam is None:
+        return []
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return [f"kernel {name} {v.reason}; the cases that set it are not run" for v in
+            (probe(fn, fam, k) for k in hidden_keywords(fn)) if not v.taken]
