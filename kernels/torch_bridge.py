@@ -525,6 +525,7 @@ FAMILY_KEYWORDS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "all
 GATE_KEYWORDS = ("A_log", "dt_bias", "lower_bound")
 GVA_OPTIONS = ("repeat", "none")  # no grouped value heads: q, k repeated to v's heads, or G = 1 only
 _DEFAULT_ARGS = {"scale_arg": "scale", "state_arg": "initial_state"}
+_NO_STATE = "initial_state: the kernel takes no initial state (state_arg=None), but this call has a nonzero one"
 
 
 def declared_flags(value):
@@ -634,6 +635,9 @@ class FamilyTorchKernel(TorchKernel):
         if self.scale_arg is None and scale != float(K) ** -0.5:
             raise ValueError(f"scale: the kernel takes no scale (scale_arg=None), so only the default "
                              f"K**-0.5 = {float(K) ** -0.5} can be validated, got {scale}")
+        if (self.state_arg is None and initial_state is not None and not isinstance(initial_state, jax.core.Tracer)
+                and np.any(np.asarray(initial_state) != 0)):  # traced: the callback refuses it (invoke)
+            raise ValueError(_NO_STATE)
         # only the flags that are on: a torch function need not take the others
         static = {**{n: True for n, f in flags.items() if f}, **({} if lb is None else {"lower_bound": lb})}
         if cu_seqlens is not None:
@@ -682,8 +686,7 @@ class FamilyTorchKernel(TorchKernel):
         if "h0" in given and self.state_arg is not None:
             kwargs[self.state_arg] = given["h0"]
         elif "h0" in given and bool(torch.any(given["h0"] != 0)):
-            raise ValueError("initial_state: the kernel takes no initial state (state_arg=None), but this call has a "
-                             "nonzero one")
+            raise ValueError(_NO_STATE)
         heads = given["v"].shape[2]
         if self.gva == "repeat" and given["q"].shape[2] != heads:  # value head hv reads key head hv // G
             for n in ("q", "k"):

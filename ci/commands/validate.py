@@ -436,7 +436,8 @@ class ValidationRun:
         loop.note(f"{spec.label()} {case.name}")
         if case_family(case) != kout["family"]:
             kout["other_family_cases"].append(case.name)
-        elif not takes_part(case, kout["accepted_modes"], kout["family"], flags, not serving_only(fn)):
+        elif (not takes_part(case, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))
+              or not family_running.takes_heads(fn, case)):  # gva=none: no grouped value heads
             kout["not_accepted_cases"].append(case.name)
         else:
             key = job_key(fn, case)  # by identity: kernels that compare equal are two kernels

@@ -93,6 +93,15 @@ def accepted_flags(fn):
     return [f for f in FLAGS if takes_flags(fn, (f,))]
 
 
+def takes_heads(fn, case):
+    """Whether kernel ``fn`` runs case ``case``'s heads: a kernel without grouped value heads (``gva=none``,
+    kernels/torch_bridge.py) only family cases with as many key as value heads (``HV == H``)."""
+    if getattr(fn, "gva", None) != "none" or not getattr(case, "family", None):
+        return True
+    _, _, H, HV, _, _ = case.shape
+    return H == HV
+
+
 def accepted_family_modes(fn, family):
     """The training-call modes kernel ``fn`` of ``family`` takes part in: those whose keywords the family has (its
     FLA entry point's, ``oracle.families.Family``; ``lower_bound`` aside, which only the bounded gate's cases set) and

@@ -113,3 +113,45 @@ def test_kernel_modules_do_not_register_themselves():
     for module in ("context_parallel", "pallas", "peers", "fla_peers", "torch_bridge"):
         importlib.import_module(f"gdn2_oracle.kernels.{module}")
     assert kernels.known() == before and not spec._REGISTERED
+
+
+class _HubFunc:
+    """What the Hugging Face Hub's ``use_kernel_forward_from_hub`` makes of a function (transformers' GDN and KDA
+    fallbacks): a callable object whose ``__call__`` and ``forward`` pass everything on to a closure's function."""
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
+def _hub(fn):
+    """``fn`` behind transformers' ``functools.wraps`` wrapper and the Hub's module, as transformers exports it."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return wrapped(*args, **kwargs)
+
+    return type("Func", (_HubFunc,), {"forward": forward})()
+
+
+def _fallback(query, key, value, g, beta, chunk_size=64, initial_state=None, use_qk_l2norm_in_kernel=False,
+              **kwargs):
+    """A signature like transformers' ``torch_chunk_gated_delta_rule``."""
+
+
+def test_signatures_are_read_through_pass_through_wrappers():
+    """A ``(*args, **kwargs)`` object is read through its ``forward``, a closure and ``__wrapped__`` to the function
+    that names its parameters; a wrapper that names its own is not looked through."""
+    import inspect
+
+    hidden = _hub(_fallback)
+    assert str(inspect.signature(hidden)) == "(*args, **kwargs)"
+    assert spec.signature_of(hidden) == inspect.signature(_fallback)
+    assert spec.keyword_names(hidden) == (frozenset(inspect.signature(_fallback).parameters) - {"kwargs"}, True)
+    assert not spec.accepts_keywords(hidden, ("use_gate_in_kernel",), var_keyword=False)
+
+    def own(*args, scale=None, **kwargs):
+        return _fallback(*args, **kwargs)
+
+    assert spec.keyword_names(own) == (frozenset({"scale"}), True)

@@ -270,3 +270,109 @@ def test_an_unknown_keyword_is_refused_when_the_kernel_is_built():
     with pytest.raises(ValueError, match=r"does not accept the keyword\(s\) \['bogus'\]"):
         kernels.get("torch:gdn2_oracle.kernels.testing_torch:recurrent[bogus=1]")
     kernels.get("torch:gdn2_oracle.kernels.testing_torch:perturbed[anything=1]")  # **kwargs takes any
+
+
+# --- family torch kernels: grouped value heads, the scale and state keywords, declared flags ------------------
+
+def recurrent_gdn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, **kwargs):
+    """Gated DeltaNet token by token in float64, without grouped value heads (q, k must have v's heads), taking
+    every other keyword through ``**kwargs`` and ignoring it."""
+    if q.shape[2] != v.shape[2]:
+        raise ValueError(f"q has {q.shape[2]} heads, v {v.shape[2]}: no grouped value heads")
+    B, T, H, K = q.shape
+    S = (torch.zeros(B, H, K, v.shape[-1], dtype=torch.float64) if initial_state is None
+         else initial_state.to(torch.float64))
+    scale = K ** -0.5 if scale is None else scale
+    out = []
+    for t in range(T):
+        S = S * g[:, t].to(torch.float64).exp()[..., None, None]
+        kt, bt = k[:, t].to(torch.float64), beta[:, t].to(torch.float64)[..., None]
+        delta = (v[:, t].to(torch.float64) - torch.einsum("bhkv,bhk->bhv", S, kt)) * bt
+        S = S + kt[..., :, None] * delta[..., None, :]
+        out.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t].to(torch.float64) * scale))
+    return torch.stack(out, 1).to(v.dtype), S.to(torch.float32)
+
+
+def renamed_gdn(q, k, v, g, beta, sm_scale=None, h0=None, output_final_state=False):
+    """:func:`recurrent_gdn` with the scale and the initial state under other keywords."""
+    return recurrent_gdn(q, k, v, g, beta, scale=sm_scale, initial_state=h0)
+
+
+def family_inputs(H=1, HV=2, seed=3):
+    """A small Gated DeltaNet call (B = 1, T = 6, K = V = 4) with ``HV / H`` value heads per key head."""
+    r = np.random.default_rng(seed)
+    q, k = (r.standard_normal((1, 6, H, 4)).astype(np.float32) for _ in range(2))
+    v = r.standard_normal((1, 6, HV, 4)).astype(np.float32)
+    g = -r.uniform(0.05, 0.5, (1, 6, HV)).astype(np.float32)
+    beta = r.uniform(0.1, 0.9, (1, 6, HV)).astype(np.float32)
+    h0 = r.standard_normal((1, HV, 4, 4)).astype(np.float32)
+    return (q, k, v, g, beta), h0
+
+
+def family_oracle(args, **kw):
+    """The family oracle's ``(o, final_state)`` in float64."""
+    from gdn2_oracle.oracle import families
+
+    return families.forward(families.call("gdn", *args, **kw))
+
+
+def family(fn, **options):
+    return torch_bridge.FamilyTorchKernel(fn, name=fn.__name__, family="gdn", options={"device": "cpu", **options})
+
+
+def test_gva_repeat_feeds_q_and_k_repeated_to_the_value_heads():
+    """``gva=repeat``: value head hv reads key head hv // G (the oracle's grouping), and its note says so; without
+    the option the kernel raises on a grouped call."""
+    args, h0 = family_inputs(H=2, HV=4)
+    kernel = family(recurrent_gdn, gva="repeat")
+    o, final = kernel(*args, initial_state=h0, output_final_state=True)
+    want_o, want_final = family_oracle(args, initial_state=h0)
+    np.testing.assert_allclose(np.asarray(o), want_o, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(final), want_final, rtol=1e-5, atol=1e-5)
+    assert "q, k repeated to v's heads (value head hv reads key head hv // G)" in kernel.note
+    with pytest.raises(Exception, match="no grouped value heads"):
+        family(recurrent_gdn)(*args, output_final_state=True)
+
+
+def test_gva_none_takes_only_calls_with_as_many_key_as_value_heads():
+    kernel = family(recurrent_gdn, gva="none")
+    args, _ = family_inputs(H=2, HV=2)
+    np.testing.assert_allclose(np.asarray(kernel(*args)[0]), family_oracle(args)[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^gva: .*HV = 4 value heads over H = 2 key heads"):
+        kernel(*family_inputs(H=2, HV=4)[0])
+    with pytest.raises(ValueError, match=r"^gva: 'tile' not one of"):
+        family(recurrent_gdn, gva="tile")
+
+
+def test_family_kernels_honour_scale_arg_and_state_arg():
+    """The scale and the initial state reach the torch function under ``scale_arg`` / ``state_arg``; with None the
+    kernel takes only the default scale and a zero state, and says so by name otherwise."""
+    args, h0 = family_inputs(H=1, HV=1)
+    kernel = family(renamed_gdn, scale_arg="sm_scale", state_arg="h0")
+    o, final = kernel(*args, scale=0.3, initial_state=h0, output_final_state=True)
+    want_o, want_final = family_oracle(args, scale=0.3, initial_state=h0)
+    np.testing.assert_allclose(np.asarray(o), want_o, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(final), want_final, rtol=1e-5, atol=1e-5)
+    bare = family(renamed_gdn, scale_arg=None, state_arg=None)
+    np.testing.assert_allclose(np.asarray(bare(*args)[0]), family_oracle(args)[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"^scale: the kernel takes no scale \(scale_arg=None\)"):
+        bare(*args, scale=0.3)
+    with pytest.raises(ValueError, match=r"^initial_state: the kernel takes no initial state \(state_arg=None\)"):
+        bare(*args, initial_state=h0)
+
+
+def test_declared_flags_replace_what_kwargs_would_claim():
+    """Without ``flags=``, FLA's keywords a ``**kwargs`` function takes are hidden (the judge probes them); declared,
+    the kernel takes exactly those (the gate's parameters with ``use_gate_in_kernel``), none with ``flags=``."""
+    import inspect
+
+    assert family(recurrent_gdn).hidden_keywords == torch_bridge.FAMILY_KEYWORDS[:4]
+    named = lambda kernel: set(inspect.signature(kernel).parameters)  # noqa: E731
+    none = family(recurrent_gdn, flags="")
+    assert none.hidden_keywords == () and not named(none) & {*torch_bridge.FAMILY_KEYWORDS, "A_log"}
+    gate = family(recurrent_gdn, flags="use_qk_l2norm_in_kernel+use_gate_in_kernel")
+    assert named(gate) & {*torch_bridge.FAMILY_KEYWORDS, *torch_bridge.GATE_KEYWORDS} == {
+        "use_qk_l2norm_in_kernel", "use_gate_in_kernel", *torch_bridge.GATE_KEYWORDS}
+    assert "flags=use_qk_l2norm_in_kernel+use_gate_in_kernel" in gate.note
+    with pytest.raises(ValueError, match=r"^flags: \['qk_norm'\] not among FLA's family keywords"):
+        family(recurrent_gdn, flags="qk_norm")
