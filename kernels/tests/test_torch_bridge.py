@@ -376,3 +376,43 @@ def test_declared_flags_replace_what_kwargs_would_claim():
     assert "flags=use_qk_l2norm_in_kernel+use_gate_in_kernel" in gate.note
     with pytest.raises(ValueError, match=r"^flags: \['qk_norm'\] not among FLA's family keywords"):
         family(recurrent_gdn, flags="qk_norm")
+
+
+# --- interpret=1 on a torch: spec: Triton's interpreter, before or after Triton is imported --------------------
+
+INTERPRETED_FLA = "torch:fla.ops.gated_delta_rule:chunk_gated_delta_rule[family=gdn,interpret=1]"
+_INTERPRETED_RUN = """
+import sys
+import numpy as np
+if sys.argv[1] == "after":  # as transformers does when its models load: FLA, and so Triton, compiled
+    import triton, fla.ops.gated_delta_rule  # noqa: F401
+from gdn2_oracle import kernels
+from gdn2_oracle.oracle import families
+kernel = kernels.get(sys.argv[3])
+r = np.random.default_rng(0)
+q, k = (r.standard_normal((1, 20, 1, 16)).astype(np.float32) for _ in range(2))
+k = k / np.linalg.norm(k, axis=-1, keepdims=True)
+v = r.standard_normal((1, 20, 2, 16)).astype(np.float32)
+g, beta = (-r.uniform(0.05, 0.5, (1, 20, 2))).astype(np.float32), r.uniform(0.1, 0.9, (1, 20, 2)).astype(np.float32)
+o = np.asarray(kernel(q, k, v, g, beta)[0])
+np.save(sys.argv[2], o)
+print(kernel.note)
+print(float(np.max(np.abs(o - families.forward(families.call("gdn", q, k, v, g, beta))[0]))))
+"""
+
+
+def test_interpret_on_a_torch_spec_is_tritons_interpreter_before_or_after_triton_loads(tmp_path):
+    """FLA's Triton chunk kernel by import path with ``interpret=1`` runs in Triton's interpreter in a fresh process
+    and in one where FLA and Triton were imported (compiled) before: the same bits, matching the family oracle, and
+    the note says which."""
+    outs = {}
+    for order in ("before", "after"):
+        proc = subprocess.run([sys.executable, "-c", _INTERPRETED_RUN, order, tmp_path / f"{order}.npy",
+                               INTERPRETED_FLA], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        note, err = proc.stdout.strip().splitlines()[-2:]
+        assert "interpret=1: its Triton kernels run in Triton's interpreter on the CPU" in note
+        assert ("its loaded JIT functions were switched to the interpreter" in note) == (order == "after")
+        assert float(err) < 1e-5, err
+        outs[order] = np.load(tmp_path / f"{order}.npy")
+    np.testing.assert_array_equal(outs["before"], outs["after"])
