@@ -169,8 +169,12 @@ def test_interpret_without_triton_is_a_clear_value_error(monkeypatch, no_interpr
 
 
 def test_triton_imported_without_the_interpreter_is_refused(monkeypatch, no_interpreter):
+    """A Triton imported before without the internals the switch to the interpreter needs is refused (a real one is
+    switched: kernels/tests/test_torch_bridge.py, test_interpret_on_a_torch_spec_*)."""
     monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))  # as if imported earlier
-    with pytest.raises(ValueError, match=r"triton was already imported in this process without TRITON_INTERPRET=1"):
+    monkeypatch.setitem(sys.modules, "triton.runtime", None)  # without the interpreter's internals
+    with pytest.raises(ValueError, match=r"triton was already imported in this process without TRITON_INTERPRET=1 "
+                                         r"and its loaded JIT functions cannot be switched"):
         kernels.get(GDN2)
 
 
