@@ -198,20 +198,63 @@ def renamed(fn, rename):
 
 def interpreted(fn, interpret):
     """``fn`` with every ``pallas_call`` it traces run in Pallas's TPU interpret mode (``interpret=1``: on a CPU;
-    JAX's ``pltpu.force_tpu_interpret_mode``), for a Pallas kernel with no ``interpret`` argument of its own;
-    ``interpret=0``: ``fn`` unchanged."""
+    JAX's ``pltpu.force_tpu_interpret_mode``), for a Pallas kernel with no ``interpret`` argument of its own:
+    its forward and its custom backward (:func:`interpreted_vjp`); ``interpret=0``: ``fn`` unchanged."""
     if interpret in (0, False):
         return fn
     if interpret not in (1, True):
         raise ValueError(f"interpret: expected 1 (Pallas interpret mode) or 0, got {interpret!r}")
+    kernel = functools.wraps(fn)(interpreted_vjp(fn, tpu_interpret_mode))
+    kernel.interpret = "tpu"
+    return kernel
+
+
+def tpu_interpret_mode():
+    """The context in which every ``pallas_call`` traced runs in Pallas's TPU interpret mode."""
     from jax.experimental.pallas import tpu as pltpu
 
-    @functools.wraps(fn)
-    def kernel(*args, **kwargs):
-        with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
-            return fn(*args, **kwargs)
+    return pltpu.force_tpu_interpret_mode(pltpu.InterpretParams())
 
-    kernel.interpret = "tpu"
+
+def _traced_input(x):
+    """Whether argument leaf ``x`` is a primal input of :func:`interpreted_vjp`: a traced value, or a concrete JAX
+    array of floats (a concrete integer array such as ``cu_seqlens``, a NumPy array or a number stays concrete)."""
+    return isinstance(x, jax.core.Tracer) or (isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact))
+
+
+def interpreted_vjp(fn, context):
+    """``fn(*args, **kwargs)`` traced inside ``context()`` and so is its VJP: a ``jax.custom_vjp`` whose forward is
+    ``jax.vjp`` of ``fn`` and whose backward applies that pullback, each inside ``context()``. A custom backward
+    (a ``jax.custom_vjp`` inside ``fn``) is traced when the pullback is applied, after ``fn`` has returned, so a
+    context around the call alone leaves it out. Traced and float arguments are the primal inputs; the rest (None,
+    numbers, flags, concrete integer arrays) are closed over."""
+    def kernel(*args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        where = [i for i, x in enumerate(leaves) if _traced_input(x)]
+
+        def call(*arrays):
+            full = list(leaves)
+            for i, x in zip(where, arrays):
+                full[i] = x
+            a, kw = jax.tree_util.tree_unflatten(tree, full)
+            with context():
+                return fn(*a, **kw)
+
+        @jax.custom_vjp
+        def whole(*arrays):
+            return call(*arrays)
+
+        def forward(*arrays):
+            with context():
+                return jax.vjp(call, *arrays)
+
+        def backward(pullback, cotangents):
+            with context():
+                return pullback(cotangents)
+
+        whole.defvjp(forward, backward)
+        return whole(*(leaves[i] for i in where))
+
     return kernel
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -90,3 +91,63 @@ def test_every_kernel_takes_the_wrapping_options_and_external_ones_the_mapping()
     assert kernels.accepts(f"{__name__}:levanter_style", "order")
     fn = kernels.get("pairwise[chunk_size=16,pad=T64]")
     assert fn.pad == {"T": 64}
+
+
+def _copy_body(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def pallas_copy(x):
+    """``x`` copied through a ``pl.pallas_call`` that takes no ``interpret`` argument (off a TPU it needs
+    interpret mode)."""
+    from jax.experimental import pallas as pl
+
+    return pl.pallas_call(_copy_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+@jax.custom_vjp
+def pallas_backward(x):
+    """The identity, whose custom backward copies the cotangent through a Pallas call (atomic-ops' fused backward
+    launches its own ``pallas_call``s this way, after the forward has returned)."""
+    return x
+
+
+pallas_backward.defvjp(lambda x: (x, None), lambda _, dy: (pallas_copy(dy),))
+
+
+def pallas_backward_kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    """A correct kernel whose ``dq`` comes back through a Pallas call in its custom backward."""
+    return BASE(pallas_backward(q), k, v, g, b, w, scale=scale, initial_state=initial_state)
+
+
+def test_interpret_covers_the_custom_backward():
+    """``interpret=1`` turns interpret mode on for the kernel's VJP too: the judge's program (forward and all seven
+    gradients, jitted) runs on a CPU and matches the oracle; interpret mode around the forward call alone leaves the
+    backward's Pallas call compiled for the host, which a CPU refuses."""
+    kernel = kernels.get(f"{__name__}:pallas_backward_kernel[interpret=1]")
+    assert kernel.interpret == "tpu"
+    assert_matches_oracle(kernel, RECIPE.replace(T=8))
+    if jax.default_backend() == "cpu":
+        def forward_only(*args, **kwargs):
+            with adapt.tpu_interpret_mode():
+                return pallas_backward_kernel(*args, **kwargs)
+
+        problem, do, dfs = oracle_case(RECIPE.replace(T=8)).data()
+        with pytest.raises(Exception, match="Only interpret mode is supported on CPU"):
+            harness.kernel_results(forward_only, problem, do, dfs)
+
+
+def test_interpret_keeps_flags_and_integer_arrays_concrete():
+    """Only traced values and float arrays become the interpreted VJP's inputs: a Python flag, a number and a
+    concrete integer array (a static ``cu_seqlens``) reach the kernel as they were given."""
+    seen = {}
+
+    def kernel(x, *, flag, cu_seqlens, scale):
+        seen.update(flag=flag, cu=cu_seqlens, scale=scale)
+        return pallas_backward(x) * scale
+
+    x = jnp.arange(8.0).reshape(1, 8)
+    cu = jnp.asarray([0, 3, 8])
+    grad = jax.grad(lambda x: adapt.interpreted(kernel, 1)(x, flag=True, cu_seqlens=cu, scale=0.5).sum())(x)
+    np.testing.assert_array_equal(grad, np.full((1, 8), 0.5))
+    assert seen["flag"] is True and seen["scale"] == 0.5 and not isinstance(seen["cu"], jax.core.Tracer)

@@ -127,7 +127,7 @@ def pallas_copy(x):
     return pl.pallas_call(_copy_body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
 
-pallas_copy.defvjp(lambda x: (pallas_copy(x), None), lambda _, dy: (dy,))
+pallas_copy.defvjp(lambda x: (pallas_copy(x), None), lambda _, dy: (pallas_copy(dy),))  # its backward is Pallas too
 
 
 def pallas_kernel(q, k, v, g, b, w, *, scale=None, initial_state=None):
