@@ -15,7 +15,13 @@ reach the bug (``G = 1``, no beta sigmoid, no gate) is the correct kernel's.
   ``-exp(A_log) (softplus(g) + dt_bias)`` instead of ``-exp(A_log) softplus(g + dt_bias)`` (KDA's bounded gate
   is left correct);
 * ``sigmoid_twice``: beta's sigmoid applied twice, ``s sigmoid(sigmoid(beta))``;
-* ``no_neg_eigval``: ``allow_neg_eigval`` ignored, ``sigmoid(beta)`` instead of ``2 sigmoid(beta)``.
+* ``no_neg_eigval``: ``allow_neg_eigval`` ignored, ``sigmoid(beta)`` instead of ``2 sigmoid(beta)``;
+* ``bf16_decay``: with bfloat16 inputs the within-chunk cumulative log-decay ``G`` (over 64-token chunks, as FLA's
+  ``chunk_local_cumsum``) is kept in bfloat16, so the core decays by ``round_bf16(G_t) - round_bf16(G_{t-1})``
+  (float32 inputs: the correct kernel);
+* ``padded_tail_gate``: with the in-kernel gate, a dense call is padded to a multiple of 64 tokens with zero
+  tokens and the gate applied to the padded raw gates too, so the padded tokens decay the final state (``o`` is
+  untouched; exact when ``T`` is a multiple of 64; a packed call is the correct kernel's).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .contract import ACC_DTYPE, MATMUL_PRECISION, floor_log_decay
+from .contract import ACC_DTYPE, CHUNK_SIZE, MATMUL_PRECISION, floor_log_decay
 from .families import FamilyKernel
 from .kernel import pairwise
 from .modes import gated_log_decay
@@ -84,9 +90,39 @@ class NoNegEigval(FamilyKernel):
         return super().activate_beta(beta, sigmoid, False)
 
 
+class Bf16Decay(FamilyKernel):
+    def to_gdn2(self, q, k, v, g, beta, **kw):
+        """The mapped problem, its log-decay rebuilt from a within-chunk cumulative sum rounded to bfloat16 when the
+        inputs are bfloat16."""
+        out = super().to_gdn2(q, k, v, g, beta, **kw)
+        if v.dtype != jnp.bfloat16:
+            return out
+        qm, km, vm, gm, b, w = out
+        T = gm.shape[1]
+        pad = -T % CHUNK_SIZE
+        G = jnp.pad(gm, [(0, 0), (0, pad), (0, 0), (0, 0)]).reshape(gm.shape[0], -1, CHUNK_SIZE, *gm.shape[2:])
+        G = jnp.cumsum(G, axis=2).astype(jnp.bfloat16).astype(ACC_DTYPE)
+        G = jnp.concatenate([jnp.zeros_like(G[:, :, :1]), G], axis=2)
+        steps = (G[:, :, 1:] - G[:, :, :-1]).reshape(gm.shape[0], -1, *gm.shape[2:])[:, :T]
+        return qm, km, vm, steps, b, w
+
+
+class PaddedTailGate(FamilyKernel):
+    def _run(self, scale, static, lower_bound, q, k, v, g, beta, h0, A_log, dt_bias, structure=None):
+        """A dense gated call padded with zero tokens to a multiple of 64 (the padded raw gates still decay the
+        state), ``o`` cut back to ``T``."""
+        T = q.shape[1]
+        pad = -T % CHUNK_SIZE
+        if not static[3] or structure or not pad:
+            return super()._run(scale, static, lower_bound, q, k, v, g, beta, h0, A_log, dt_bias, structure)
+        padded = [jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) for x in (q, k, v, g, beta)]
+        o, *rest = super()._run(scale, static, lower_bound, *padded, h0, A_log, dt_bias)
+        return (o[:, :T], *rest)
+
+
 MUTANTS = {"gva_modulo": GvaModulo, "beta_write_only": BetaWriteOnly, "read_before_decay": ReadBeforeDecay,
            "dt_bias_after_softplus": DtBiasAfterSoftplus, "sigmoid_twice": SigmoidTwice,
-           "no_neg_eigval": NoNegEigval}
+           "no_neg_eigval": NoNegEigval, "bf16_decay": Bf16Decay, "padded_tail_gate": PaddedTailGate}
 
 
 def mutant(name, family):
@@ -101,3 +137,5 @@ gdn_dt_bias_after_softplus = mutant("dt_bias_after_softplus", "gdn")
 kda_dt_bias_after_softplus = mutant("dt_bias_after_softplus", "kda")
 gdn_sigmoid_twice, kda_sigmoid_twice = mutant("sigmoid_twice", "gdn"), mutant("sigmoid_twice", "kda")
 gdn_no_neg_eigval, kda_no_neg_eigval = mutant("no_neg_eigval", "gdn"), mutant("no_neg_eigval", "kda")
+gdn_bf16_decay, kda_bf16_decay = mutant("bf16_decay", "gdn"), mutant("bf16_decay", "kda")
+gdn_padded_tail_gate, kda_padded_tail_gate = mutant("padded_tail_gate", "gdn"), mutant("padded_tail_gate", "kda")

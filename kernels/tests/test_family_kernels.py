@@ -157,15 +157,18 @@ def test_family_kernel_follows_fla_conventions():
 # Each mutant on a call that reaches its bug.
 MUTANT_CASES = {"gva_modulo": dict(G=2), "beta_write_only": {}, "read_before_decay": {},
                 "dt_bias_after_softplus": dict(gate=True), "sigmoid_twice": dict(sigmoid=True),
-                "no_neg_eigval": dict(sigmoid=True, neg=True)}
+                "no_neg_eigval": dict(sigmoid=True, neg=True), "padded_tail_gate": dict(gate=True)}
+# Mutants whose bug only bfloat16 inputs reach (their own test below).
+BF16_MUTANTS = ("bf16_decay",)
 
 
 def test_every_mutant_has_a_case():
-    assert set(MUTANT_CASES) == set(testing_families.MUTANTS)
+    assert set(MUTANT_CASES) | set(BF16_MUTANTS) == set(testing_families.MUTANTS)
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
-@pytest.mark.parametrize("name", list(MUTANT_CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "padded_tail_gate" else n
+                                  for n in MUTANT_CASES])  # the padded tail (~45 s): its own test below in make test
 def test_mutant_disagrees_with_oracle(name, family):
     kernel = getattr(testing_families, f"{family}_{name}")
     assert isinstance(kernel, FamilyKernel) and kernel.family == family
@@ -180,6 +183,46 @@ def test_mutant_disagrees_with_oracle(name, family):
         (o, S), _ = _run(kernel, x, fl, do, dfs)
         (o_ref, S_ref), _ = _oracle(family, x, fl, do, dfs)
         assert _nerr(o, o_ref) < FLOAT32 and _nerr(S, S_ref) < FLOAT32
+
+
+def _forward(kernel, x, flags, dtype):
+    """``(o, final_state)`` of ``kernel`` with the per-token inputs in ``dtype`` (float64 NumPy)."""
+    args = {n: jnp.asarray(a, dtype if n in ("q", "k", "v", "g", "beta") else jnp.float32) for n, a in x.items()}
+    o, S = kernel(**args, **flags, output_final_state=True)
+    return np.asarray(o, np.float64), np.asarray(S, np.float64)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_bf16_decay_mutant_is_wrong_only_for_bfloat16_inputs(family):
+    """The cumulative log-decay kept in bfloat16: float32 inputs give the correct kernel's results bit for bit;
+    bfloat16 inputs an error several times the correct kernel's on the same (rounded) inputs against the oracle."""
+    mutant, right = getattr(testing_families, f"{family}_bf16_decay"), FamilyKernel("right", family,
+                                                                                     testing_families._CORE)
+    x, fl, _, _ = _case(family, G=2, T=40, seed=3)
+    for a, b in zip(_forward(mutant, x, fl, jnp.float32), _forward(right, x, fl, jnp.float32)):
+        assert np.array_equal(a, b)
+    x = {n: np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64) if n in ("q", "k", "v", "g", "beta") else a
+         for n, a in x.items()}
+    (o_ref, S_ref), _ = _oracle(family, x, fl, *_case(family, G=2, T=40, seed=3)[2:])
+    (o, S), (o_ok, S_ok) = _forward(mutant, x, fl, jnp.bfloat16), _forward(right, x, fl, jnp.bfloat16)
+    assert _nerr(S, S_ref) > 3 * _nerr(S_ok, S_ref) and _nerr(o, o_ref) > 1.5 * _nerr(o_ok, o_ref), (
+        _nerr(S, S_ref), _nerr(S_ok, S_ref), _nerr(o, o_ref), _nerr(o_ok, o_ref))
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_padded_tail_gate_mutant_decays_only_the_final_state_of_a_tail(family):
+    """The gate applied to padding: at T = 21 o is the correct kernel's and the final state smaller; at T = 64 (no
+    padding) both are the correct kernel's."""
+    mutant = getattr(testing_families, f"{family}_padded_tail_gate")
+    right = FamilyKernel("right", family, testing_families._CORE)
+    for T in (21, 64):
+        x, fl, _, _ = _case(family, G=2, T=T, gate=True, seed=5)
+        (o, S), (o_ok, S_ok) = _forward(mutant, x, fl, jnp.float32), _forward(right, x, fl, jnp.float32)
+        assert np.array_equal(o, o_ok)
+        if T % 64:
+            assert np.sqrt(np.mean(S ** 2)) < 0.9 * np.sqrt(np.mean(S_ok ** 2))
+        else:
+            assert np.array_equal(S, S_ok)
 
 
 # --- FLA's naive references as family peers --------------------------------------------------------------------
