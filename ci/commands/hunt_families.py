@@ -1,7 +1,9 @@
 """What ``hunt`` draws for a family kernel (KDA, Gated DeltaNet in FLA's signature; docs/DESIGN.md §1, "Families"):
 :class:`oracle.family_recipes.FamilyRecipe` s of the kernel's family -- shapes with grouped value heads, every decay
-and beta regime, the FLA keywords the kernel's signature takes, initial state, data seed, dtype -- judged by the
-family judge (``ci/grading/families.py``), and the one-liner that judges a kernel on one again.
+and beta regime, the FLA keywords the kernel's signature takes, initial state, data seed, dtype; with training-call
+modes (``--modes gate``) the family's calls in a catalogued mode recipe's structure -- judged by the family judge
+(``ci/grading/families.py``, with the family findings of ``ci/grading/family_diagnosis.py``), and the one-liner that
+judges a kernel on one again.
 
 Shapes come from small fixed sets, as the conformance suite's do (``property_tests/strategies.py``): every new
 (shape, dtype, keywords) costs the kernel one compile, a new seed on a known one milliseconds.
@@ -14,13 +16,15 @@ from typing import NamedTuple
 from hypothesis import strategies as st
 
 from gdn2_oracle.kernels.spec import KernelSpec, python_c, runnable
-from gdn2_oracle.oracle import DECAYS, KERNEL_DTYPES, QK_MODES
+from gdn2_oracle.oracle import DECAYS, KERNEL_DTYPES, QK_MODES, call_modes, mode_recipes
 from gdn2_oracle.oracle.family_recipes import BETAS, LOGIT_BETAS, FamilyRecipe
 
+from ..grading import family_diagnosis
 from ..grading.families import FamilyCase
 from ..running import families as family_running
 
 SHAPES = ("core", "all")
+PLAIN = call_modes.BASE.name  # the dense call
 
 
 class FamilyConfig(NamedTuple):
@@ -94,13 +98,61 @@ def family_recipes(family, shapes="core", accepted=family_running.FLAGS):
     return _configs(shapes).flatmap(recipe)
 
 
+# The heads a drawn training call has, simplest first: (H key heads, HV value heads); K and V are the mode recipe's.
+MODE_HEADS = ((1, 1), (2, 4), (2, 8))
+
+
+def family_mode_recipes(family, modes, accepted=family_running.FLAGS):
+    """The recipes searched in the training-call ``modes`` for a kernel of ``family`` taking FLA's keywords
+    ``accepted``: the family's call in the structure of a catalogued mode recipe (``oracle.mode_recipes``: its
+    lengths, packing, gate form) whose modes are all among ``modes`` (the simplest first: fewest modes, shortest),
+    heads from :data:`MODE_HEADS`, a beta regime the kernel takes, seed; None when no recipe fits."""
+    modes = set(modes)
+    names = []
+    for name in mode_recipes.names("full"):
+        r = mode_recipes.get(name)
+        if r.modes and set(r.modes) <= modes:
+            try:
+                FamilyRecipe.in_mode(family, name, 1, 1, r.K, r.V)
+            except ValueError:
+                continue  # a keyword the family lacks (gdn: lower_bound, the chunk states)
+            names.append(name)
+    names.sort(key=lambda n: (len(mode_recipes.get(n).modes), mode_recipes.get(n).shape[:2]))
+    betas = [b for b in BETAS if _takes(family, accepted, beta=b)]
+    if not names or not betas:
+        return None
+
+    @st.composite
+    def recipe(draw, name):
+        r = mode_recipes.get(name)
+        H, HV = draw(st.sampled_from(MODE_HEADS))
+        return FamilyRecipe.in_mode(family, name, H, HV, r.K, r.V, decay=r.decay, beta=draw(st.sampled_from(betas)),
+                                    seed=draw(seeds), precision=r.precision)
+
+    return st.sampled_from(names).flatmap(recipe)
+
+
+def family_space(family, shapes="core", modes=(PLAIN,), accepted=family_running.FLAGS):
+    """Everything searched for a kernel of ``family``: :func:`family_recipes` with ``dense`` among ``modes``,
+    :func:`family_mode_recipes` for the training-call modes among them; ValueError naming ``modes`` when nothing
+    is left to draw."""
+    spaces = [family_recipes(family, shapes, accepted)] if PLAIN in modes else []
+    calls = [m for m in modes if m != PLAIN]
+    drawn = family_mode_recipes(family, calls, accepted) if calls else None
+    spaces += [drawn] if drawn is not None else []
+    if not spaces:
+        raise ValueError(f"modes: no {family} call to draw in {tuple(modes)!r}")
+    return spaces[0] if len(spaces) == 1 else st.one_of(*spaces)
+
+
 def judge(fn, recipe: FamilyRecipe):
     """Family kernel ``fn`` on the recipe's call (with the FLA keywords it sets), graded by the family judge: the
     report (``tolerance.Report``)."""
     case = FamilyCase.from_recipe("hunt", recipe)
     fcall, do, dfs = case.data()
     family_running.check_representable(fcall, recipe.precision)
-    return case.judge(family_running.family_results(fn, fcall, do, dfs, dtype=recipe.precision, flags=case.flags))
+    got = family_running.family_results(fn, fcall, do, dfs, dtype=recipe.precision, flags=case.flags)
+    return family_diagnosis.refine(case, got, case.judge(got))
 
 
 def built_label(kernel):

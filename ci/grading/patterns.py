@@ -15,10 +15,11 @@ from collections import defaultdict
 from dataclasses import replace
 
 from gdn2_oracle.oracle import call_modes
+from gdn2_oracle.oracle.call_modes import FLA_CHUNK
 from gdn2_oracle.oracle.generate import DECAYS, GATES, KERNEL_DTYPES
 
 from .finding import Finding
-from .grades import FAIL, PASS
+from .grades import FAIL, PASS, PRECISION
 from .localisers import FORWARD, WEAK_CORRELATION, best_chunk, cancellation_text, score_at
 from .profiles import CHUNKS
 from .result import ERROR, INPUT_ERROR, CaseResult
@@ -104,7 +105,7 @@ def clean_splits(results, bad, ok):
     """The features of :func:`features` that split ``bad`` (result indices) from the rest cleanly: every bad
     result has the feature, every one without it is ``ok`` (indices), with enough cases on both sides and not
     by chance (PATTERN_CHANCE); the most specific per family (fewest cases with the feature), most specific
-    first."""
+    first: ``[(cases with it, label, complement, [indices without it])]``."""
     best = {}
     for family, label, complement, tiebreak, vals in features(results):
         if any(i not in vals for i in bad) or not all(vals[i] for i in bad):
@@ -116,9 +117,9 @@ def clean_splits(results, bad, ok):
         if math.comb(n_with, len(bad)) > PATTERN_CHANCE * math.comb(len(vals), len(bad)):
             continue
         if family not in best or (n_with, tiebreak) < best[family][:2]:
-            best[family] = (n_with, tiebreak, label, complement, len(without))
-    return [(n, label, complement, n_without) for n, _, label, complement, n_without in sorted(best.values(),
-                                                                                           key=lambda b: (b[0], b[2]))]
+            best[family] = (n_with, tiebreak, label, complement, without)
+    return [(n, label, complement, without) for n, _, label, complement, without in sorted(best.values(),
+                                                                                       key=lambda b: (b[0], b[2]))]
 
 
 def forward_bad(r):
@@ -130,19 +131,34 @@ def forward_bad(r):
     return any(v.name in FORWARD and v.grade != PASS for v in r.verdicts)
 
 
+def off_and_ok(judged):
+    """``(bad, ok, verb, plural)``: the cases a pattern splits off (result indices) and those it counts as right --
+    the FAIL cases against the rest (a PRECISION case, within the precision-loss bound, never hides a pattern of the
+    failures), or, when nothing FAILs, the PRECISION cases against the PASS ones."""
+    fails = {i for i, r in enumerate(judged) if r.grade == FAIL}
+    if fails:
+        return fails, set(range(len(judged))) - fails, "fails", "fail"
+    return ({i for i, r in enumerate(judged) if r.grade != PASS}, {i for i, r in enumerate(judged) if r.grade == PASS},
+            "is off (FAIL or PRECISION)", "are off")
+
+
+def passing_phrase(judged, indices):
+    """``passes``, or ``passes or is PRECISION`` when one of the cases ``indices`` is within the precision-loss
+    bound."""
+    return "passes or is PRECISION" if any(judged[i].grade == PRECISION for i in indices) else "passes"
+
+
 def pattern_lines(results):
-    """``pattern`` findings: what the failing cases share that every passing case lacks."""
+    """``pattern`` findings: what the failing cases share that every other case lacks (:func:`off_and_ok`)."""
     judged = [r for r in results if r.grade is not None]
-    bad = {i for i, r in enumerate(judged) if r.grade != PASS}
-    ok = {i for i, r in enumerate(judged) if r.grade == PASS}
-    verb, plural = (("fails", "fail") if all(judged[i].grade == FAIL for i in bad)
-                    else ("is off (FAIL or PRECISION)", "are off"))
+    bad, ok, verb, plural = off_and_ok(judged)
     out = []
     splits = clean_splits(judged, bad, ok)
-    for n_with, label, complement, n_without in splits:
+    for n_with, label, complement, without in splits:
         out.append(Finding("pattern", f"{verb} only {label}: {len(bad)} of the {n_with} case(s) {label} {plural}, "
-                                      f"every case {complement} ({n_without}) passes",
-                           evidence={"feature": label, "off": len(bad), "with": n_with, "passing_without": n_without}))
+                                      f"every case {complement} ({len(without)}) {passing_phrase(judged, without)}",
+                           evidence={"feature": label, "off": len(bad), "with": n_with,
+                                     "passing_without": len(without)}))
 
     # The forward alone: cases whose forward is right may still differ in gradients (a bug the gradients see
     # everywhere while the forward sees it only under some recipes).
@@ -154,9 +170,10 @@ def pattern_lines(results):
     said = {s[1] for s in splits}
     grads = sorted({v.name for i in bad - fwd_bad for v in judged[i].verdicts
                     if v.grade != PASS and v.name not in FORWARD})
-    for n_with, label, complement, n_without in clean_splits(judged, fwd_bad, fwd_ok):
+    for n_with, label, complement, without in clean_splits(judged, fwd_bad, fwd_ok):
         if label in said:
             continue
+        n_without = len(without)
         out.append(Finding("pattern", f"the forward (o, final_state) fails only {label}: wrong in {len(fwd_bad)} of "
                                       f"the {n_with} case(s) {label}, right in every case {complement} ({n_without}); "
                                       f"the other {len(bad - fwd_bad)} off case(s) differ only in gradients "
@@ -164,6 +181,53 @@ def pattern_lines(results):
                            evidence={"feature": label, "forward_off": len(fwd_bad), "with": n_with,
                                      "forward_right_without": n_without, "gradients_only": len(bad - fwd_bad)}))
     return out
+
+
+BF16_SUFFIX = "_bf16"  # a bfloat16 case's name: its float32 twin's (the same recipe) with this suffix
+
+
+def bfloat16_line(results, said=()):
+    """"fails only in bfloat16" when every FAIL case is a bfloat16 one, every float32 case judged passes (or is
+    PRECISION) and at least one failing case's float32 twin (its name without :data:`BF16_SUFFIX`: the same recipe)
+    is among them -- the evidence the cross-case split (:func:`pattern_lines`, ``said``) needs more cases for."""
+    judged = [r for r in results if r.grade is not None]
+    fails = [r for r in judged if r.grade == FAIL]
+    f32 = {r.name: r for r in judged if r.case.get("dtype") == "float32"}
+    if (not fails or any(r.case.get("dtype") != "bfloat16" for r in fails) or not f32
+            or any(r.grade == FAIL for r in f32.values()) or any("in bfloat16" in f.text for f in said)):
+        return []
+    twins = [r.name for r in fails if r.name.endswith(BF16_SUFFIX) and r.name[:-len(BF16_SUFFIX)] in f32]
+    if not twins:
+        return []
+    n_bf16 = sum(r.case.get("dtype") == "bfloat16" for r in judged)
+    shown = ", ".join(twins[:4]) + (", ..." if len(twins) > 4 else "")
+    f32_list = list(f32.values())
+    return [Finding("pattern", f"fails only in bfloat16: {len(fails)} of the {n_bf16} bfloat16 case(s) fail, every "
+                               f"float32 case ({len(f32)}) {passing_phrase(f32_list, range(len(f32_list)))}, among "
+                               f"them the float32 twins (the same recipe) of {shown}: something kept in the input "
+                               "dtype -- a state, a cumulative log-decay, an accumulation -- or rounding only bfloat16 "
+                               "inputs reach", evidence={"feature": "in bfloat16", "off": len(fails),
+                                                         "twins": twins, "float32": len(f32)})]
+
+
+def tail_line(results):
+    """"the final state only, when T is not a multiple of 64" when every FAIL case's primary finding is ``tail``
+    (``ci.grading.family_diagnosis.tail``), with whether the cases judged at ``T`` a multiple of 64 pass."""
+    judged = [r for r in results if r.grade is not None]
+    fails = [r for r in judged if r.grade == FAIL]
+    if not fails or any((primary(r) or {}).get("kind") != "tail" for r in fails):
+        return []
+    whole = [r for r in judged if length(r) is not None and length(r) % FLA_CHUNK == 0]
+    lengths = ", ".join(map(str, sorted({length(r) for r in fails})))
+    if whole:
+        lead = f"every case with T a multiple of {FLA_CHUNK} ({len(whole)}) {passing_phrase(whole, range(len(whole)))}"
+    else:
+        lead = f"no case with T a multiple of {FLA_CHUNK} was judged to compare"
+    return [Finding("pattern", f"the final state only, when T is not a multiple of {FLA_CHUNK}: {len(fails)} case(s) "
+                               f"(T = {lengths}) off in final_state with o exact; {lead}: the last, partial "
+                               f"{FLA_CHUNK}-token chunk (padding tokens that decay or write the state)",
+                    evidence={"feature": f"T not a multiple of {FLA_CHUNK}", "off": len(fails),
+                              "whole_chunk_cases": len(whole)})]
 
 
 def onset_multiples(bad):
@@ -212,6 +276,9 @@ def kind_summary(kind, hits):
                      + (f" (other chunks: {others})" if others else ""))
     if results:
         parts.append("in " + ", ".join(results))
+    maps = {(f.get("evidence") or {}).get("head_map") for f in found}
+    if kind == "value-heads" and len(maps) == 1 and None not in maps:
+        parts.append(f"in every one value head hv reads key head {maps.pop()}, not hv // G")
     if kind in (ERROR, INPUT_ERROR):
         parts.append(found[0]["text"])
     return Finding(kind, f"{len(case_names)} case(s): {shown}" + "".join(f"; {p}" for p in parts),
@@ -270,5 +337,6 @@ def diagnose_kernel(results):
         if f is not None:
             by_kind[f["kind"]].append((r, f))
     out = [kind_summary(kind, hits) for kind, hits in sorted(by_kind.items(), key=lambda kv: -len(kv[1]))]
-    out += onset_multiples(bad) + pattern_lines(results)
+    lines = pattern_lines(results)
+    out += onset_multiples(bad) + tail_line(results) + lines + bfloat16_line(results, lines)
     return [replace(f, primary=i == 0) for i, f in enumerate(out)]

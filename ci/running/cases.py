@@ -16,6 +16,7 @@ import time
 
 from gdn2_oracle import oracle
 
+from ..grading import family_diagnosis
 from ..grading.case import Case
 from ..grading.families import FamilyCase
 from ..grading.modes import ModeCase
@@ -124,3 +125,7 @@ class CallCase(Runs, ModeCase):
 class FamilyRunCase(CallCase, FamilyCase):
     """A family case (:class:`ci.grading.families.FamilyCase`) run like a training call (``modes.mode_results``): the
     kernel in FLA's signature with the flags and mode keywords the case sets."""
+
+    def graded(self, fn, got):
+        """The training call's judgement with the family's own findings (``ci.grading.family_diagnosis.refine``)."""
+        return family_diagnosis.refine(self, got, super().graded(fn, got))
