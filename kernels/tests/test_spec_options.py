@@ -143,3 +143,18 @@ def test_interpret_runs_a_pallas_kernel_without_an_interpret_argument(cli):
     assert code == 0 and "PASS" in text, text
     code, text = validate(cli, f"{HERE}:pallas_kernel[interpret=xla]", "decay_moderate")
     assert code == 2 and "interpret: expected 1" in text, text
+
+
+def test_torch_family_options_flags_gva_and_interpret_are_the_torch_bridges():
+    """On a ``torch:`` spec, ``flags=`` (empty: none) and ``gva=`` reach the family kernel, and ``interpret`` is the
+    torch bridge's (Triton's interpreter), not wrapped as Pallas's."""
+    from gdn2_oracle.kernels.torch_bridge import FamilyTorchKernel
+
+    base = "torch:gdn2_oracle.kernels.testing_torch:perturbed[family=gdn"
+    none = spec.get(base + ",flags=,gva=none]")
+    assert isinstance(none, FamilyTorchKernel) and none.declared == () and none.gva == "none"
+    packed = spec.get(base + ",flags=use_qk_l2norm_in_kernel+cu_seqlens,gva=repeat,interpret=0]")
+    assert isinstance(packed, FamilyTorchKernel), "interpret=0 on a torch: spec must not wrap it as Pallas's"
+    assert packed.declared == ("use_qk_l2norm_in_kernel", "cu_seqlens") and packed.packed
+    with pytest.raises(ValueError, match=r"^interpret: expected 1 \(Triton's interpreter on the CPU\) or 0"):
+        spec.get(base + ",interpret=2]")
