@@ -23,6 +23,7 @@ RELEASE = (
     # interpreters: FLA's Triton kernels on the CPU, Pallas TPU kernels in interpret mode
     "kernels/tests/test_fla_interpret.py::*",
     "kernels/tests/test_fla_family_peers.py::test_interpreted_*",
+    "kernels/tests/test_engine_peers.py::test_interpreted_*",
     "kernels/tests/test_torch_modes.py::test_interpreted_fla_chunk*",
     "kernels/tests/test_pallas.py::*",
     "kernels/tests/test_pallas_golden.py::*",

@@ -42,6 +42,8 @@ OPTIONAL = {
         ("fla-gdn-naive-recurrent", "gdn_naive_recurrent"), ("fla-gdn-naive-chunk", "gdn_naive_chunk"),
         ("fla-gdn-chunk", "gdn_chunk"), ("fla-gdn-fused-recurrent", "gdn_fused_recurrent"),
         ("fla-kda-fused-recurrent", "kda_fused_recurrent"))},
+    **{name: f"gdn2_oracle.kernels.engine_peers:{name.replace('-', '_')}" for name in (
+        "vllm-gdn-chunk", "vllm-gdn-fused-recurrent", "vllm-kda-chunk", "sglang-gdn-fused-recurrent")},
 }
 # ``torch:package.module:attr[options]``: a PyTorch callable behind the contract (kernels/torch_bridge.py).
 TORCH_PREFIX = "torch:"

@@ -1,0 +1,194 @@
+"""vLLM 0.33.0's and SGLang 0.5.23's Triton GDN / KDA kernels, read from their wheels, as registered family peers.
+
+Registered names (``kernels.get(name, **options)``; options are the torch bridge's, kernels/torch_bridge.py; the
+device is ``cpu``); each runs the engine's own kernel file, loaded by kernels/third_party.py from the wheel in
+``$GDN2_PEERS/wheels`` (``make peers``), in Triton's interpreter:
+
+* ``vllm-gdn-chunk``             -- ``vllm/third_party/flash_linear_attention/ops/chunk.py``: vLLM's prefill,
+  ``chunk_gated_delta_rule``;
+* ``vllm-gdn-fused-recurrent``   -- ``ops/fused_recurrent.py``: ``fused_recurrent_gated_delta_rule`` as vLLM
+  serves with it, on an in-place state pool (``ssm_state_indices``; slot 0 is vLLM's null block);
+* ``vllm-kda-chunk``             -- ``ops/kda.py``: ``chunk_kda`` (no grouped value heads: q, k repeated);
+* ``sglang-gdn-fused-recurrent`` -- ``sglang/kernels/ops/attention/fla/fused_recurrent.py``:
+  ``fused_recurrent_gated_delta_rule``.
+
+Not registered: SGLang's chunk prefill (``fla/chunk.py``), :data:`SGLANG_CHUNK_NOTE`.
+
+Each is a :class:`torch_bridge.FamilyTorchKernel` (``family`` "gdn" / "kda") over a small adapter in the family's
+signature (``q, k, v, g, beta, scale=, initial_state=, output_final_state=, cu_seqlens=,
+use_qk_l2norm_in_kernel=``: the only flag these entry points take, so validate runs the cases without the others'
+flags and lists the rest). The adapters change the call, never the arithmetic: the states go in and out as
+``[N, HV, V, K]`` (both engines' layout; the family's is ``[N, HV, K, V]``: a transpose); a missing initial state
+is zeros; a pool where the kernel writes its final states in place. All four are inference kernels (their autograd
+Functions have no backward): ``no_backward``, so validate judges o and the final state.
+
+dtypes: vLLM's public ``chunk_gated_delta_rule`` asserts their inputs are not float32 ("Please use
+bfloat16"); for float32 inputs the adapter calls the autograd Function right below that assertion (the same
+forward, in float32); bfloat16 inputs go through the public function. bfloat16 runs here only with
+kernels/third_party.py's fix for the interpreter's bfloat16 ``tl.dot`` (without it: errors of order 1e9, the
+interpreter's, :data:`triton_interpret.BF16_DOT_NOTE`).
+"""
+
+from __future__ import annotations
+
+from . import third_party
+from .torch_bridge import FamilyTorchKernel, import_torch
+
+VLLM_OPS = "vllm.third_party.flash_linear_attention.ops."
+SGLANG_FLA = "sglang.kernels.ops.attention.fla."
+NO_BACKWARD = ("inference only: the engine's autograd Function defines no backward, so o and final_state are its "
+               "results (validate judges those); its VJP is refused with this reason")
+SGLANG_CHUNK_NOTE = ("SGLang 0.5.23's FLA chunk path (fla/chunk.py and every kernel file it calls: the chunk, "
+                     "cumsum and WY files) is written with tl.make_block_ptr, which Triton 3.9 removed (\"Block "
+                     "pointers have been removed in favor of the tensor descriptor API\"), compiled and interpreted "
+                     "alike; it loads, but runs only on the Triton its torch==2.14.1 pin brings")
+STATE_NOTE = ("the engine's states are [N, HV, V, K]: the adapter transposes the family's [N, HV, K, V] in and out "
+              "and passes zeros for a missing initial state")
+
+
+def _v_first(state):
+    """A family state ``[..., K, V]`` as the engines' ``[..., V, K]`` (contiguous), or back."""
+    return state.transpose(-1, -2).contiguous()
+
+
+def _initial(initial_state, N, HV, K, V, like):
+    """The engines' initial states ``[N, HV, V, K]`` (float32 zeros when none is given)."""
+    torch = import_torch()
+    if initial_state is None:
+        return torch.zeros(N, HV, V, K, dtype=torch.float32, device=like.device)
+    return _v_first(initial_state)
+
+
+def _shape(q, v, cu_seqlens):
+    """``(N, H, HV, K, V)`` of a family call."""
+    B, _, H, K = q.shape
+    return (B if cu_seqlens is None else len(cu_seqlens) - 1), H, v.shape[2], K, v.shape[3]
+
+
+def vllm_chunk_adapter(module):
+    """vLLM's ``chunk_gated_delta_rule`` (module ``ops/chunk.py``) in the gdn family's signature."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True, cu_seqlens=None,
+               use_qk_l2norm_in_kernel=False):
+        torch = import_torch()
+        N, H, HV, K, V = _shape(q, v, cu_seqlens)
+        h0 = _initial(initial_state, N, HV, K, V, q)
+        scale = K ** -0.5 if scale is None else scale
+        if q.dtype == torch.float32:  # below the public function's float32 assertion: the same forward
+            o, final = module.ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, scale, h0, True, cu_seqlens, None,
+                                                                None, use_qk_l2norm_in_kernel, None)
+        else:
+            o, final = module.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                                     output_final_state=True, cu_seqlens=cu_seqlens,
+                                                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        return o, _v_first(final)
+
+    kernel.__name__ = "vllm_chunk_gated_delta_rule_gdn"
+    return kernel
+
+
+def vllm_fused_recurrent_adapter(module):
+    """vLLM's ``fused_recurrent_gated_delta_rule`` in the gdn family's signature, as vLLM serves: B sequences
+    packed (``cu_seqlens``), a pool ``[N + 1, HV, V, K]`` whose slot 0 is the null block, sequence n on slot
+    n + 1 for every token (``ssm_state_indices [N, T]``), the final states written in place."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True, cu_seqlens=None,
+               use_qk_l2norm_in_kernel=False):
+        torch = import_torch()
+        B, T = q.shape[:2]
+        N, H, HV, K, V = _shape(q, v, cu_seqlens)
+        if cu_seqlens is None:  # B equal-length sequences packed, as vLLM calls it
+            cu_seqlens = torch.arange(B + 1, dtype=torch.long, device=q.device) * T
+            q, k, v, g, beta = (x.reshape(1, B * T, *x.shape[2:]) for x in (q, k, v, g, beta))
+        h0 = _initial(initial_state, N, HV, K, V, q).to(torch.float32)
+        pool = torch.cat([torch.zeros_like(h0[:1]), h0])
+        slots = torch.arange(1, N + 1, dtype=torch.int32, device=q.device)
+        indices = slots[:, None].expand(N, max(int(q.shape[1]), 1)).contiguous()
+        o, pool = module.fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=pool,
+                                                          inplace_final_state=True, cu_seqlens=cu_seqlens,
+                                                          ssm_state_indices=indices,
+                                                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        return o.reshape(B, T, HV, V), _v_first(pool[1:])
+
+    kernel.__name__ = "vllm_fused_recurrent_gated_delta_rule_gdn"
+    return kernel
+
+
+def vllm_kda_adapter(module):
+    """vLLM's ``chunk_kda`` in the kda family's signature (no grouped value heads: q, k repeated to them)."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True, cu_seqlens=None,
+               use_qk_l2norm_in_kernel=False):
+        N, H, HV, K, V = _shape(q, v, cu_seqlens)
+        if HV > H:
+            q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+        h0 = _initial(initial_state, N, HV, K, V, q)
+        o, final = module.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
+        return o, _v_first(final)
+
+    kernel.__name__ = "vllm_chunk_kda"
+    return kernel
+
+
+def sglang_fused_recurrent_adapter(module):
+    """SGLang's ``fused_recurrent_gated_delta_rule`` in the gdn family's signature."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True, cu_seqlens=None,
+               use_qk_l2norm_in_kernel=False):
+        N, H, HV, K, V = _shape(q, v, cu_seqlens)
+        h0 = _initial(initial_state, N, HV, K, V, q)
+        o, final = module.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, scale=scale, initial_state=h0,
+                                                           output_final_state=True, cu_seqlens=cu_seqlens,
+                                                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        return o, _v_first(final)
+
+    kernel.__name__ = "sglang_fused_recurrent_gated_delta_rule_gdn"
+    return kernel
+
+
+# name: (engine, module, adapter, family, what it is)
+PEERS = {
+    "vllm-gdn-chunk": ("vllm", VLLM_OPS + "chunk", vllm_chunk_adapter, "gdn", "vLLM's chunk prefill"),
+    "vllm-gdn-fused-recurrent": ("vllm", VLLM_OPS + "fused_recurrent", vllm_fused_recurrent_adapter, "gdn",
+                                 "vLLM's fused recurrent kernel on an in-place state pool"),
+    "vllm-kda-chunk": ("vllm", VLLM_OPS + "kda", vllm_kda_adapter, "kda",
+                       "vLLM's chunk_kda (no grouped value heads: q, k repeated to the value heads)"),
+    "sglang-gdn-fused-recurrent": ("sglang", SGLANG_FLA + "fused_recurrent", sglang_fused_recurrent_adapter, "gdn",
+                                   "SGLang's fused recurrent kernel"),
+}
+
+
+def engine_kernel(name, **options):
+    """The registered engine peer ``name`` (:data:`PEERS`) as a family kernel run in Triton's interpreter."""
+    if name not in PEERS:
+        raise ValueError(f"name: {name!r} not one of {tuple(PEERS)}")
+    engine, module, adapter, family, what = PEERS[name]
+    loaded = third_party.load(engine, [module], who=f"kernel {name!r}")
+    note = (f"{what}: {module.replace('.', '/')}.py read from {loaded.wheel.name} (sha256 "
+            f"{third_party.wheel_hash(loaded.wheel)[:16]}), run in Triton's interpreter (kernels/third_party.py); "
+            f"{STATE_NOTE}; {NO_BACKWARD}")
+    kernel = FamilyTorchKernel(adapter(loaded.module(module)), name=name, family=family,
+                               options={"device": "cpu", **options}, note=note, packed=True,
+                               modules=(__name__, third_party.__name__), no_backward=f"{name}: {NO_BACKWARD}")
+    return kernel
+
+
+def vllm_gdn_chunk(**options):
+    """``vllm-gdn-chunk``: vLLM's Triton chunk prefill for Gated DeltaNet."""
+    return engine_kernel("vllm-gdn-chunk", **options)
+
+
+def vllm_gdn_fused_recurrent(**options):
+    """``vllm-gdn-fused-recurrent``: vLLM's fused recurrent Gated DeltaNet kernel on an in-place pool."""
+    return engine_kernel("vllm-gdn-fused-recurrent", **options)
+
+
+def vllm_kda_chunk(**options):
+    """``vllm-kda-chunk``: vLLM's Triton chunk KDA."""
+    return engine_kernel("vllm-kda-chunk", **options)
+
+
+def sglang_gdn_fused_recurrent(**options):
+    """``sglang-gdn-fused-recurrent``: SGLang's fused recurrent Gated DeltaNet kernel (its FLA copy)."""
+    return engine_kernel("sglang-gdn-fused-recurrent", **options)

@@ -1,0 +1,203 @@
+"""vLLM's and SGLang's Triton GDN / KDA kernels from their wheels (kernels/third_party.py, kernels/engine_peers.py).
+
+The loader in this process (no Triton imported, nothing interpreted): a missing wheel's error, the cache folder keyed
+by the wheel's hash. The registered kernels in one subprocess (``TRITON_INTERPRET=1`` must be set before Triton is
+imported and then holds for the process): the stand-ins present only during a load, each kernel on small family
+calls with grouped value heads (test_fla_family_peers.py's ``make_case``: B = 2, T = 50, H = 2, HV = 4, K = V = 16
+with an initial state; and two packed sequences) judged against the float64 family oracle by the grading rule, and
+vLLM's chunk kernel in bfloat16 (its public entry; the interpreter's bfloat16 fixes) on the same call. One
+``validate --cases smoke`` per engine through the console script. The wheels come from ``make peers``
+($GDN2_PEERS/wheels): without them these tests skip, except under CI (``CI=true``), where a missing wheel fails
+them. In the release group (conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from gdn2_oracle.ci.grading.grades import PASS
+from gdn2_oracle.ci.testing import console
+from gdn2_oracle.kernels import third_party
+from gdn2_oracle.kernels.engine_peers import PEERS
+from gdn2_oracle.kernels.tests.test_fla_family_peers import judged, make_case
+from gdn2_oracle.kernels.triton_interpret import ENV
+
+CASES = ("gva", "packed")
+BF16_RUN = ("vllm-gdn-chunk", "gva")  # the bfloat16 check: vLLM's public chunk entry (it refuses float32)
+
+
+def wheels_or_skip():
+    """The peers folder when both engines' wheels are in it; else a skip, or under ``CI=true`` a failure."""
+    missing = []
+    for engine in third_party.WHEELS:
+        try:
+            third_party.find_wheel(engine)
+        except ValueError as exc:
+            missing.append(str(exc))
+    if missing:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("; ".join(missing))
+        pytest.skip("; ".join(missing))
+    return third_party.peers_dir()
+
+
+# --- the loader, in this process ------------------------------------------------------------------------------
+
+def test_a_missing_wheel_names_make_peers_and_the_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv(third_party.PEERS_ENV, str(tmp_path))
+    for engine in third_party.WHEELS:
+        with pytest.raises(ValueError, match=rf"{engine} .*'s wheel .* is not in {tmp_path / 'wheels'}; run `make "
+                                             rf"peers`.*{third_party.PEERS_ENV}"):
+            third_party.find_wheel(engine)
+
+
+def test_the_peers_folder_defaults_to_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv(third_party.PEERS_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert third_party.peers_dir() == tmp_path / "gdn2-oracle" / "peers"
+
+
+def _fake_wheel(path, text):
+    """A zip holding one vLLM kernel file with ``text`` and one file outside the kernel folders."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("vllm/third_party/flash_linear_attention/ops/op.py", text)
+        archive.writestr("vllm/engine/llm_engine.py", "raise ImportError\n")
+    return path
+
+
+def test_the_wheels_hash_keys_the_extracted_kernel_files(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    first = _fake_wheel(tmp_path / "a.whl", "x = 1\n")
+    second = _fake_wheel(tmp_path / "b.whl", "x = 2\n")
+    root = third_party.extract("vllm", first)
+    assert root.name == f"vllm-{third_party.wheel_hash(first)[:16]}"
+    assert (root / "vllm/third_party/flash_linear_attention/ops/op.py").read_text() == "x = 1\n"
+    assert not (root / "vllm/engine").exists()  # only the kernel folders
+    other = third_party.extract("vllm", second)
+    assert other != root and (other / "vllm/third_party/flash_linear_attention/ops/op.py").read_text() == "x = 2\n"
+    assert third_party.extract("vllm", first) == root
+
+
+def test_an_unknown_engine_is_refused():
+    with pytest.raises(ValueError, match=r"engine: 'tgi' not one of \('vllm', 'sglang'\)"):
+        third_party.find_wheel("tgi")
+
+
+# --- the kernels, interpreted in one subprocess ---------------------------------------------------------------------
+
+SCRIPT = r"""
+import json, sys
+import numpy as np, jax.numpy as jnp, torch
+from gdn2_oracle import kernels
+from gdn2_oracle.kernels import third_party
+
+spec = json.loads(sys.argv[1])
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+out = {"before": sorted(n for n in sys.modules if n.split(".")[0] in ("vllm", "sglang")), "runs": {}}
+for key, run in spec["runs"].items():
+    kernel = kernels.get(run["kernel"])
+    data = dict(np.load(run["inputs"]))
+    kw = {} if run["cu_seqlens"] is None else {"cu_seqlens": np.asarray(run["cu_seqlens"], np.int64)}
+    dtype = jnp.bfloat16 if run["bf16"] else jnp.float32
+    o, S = kernel(**{n: jnp.asarray(data[n], dtype if n != "initial_state" else jnp.float32) for n in NAMES}, **kw,
+                  output_final_state=True)
+    np.savez(run["out"], o=np.asarray(o, np.float32), final_state=np.asarray(S, np.float32))
+    out["runs"][key] = {"family": kernel.family, "no_backward": kernel.no_backward}
+out["after"] = sorted(n for n in sys.modules if n.split(".")[0] in ("vllm", "sglang"))
+loaded = third_party.load("vllm", [])
+out["loaded"] = sorted(loaded.modules)
+out["root"] = str(loaded.root)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def _runs():
+    """``{key: (kernel, case, bfloat16)}``: every engine kernel on each case, and the bfloat16 run."""
+    runs = {f"{name}/{case}": (name, case, False) for name in PEERS for case in CASES}
+    runs[f"{BF16_RUN[0]}/{BF16_RUN[1]}/bf16"] = (*BF16_RUN, True)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    """``(findings, {key: results})`` of every engine kernel on its small calls, run in one subprocess."""
+    wheels_or_skip()
+    root = tmp_path_factory.mktemp("engine_peers")
+    runs = {}
+    for i, (key, (name, case, bf16)) in enumerate(_runs().items()):
+        x, _, cu, _, _ = make_case(PEERS[name][3], case, seed=40 + i)
+        if bf16:  # the values the kernel sees: q, k, v, g, beta rounded to bfloat16
+            x = {n: (a if n == "initial_state" else np.asarray(a, ml_dtypes.bfloat16).astype(np.float64))
+                 for n, a in x.items()}
+        np.savez(root / f"in{i}.npz", **{n: np.asarray(a, np.float32) for n, a in x.items()})
+        runs[key] = dict(kernel=name, inputs=str(root / f"in{i}.npz"), out=str(root / f"out{i}.npz"), cu_seqlens=cu,
+                         bf16=bf16)
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps({"runs": runs})], capture_output=True, text=True,
+                          env=env, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(lines[-1][len("RESULT "):]), {key: dict(np.load(run["out"])) for key, run in runs.items()}
+
+
+@pytest.mark.parametrize("key", list(_runs()))
+def test_interpreted_engine_kernel_matches_the_oracle(interpreted, key):
+    """o and the final state PASS the grading rule against the float64 family oracle (bfloat16: against the oracle
+    on the bfloat16-rounded inputs, within the bfloat16 yardstick); the kernel is inference only."""
+    findings, results = interpreted
+    name, case, bf16 = _runs()[key]
+    family = PEERS[name][3]
+    assert findings["runs"][key] == {"family": family, "no_backward": findings["runs"][key]["no_backward"]}
+    assert f"{name}: inference only" in findings["runs"][key]["no_backward"]
+    seed = 40 + list(_runs()).index(key)
+    if bf16:
+        _, report = judged_bf16(family, case, seed, results[key])
+    else:
+        _, report = judged(family, case, seed, results[key], ("o", "final_state"))
+    assert report.grade == PASS, report.format()
+
+
+def judged_bf16(family, case, seed, got):
+    """The report of bfloat16 results ``got`` on :func:`make_case`'s call with q, k, v, g, beta rounded to bfloat16,
+    judged on o and the final state with the bfloat16 yardstick."""
+    from gdn2_oracle.ci.grading.families import FamilyCase
+    from gdn2_oracle.ci.grading.modes import compare
+    from gdn2_oracle.oracle import families as oracle_families
+
+    x, flags, cu, do, dfs = make_case(family, case, seed)
+    x = {n: (a if n == "initial_state" else np.asarray(a, ml_dtypes.bfloat16).astype(np.float64)) for n, a in x.items()}
+    fcase = FamilyCase.of(oracle_families.call(family, **x, **flags, cu_seqlens=cu), do, dfs, name=f"{family}/{case}")
+    fcase.family = family
+    names = ("o", "final_state")
+    return names, compare(names, got, fcase.yardstick({n: "bfloat16" for n in names}))
+
+
+def test_interpreted_stand_ins_live_only_during_a_load(interpreted):
+    """No ``vllm`` / ``sglang`` module before or after the loads; the loaded kernel modules are kept by the loader,
+    read from the cache folder named after the wheel's hash."""
+    findings, _ = interpreted
+    assert findings["before"] == [] and findings["after"] == []
+    assert "vllm.third_party.flash_linear_attention.ops.chunk" in findings["loaded"]
+    assert not any(n in findings["loaded"] for n in ("vllm.triton_utils", "vllm.platforms", "vllm"))
+    wheel = third_party.find_wheel("vllm")
+    assert findings["root"].endswith(f"vllm-{third_party.wheel_hash(wheel)[:16]}")
+
+
+@pytest.mark.parametrize("kernel", ["vllm-gdn-chunk", "sglang-gdn-fused-recurrent"])
+def test_interpreted_validate_smoke_through_the_console_script(tmp_path, kernel):
+    """``gdn2-oracle validate --kernel K --cases smoke --dtype float32`` on one kernel per engine: the judged cases
+    are graded (exit 0: PASS or PRECISION; none FAIL) and the family notes name the wheel."""
+    peers = wheels_or_skip()
+    proc = console(tmp_path, "validate", "--kernel", kernel, "--cases", "smoke", "--dtype", "float32",
+                   "--no-progress", timeout=900, GDN2_PEERS=str(peers))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert f"{kernel}: " in proc.stdout and ".whl (sha256" in proc.stdout, proc.stdout[-4000:]
+
