@@ -10,8 +10,13 @@ A :class:`ReplaySSMKernel` carries the four functions and the options of the sto
 ``capacity`` (the ring L of the one-token path and the flush threshold ``max_cache_len`` of the window path),
 ``spec_len`` (the window path's ``max_spec_len``, raised to a session's longest window when that is longer),
 ``state_dtype`` (the one-token path's checkpoint; the window path's is float32, as vLLM forces it), ``cache_dtype``
-(the ``d`` / ``k`` rings; default ``state_dtype``) and the torch ``device`` (default CUDA when available). Its
-``session_driver`` tells the suite to run serving sessions through a replay driver; the backend that calls the
+(the ``d`` / ``k`` rings; default ``state_dtype``), the torch ``device`` (default CUDA when available),
+``session_size`` (the serving sessions' size, ``oracle/serving_recipes.py: SIZES``: default ``k128``, K = V = 128
+heads, the shapes vLLM launches at: its window path splits K into tiles of ``K / nk`` with ``nk`` 2 or 4 and needs
+tiles of at least 16 for ``tl.dot``, so the small sessions' K = 16 is refused; ``small`` for a package that takes
+them, e.g. the stand-in) and ``strict_drafts`` (a rejected NaN draft that reaches accepted outputs through a window's
+arithmetic is graded FAIL, not only reported; docs/serving.md). Its ``session_driver`` tells the suite to run
+serving sessions through a replay driver; the backend that calls the
 functions is ``ci/running/replayssm_backend.py``. It has no call without a session.
 """
 
@@ -25,6 +30,9 @@ from .contract import storage_dtype
 from .replay_kernel import MAX_CAPACITY, MAX_CAPACITY_WHY
 
 PREFIX = "replayssm:"
+# the serving session sizes (oracle/serving_recipes.py: SIZES; kernels never import oracle) and vLLM's
+SESSION_SIZES = ("small", "k128")
+SESSION_SIZE = "k128"
 # module -> the functions looked up in it, by name
 FUNCTIONS = {
     "fused_recurrent_replayssm": ("fused_recurrent_gated_delta_rule_replayssm",),
@@ -69,8 +77,14 @@ class ReplaySSMKernel:
     family = "gdn"
     serving_only = "vLLM's ReplaySSM functions run on a state cache only: no call without one"
 
-    def __init__(self, package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None):
+    def __init__(self, package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None,
+                 session_size=SESSION_SIZE, strict_drafts=False):
         self.capacity, self.spec_len = _count("capacity", capacity), _count("spec_len", spec_len)
+        if session_size not in SESSION_SIZES:
+            raise ValueError(f"session_size: {session_size!r} not one of {SESSION_SIZES}")
+        if strict_drafts not in (True, False, 0, 1):
+            raise ValueError(f"strict_drafts: expected a boolean, got {strict_drafts!r}")
+        self.session_size, self.strict_drafts = session_size, bool(strict_drafts)
         if self.capacity > MAX_CAPACITY:
             raise ValueError(f"capacity: {self.capacity} is over {MAX_CAPACITY} tokens ({MAX_CAPACITY_WHY})")
         if device is not None:  # checked now (a device this host lacks is a usage error, not a failed session)
@@ -92,7 +106,8 @@ class ReplaySSMKernel:
 
     def __repr__(self):
         return (f"ReplaySSMKernel({self.package!r}, capacity={self.capacity}, spec_len={self.spec_len}, "
-                f"state_dtype={self.state_dtype!r}, cache_dtype={self.cache_dtype!r}, device={self.device!r})")
+                f"state_dtype={self.state_dtype!r}, cache_dtype={self.cache_dtype!r}, device={self.device!r}, "
+                f"session_size={self.session_size!r}, strict_drafts={self.strict_drafts})")
 
     def __call__(self, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False):
         """No call without a session: the kernel is judged on the gdn serving sessions (its replay driver)."""
@@ -100,6 +115,7 @@ class ReplaySSMKernel:
                          "ci/running/replayssm_backend.py): give validate the serving --modes")
 
 
-def replayssm_kernel(package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None):
+def replayssm_kernel(package, capacity=16, spec_len=4, state_dtype="float32", cache_dtype=None, device=None,
+                     session_size=SESSION_SIZE, strict_drafts=False):
     """The ``replayssm:PACKAGE`` spec's kernel: a :class:`ReplaySSMKernel`."""
-    return ReplaySSMKernel(package, capacity, spec_len, state_dtype, cache_dtype, device)
+    return ReplaySSMKernel(package, capacity, spec_len, state_dtype, cache_dtype, device, session_size, strict_drafts)

@@ -9,6 +9,16 @@
 * ``padding_writes_slot0``: clamps the padding index -1 to 0, so a padding row reads and writes slot 0.
 * ``bf16_in_loop``: a float32-pool kernel whose running state is rounded to bfloat16 after every token.
 
+:class:`WindowZeroTimes` (not in :data:`MUTANTS`: right on every finite input): the correct kernel, but in a batched
+call with draft slots each live token's output adds ``0 *`` the sum of the later tokens of its window, as a kernel that
+computes a window's tokens together with structural zeros (a triangular solve by matrix products) does: a NaN draft
+the next call rejects reaches the accepted outputs through ``0 * NaN``; any finite draft leaves them exact
+(module-level instance ``window_zero_times``).
+
+:class:`NextTokenGate` (not in :data:`MUTANTS`): in a batched call with draft slots, token t decays by token t + 1's
+gate (the window's gates shifted by one, the last keeps its own): the last accepted token reads the first rejected
+draft, so the accepted outputs move with the rejected drafts' values (module-level instance ``next_token_gate``).
+
 :class:`KeyHeadModulo` (not in :data:`MUTANTS`: with ``HV == H`` it is the correct kernel): with grouped value heads,
 value head ``hv`` reads key head ``hv % H`` instead of ``hv // G``.
 
@@ -74,6 +84,30 @@ class KeyHeadModulo(DecodeKernel):
         return jnp.concatenate([x] * G, axis=-2)  # head hv = j H + h reads key head h = hv % H
 
 
+class WindowZeroTimes(DecodeKernel):
+    name = "window_zero_times"
+
+    def __call__(self, q, k, v, g, b, w, *, state_pool=None, state_indices=None, cu_seqlens=None, **kw):
+        o, pool = super().__call__(q, k, v, g, b, w, state_pool=state_pool, state_indices=state_indices,
+                                   cu_seqlens=cu_seqlens, **kw)
+        if state_pool is None or cu_seqlens is not None or jnp.ndim(state_indices) != 2:
+            return o, pool
+        vf = v.astype(jnp.float32)
+        later = jnp.cumsum(vf[:, ::-1], axis=1)[:, ::-1] - vf  # [B, T, HV, V]: the sum of the window's later tokens
+        live = (jnp.asarray(state_indices)[:, 0] >= 0)[:, None, None, None]
+        return jnp.where(live, o + (0.0 * later).astype(o.dtype), o), pool
+
+
+class NextTokenGate(DecodeKernel):
+    name = "next_token_gate"
+
+    def __call__(self, q, k, v, g, b, w, *, state_pool=None, state_indices=None, cu_seqlens=None, **kw):
+        if state_pool is not None and cu_seqlens is None and jnp.ndim(state_indices) == 2:
+            g = jnp.concatenate([g[:, 1:], g[:, -1:]], axis=1)
+        return super().__call__(q, k, v, g, b, w, state_pool=state_pool, state_indices=state_indices,
+                                cu_seqlens=cu_seqlens, **kw)
+
+
 MUTANTS = {cls.name: cls for cls in (RejectedCommitted, AcceptOffByOne, WrongSlot, PaddingWritesSlot0, Bf16InLoop)}
 
 
@@ -113,6 +147,8 @@ gdn_gva_modulo = family_mutant("gva_modulo", "gdn")
 kda_gva_modulo = family_mutant("gva_modulo", "kda")
 gdn_kv_in_vk_pool = family_mutant("kv_in_vk_pool", "gdn")
 kda_kv_in_vk_pool = family_mutant("kv_in_vk_pool", "kda")
+window_zero_times = WindowZeroTimes()
+next_token_gate = NextTokenGate()
 # Module-level instances of the GDN-2 mutants, for ``module:attr`` kernel specs (``validate --kernel``).
 rejected_committed = mutant("rejected_committed")
 accept_off_by_one = mutant("accept_off_by_one")

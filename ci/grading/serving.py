@@ -35,6 +35,7 @@ import math
 import numpy as np
 
 from gdn2_oracle.oracle import replay, serving
+from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.generate import round_to
 from gdn2_oracle.oracle.recurrence import Arith
 
@@ -47,6 +48,9 @@ from .tolerance import Report
 STATE_DTYPES = serving.STATE_DTYPES
 GRADED = ("o", "state")
 HARD = ("untouched", "padding")
+# a session with rejected drafts: the accepted results may not move with the drafts' finite values (hard), and a
+# NaN draft that reaches them only through a window's arithmetic is a finding (FAIL only when strict)
+DRAFTS, WINDOW_NAN = "drafts", "window-nan"
 INPUT_NAMES = ("q", "k", "v", "g", "b", "w")
 
 
@@ -165,6 +169,7 @@ class Session(CachedCase):
                     raise ValueError(f"calls[{i}].{n}: values are not exact in {self.dtype}")
         self._ref = None
         self._base = {}
+        self._poisoned = {}
 
     @classmethod
     def from_script(cls, script):
@@ -193,8 +198,29 @@ class Session(CachedCase):
                                                                         else {})}
 
     def release(self):
-        """Drop the cached reference and baselines."""
-        self._ref, self._base = None, {}
+        """Drop the cached reference, baselines and poisoned calls."""
+        self._ref, self._base, self._poisoned = None, {}, {}
+
+    # -- rejected drafts --
+    def rejected(self):
+        """Per call, the ``[B, T]`` mask of its rejected drafts (``serving_recipes.rejected_drafts``: live tokens fed
+        NaN, which the reference never reads)."""
+        return [recipes.rejected_drafts(c, self.pool.shape[0]) for c in self.calls]
+
+    @property
+    def has_drafts(self):
+        """Whether some call has rejected drafts (then a kernel runs them finite, :meth:`poisoned`)."""
+        if "any" not in self._poisoned:
+            self._poisoned["any"] = any(m.any() for m in self.rejected())
+        return self._poisoned["any"]
+
+    def poisoned(self, poisoning):
+        """The calls with their rejected drafts filled with finite values (``serving_recipes.finite_drafts``,
+        ``poisoning`` one of ``POISONINGS``); the reference stays the NaN script's."""
+        if poisoning not in self._poisoned:
+            self._poisoned[poisoning] = recipes.finite_drafts(self.calls, self.pool.shape[0], self.dtype, self.family,
+                                                              poisoning)
+        return self._poisoned[poisoning]
 
     # -- the oracle --
     def chain(self, **options):
@@ -297,6 +323,8 @@ class SessionJudge:
         self.idle_total = self.keep_total = 0
         self.first_token = np.zeros(n)  # per call: largest error at a sequence's first token / max|o| of the call
         self.per_sequence = []  # per call: o's errors per live sequence, the state's per slot (sequence_errors)
+        # per call: the kernel's judged values, kept for a session with rejected drafts (compare_runs)
+        self.judged = {name: [] for name in GRADED} if session.has_drafts else None
         self.done = 0
 
     def add(self, i, o, pool_before, pool_after):
@@ -320,6 +348,9 @@ class SessionJudge:
                              f"{rc.judged.shape + rc.o.shape[1:]} and {before.shape}")
         o64 = _f64(o)
         self.metrics["o"].add(i, o64[rc.judged], rc.o)
+        if self.judged is not None:
+            self.judged["o"].append(o64[rc.judged])
+            self.judged["state"].append(_f64(after[rc.state_slots]))
         if rc.first.any():
             d = np.abs(o64[rc.judged][rc.first] - rc.o[rc.first])
             scale = max(float(np.max(np.abs(rc.o))), ABS_FLOOR)
@@ -387,6 +418,57 @@ class SessionJudge:
         if not report.passed:
             report.diagnosis = diagnose(self, report, rec, store)
         return report
+
+
+# --- rejected drafts: two runs with other values in them ---------------------------------------------------------
+
+def compare_runs(a, b):
+    """How far judge ``b``'s judged results are from judge ``a``'s (two runs of one kernel on a session whose
+    rejected drafts hold other values): ``{result: (err_ratio, max_err, first call that differs or None)}`` with
+    §4's metrics on ``a``'s scales; NaN at the same place in both runs counts as equal (the grade sees it)."""
+    out = {}
+    for name in GRADED:
+        s_rms, s_max = a.metrics[name].scales
+        d2, n, dmax, first = 0.0, 0, 0.0, None
+        for i, (x, y) in enumerate(zip(a.judged[name], b.judged[name])):
+            with np.errstate(invalid="ignore"):
+                d = np.where(np.isnan(x) & np.isnan(y), 0.0, x - y)
+            n += d.size
+            if d.size and first is None and np.any(d != 0):
+                first = i
+            if not np.all(np.isfinite(d)):
+                d2 = dmax = math.inf
+                continue
+            d2 += float(np.sum(np.square(d)))
+            dmax = max(dmax, float(np.max(np.abs(d))) if d.size else 0.0)
+        out[name] = (math.sqrt(d2 / n) / s_rms if n else 0.0, dmax / s_max, first)
+    return out
+
+
+def drafts_verdict(diff, report, what):
+    """The hard verdict :data:`DRAFTS`: every judged result of two runs (``diff``, :func:`compare_runs`) within
+    ``AGREE_FRACTION`` of its tolerance in ``report`` (the first run's); ``what`` names the two runs."""
+    tol = {v.name: (AGREE_FRACTION * v.tol_ratio, AGREE_FRACTION * v.tol_max) for v in report.verdicts
+           if v.name in GRADED}
+    ratios = {name: max(e / t if t > 0 else (math.inf if e > 0 else 0.0) for e, t in zip(diff[name][:2], tol[name]))
+              for name in GRADED}
+    worst = max(GRADED, key=lambda name: ratios[name])
+    err, big, _ = diff[worst]
+    firsts = [diff[name][2] for name in GRADED if diff[name][2] is not None]
+    note = ("bit-identical" if not firsts else
+            f"{what}: {worst} differs by err_ratio {err:.2g} from call {min(firsts)}")
+    return Verdict(DRAFTS, err, big, *tol[worst], f"{what} ({AGREE_FRACTION:.3g} x the tolerance)",
+                   ratios[worst] <= 1.0, note)
+
+
+def window_nan_verdict(nan_report, first_call, strict):
+    """The verdict :data:`WINDOW_NAN` of a kernel whose NaN-drafts run (``nan_report``) has non-finite accepted
+    results although its runs with finite drafts are finite and agree: FAIL when ``strict``, else PASS with the
+    finding in its note."""
+    bad = [v.name for v in nan_report.verdicts if v.name in GRADED and v.rule == "non-finite"]
+    note = f"NaN drafts: {', '.join(bad)} non-finite from call {first_call}; graded on the finite drafts" + (
+        " (strict: FAIL)" if strict else "")
+    return Verdict(WINDOW_NAN, 1.0, 1.0, 0.0, 0.0, "strict" if strict else "finding", not strict, note)
 
 
 # --- diagnosis ------------------------------------------------------------------------------------------------

@@ -344,3 +344,70 @@ def diagnose(judge, report, rec, store):
     found = [f for f in (loc(ev) for loc in SERVING_LOCALISERS) if f is not None]
     found = found or [f for f in (systematic(ev),) if f is not None]
     return [replace(f, primary=i == 0) for i, f in enumerate(found)]
+
+
+# --- rejected drafts: findings of the runs with other values in them (ci/running/serving.py: SessionRun) ----------
+
+WINDOW_NAN_TEXT = ("rejected draft NaN reaches accepted outputs through the window's arithmetic (0 * NaN); with finite "
+                   "rejected drafts the accepted outputs are exact")
+
+
+def _first_moved(judge, other, i):
+    """``(sequence, token offset or None, slot or None)``: where call ``i``'s judged results first differ between two
+    judges' runs (``o`` first, then the states)."""
+    rc = judge.ref[i]
+    a, b = judge.judged["o"][i], other.judged["o"][i]
+    with np.errstate(invalid="ignore"):
+        moved = np.flatnonzero(np.any((a != b) & ~(np.isnan(a) & np.isnan(b)), axis=(1, 2)))
+    if moved.size:
+        row, t = (int(x) for x in np.argwhere(rc.judged)[moved[0]])
+        seq = next(s for s in rc.plan.sequences if s.live and s.row == row and s.start <= t < s.start + s.length)
+        return seq, t - seq.start, None
+    a, b = judge.judged["state"][i], other.judged["state"][i]
+    with np.errstate(invalid="ignore"):
+        moved = np.flatnonzero(np.any((a != b) & ~(np.isnan(a) & np.isnan(b)), axis=(1, 2, 3)))
+    slot = int(rc.state_slots[moved[0]]) if moved.size else None
+    seq = next((s for s in rc.plan.sequences if s.live and any(w == slot for _, w in s.writes)), None)
+    return seq, None, slot
+
+
+def _drafts_of(session, i, seq):
+    """The rejected draft tokens (offsets in their sequence) of call ``i``'s sequences that share a slot with
+    ``seq``'s reads and writes, as ``"call i sequence n tokens [..]"`` phrases."""
+    slots = {seq.read} | {w for _, w in seq.writes}
+    masks, out = session.rejected(), []
+    for j in (i - 1, i):
+        if j < 0:
+            continue
+        for s in session.calls[j].plan(session.pool.shape[0]).sequences:
+            if not s.live or (j < i and not slots & ({s.read} | {w for _, w in s.writes})) or (j == i and s != seq):
+                continue
+            toks = np.flatnonzero(masks[j][s.row, s.start:s.start + s.length])
+            if toks.size:
+                out.append(f"call {j} sequence {s.n} token(s) {', '.join(map(str, toks))}")
+    return out
+
+
+def rejected_draft(judge, other, verdict, what):
+    """The accepted results of two runs (``judge``, ``other``) whose rejected drafts hold other finite values differ:
+    a rejected draft is read. Names the first moved sequence and the rejected drafts it could have read."""
+    i = next(n for n, (x, y) in enumerate(zip(judge.judged["o"], other.judged["o"]))
+             if not np.array_equal(x, y, equal_nan=True)
+             or not np.array_equal(judge.judged["state"][n], other.judged["state"][n], equal_nan=True))
+    seq, t, slot = _first_moved(judge, other, i)
+    where = f"call {i}"
+    if seq is not None:
+        where += f", sequence {seq.n}" + (f" token {t}" if t is not None else f": the state it wrote to slot {slot}")
+    drafts = _drafts_of(judge.session, i, seq) if seq is not None else []
+    named = "; the rejected drafts it may read: " + "; ".join(drafts) if drafts else ""
+    return Finding("rejected-draft", f"accepted results move with the finite values of rejected draft tokens ({what}: "
+                                     f"err_ratio {verdict.err_ratio:.2g}, max_err {verdict.max_err:.2g}), first at "
+                                     f"{where}{named}: a rejected draft is read -- its inputs inside the window, or "
+                                     "the state it wrote (the slot a sequence reads must be idx[n, a_n - 1], the last "
+                                     "accepted one's)", i)
+
+
+def window_nan(first_call, strict):
+    """A NaN draft reaches accepted results only through a window's arithmetic (the finite-drafts runs agree)."""
+    graded = "graded FAIL: strict" if strict else "graded on the finite drafts; strict fails it"
+    return Finding("window-nan", f"{WINDOW_NAN_TEXT} (NaN from call {first_call}; {graded})", first_call)

@@ -37,6 +37,7 @@ pool, error / tolerance per token and slot) is what a case not graded PASS keeps
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax.numpy as jnp
@@ -48,8 +49,18 @@ from gdn2_oracle.kernels.torch_bridge import TorchKernel
 from gdn2_oracle.oracle import serving_recipes as recipes
 from gdn2_oracle.oracle.serving import GDN2, V_FIRST_KEYWORD
 
+from ..grading import serving_diagnosis as diagnosis
 from ..grading.result import CaseResult
-from ..grading.serving import INPUT_NAMES, STATE_DTYPES, Session
+from ..grading.rule import NON_FINITE
+from ..grading.serving import (
+    GRADED,
+    INPUT_NAMES,
+    STATE_DTYPES,
+    Session,
+    compare_runs,
+    drafts_verdict,
+    window_nan_verdict,
+)
 from . import replay_backends
 from .drivers import PoolDriver, ReplayDriver
 from .families import kernel_family
@@ -184,36 +195,104 @@ def driver(fn, session_family=GDN2, v_first=False):
     return PoolDriver(ServingRunner(fn, serving_family(fn, session_family), v_first))
 
 
-def run_session(fn, session: Session, *, keep=False, v_first=False):
+def _option(fn, name, default):
+    """Kernel ``fn``'s ``name``: its attribute, or a keyword of a ``functools.partial``, else ``default``."""
+    value = getattr(fn, name, None)
+    return getattr(fn, "keywords", {}).get(name, default) if value is None else value
+
+
+def strict_drafts(fn) -> bool:
+    """Whether kernel ``fn`` is graded FAIL when a rejected NaN draft reaches its accepted results only through a
+    window's arithmetic (0 * NaN): its ``strict_drafts`` (attribute or spec option; default False, judged on finite
+    drafts)."""
+    value = _option(fn, "strict_drafts", False)
+    if value not in (True, False, 0, 1):
+        raise ValueError(f"strict_drafts: expected a boolean, got {value!r}")
+    return bool(value)
+
+
+def session_size(fn) -> str:
+    """The session size kernel ``fn`` is judged at (``serving_recipes.SIZES``): its ``session_size`` (attribute or
+    spec option), ``small`` by default."""
+    size = _option(fn, "session_size", "small")
+    if size not in recipes.SIZES:
+        raise ValueError(f"session_size: {size!r} not one of {tuple(recipes.SIZES)}")
+    return size
+
+
+def run_session(fn, session: Session, *, keep=False, v_first=False, strict=None):
     """Run kernel ``fn`` (or its driver, :func:`driver`) on every call of ``session``, chained on its own states, and
     grade it (``ci/grading/serving.py``): the Report, or with ``keep`` ``(report, [(o, pool after), ...])``. A family
-    session runs a family kernel in FLA's family signature; ``v_first``: with the ``[V, K]`` pool."""
-    run = SessionRun(fn, session, keep=keep, v_first=v_first)
+    session runs a family kernel in FLA's family signature; ``v_first``: with the ``[V, K]`` pool. ``strict``: a NaN
+    draft reaching accepted results through a window's arithmetic FAILs (default: the kernel's
+    :func:`strict_drafts`)."""
+    run = SessionRun(fn, session, keep=keep, v_first=v_first, strict=strict)
     return (run.report, run.kept) if keep else run.report
 
 
 class SessionRun:
     """One kernel run on a session and judged (:func:`run_session`): ``judge`` (its :class:`SessionJudge`, holding the
     reference calls and the metrics' scales), ``report``, ``initial_pool`` (the pool the kernel started from) and,
-    with ``keep``, ``kept`` ``[(o, pool after), ...]`` per call."""
+    with ``keep``, ``kept`` ``[(o, pool after), ...]`` per call.
 
-    def __init__(self, fn, session: Session, *, keep=False, v_first=False):
+    A session with rejected drafts (``Session.has_drafts``) is run with finite values in them (the first of
+    ``serving_recipes.POISONINGS``): that run is graded. It runs again with the NaN drafts of the script: when that
+    run's judged results are finite they must agree with the first (the hard verdict ``drafts``); when NaN reaches
+    them it runs a third time with the second finite poisoning, which must agree with the first: if it does, the NaN
+    came through the window's arithmetic (0 * NaN), the finding ``window-nan`` (FAIL only when ``strict``); if not, a
+    rejected draft is read (``drafts`` FAIL, the finding ``rejected-draft`` naming it)."""
+
+    def __init__(self, fn, session: Session, *, keep=False, v_first=False, strict=None):
         drv = driver(fn, session.family, v_first)
         if drv.family != session.family:
             raise ValueError(f"family: a {drv.family} kernel cannot run the {session.family} session "
                              f"{session.name!r}")
-        self.session = session
-        self.judge = session.judge(drv.state_dtype, replay_capacity=drv.replay_capacity,
-                                   replay_storage=getattr(drv, "replay_storage", None))
-        pool = self.initial_pool = drv.start(session)
-        self.keep, self.kept = bool(keep), []
-        for i, call in enumerate(session.calls):
-            o, new_pool = drv.step(call, session.dtype)
-            self.judge.add(i, o, pool, new_pool)
-            if keep:
-                self.kept.append((o, new_pool))
-            pool = new_pool
+        self.session, self.driver = session, drv
+        self.strict = strict_drafts(fn) if strict is None else bool(strict)
+        self.keep = bool(keep)
+        drafts = session.has_drafts
+        calls = session.poisoned(recipes.POISONINGS[0]) if drafts else session.calls
+        self.judge, self.kept, self.initial_pool = self._run(calls, keep)
         self.report = self.judge.report()
+        if drafts:
+            self._judge_drafts()
+
+    def _run(self, calls, keep):
+        """``(judge, kept, initial pool)`` of the driver run on ``calls`` (the session's, or with other drafts)."""
+        drv, session = self.driver, self.session
+        judge = session.judge(drv.state_dtype, replay_capacity=drv.replay_capacity,
+                              replay_storage=getattr(drv, "replay_storage", None))
+        pool = initial = drv.start(session)
+        kept = []
+        for i, call in enumerate(calls):
+            o, new_pool = drv.step(call, session.dtype)
+            judge.add(i, o, pool, new_pool)
+            if keep:
+                kept.append((o, new_pool))
+            pool = new_pool
+        return judge, kept, initial
+
+    def _judge_drafts(self):
+        """The verdicts and findings of the rejected drafts (class docstring), added to :attr:`report`."""
+        nan_judge = self._run(self.session.calls, False)[0]
+        nan_report = nan_judge.report()
+        nan_bad = [v for v in nan_report.verdicts if v.name in GRADED and v.rule == NON_FINITE]
+        if nan_bad:
+            other, what = self._run(self.session.poisoned(recipes.POISONINGS[1]), False)[0], "two finite poisonings"
+        else:
+            other, what = nan_judge, "finite and NaN drafts"
+        report = self.report
+        verdict = drafts_verdict(compare_runs(self.judge, other), report, what)
+        found = [] if verdict.passed else [diagnosis.rejected_draft(self.judge, other, verdict, what)]
+        report.verdicts.append(verdict)
+        finite = not any(v.rule == NON_FINITE for v in report.verdicts if v.name in GRADED)
+        late = []
+        if nan_bad and verdict.passed and finite:
+            first = min(nan_judge.metrics[v.name].first_bad for v in nan_bad)
+            report.verdicts.append(window_nan_verdict(nan_report, first, self.strict))
+            late.append(diagnosis.window_nan(first, self.strict))
+        findings = found + list(report.diagnosis) + late
+        report.diagnosis = [dataclasses.replace(f, primary=k == 0) for k, f in enumerate(findings)]
 
     def arrays(self):
         """What ``--dump`` writes of the run (needs ``keep``), named for ``arrays.npz``: per call ``i``
@@ -283,20 +362,37 @@ def call_inputs(session):
 
 class ServingCase:
     """A serving session as a case (``ci/running/cases.py``'s protocol): ``name``, ``dtype``, ``shape``, ``modes``,
-    ``describe()``, ``run(kernel, mesh)``, ``release()``."""
+    ``describe()``, ``run(kernel, mesh)``, ``release()``. ``build(size=...)`` (a recipe's builder,
+    ``serving_recipes.builders``) gives the session at another size: a kernel whose :func:`session_size` is not
+    ``small`` is judged on that one (built once, kept until :meth:`release`); ``strict``: every kernel is graded
+    strict on rejected drafts (else each kernel's :func:`strict_drafts`)."""
 
     compiles_ahead = False  # a kernel's decode calls compile as they run
 
-    def __init__(self, session: Session, v_first=False):
+    def __init__(self, session: Session, v_first=False, build=None, strict=None):
         self.session, self.v_first = session, bool(v_first)
+        self.build, self.strict, self._sized = build, strict, {}
         self.name = session.name + ("_vk" if v_first else "")
         self.dtype, self.mode, self.modes = session.dtype, session.mode, session.modes
         self.shape, self.family = session.shape, session.family
         self.flags = (V_FIRST_KEYWORD,) if v_first else ()  # FLA's keywords the case needs (validate's takes_part)
 
-    def describe(self):
-        d = self.session.describe()
+    def describe(self, session=None):
+        d = (session or self.session).describe()
+        if session is not None and session is not self.session:
+            d = {**d, "case": self.name, "session": session.name}
         return {**d, "case": self.name, "pool_layout": "[P, HV, V, K]"} if self.v_first else d
+
+    def session_for(self, fn):
+        """The session kernel ``fn`` is judged on: this case's, or the same recipe at its :func:`session_size`."""
+        size = session_size(fn)
+        if size == "small":
+            return self.session
+        if self.build is None:
+            raise ValueError(f"session_size: case {self.name!r} has no builder for size {size!r}")
+        if size not in self._sized:
+            self._sized[size] = Session.from_script(self.build(size=size))
+        return self._sized[size]
 
     def run(self, fn, mesh=None, *, capture=False, program=None) -> CaseResult:
         """Judge kernel ``fn`` on the session's calls chained on its own pool (no mesh: a decode call is not
@@ -307,32 +403,37 @@ class ServingCase:
         for a PASS."""
         t0 = time.perf_counter()
         arrays = {} if capture else None
+        session = self.session
         try:
             with guarded():
-                run = SessionRun(fn, self.session, keep=capture, v_first=self.v_first)
+                session = self.session_for(fn)
+                run = SessionRun(fn, session, keep=capture, v_first=self.v_first, strict=self.strict)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises (or is no serving kernel) fails this case
             if capture:
-                arrays["serving"] = call_inputs(self.session)
-            return CaseResult.failed(self.describe(), exc, time.perf_counter() - t0, arrays=arrays)
-        result = CaseResult.judged(self.describe(), run.report, time.perf_counter() - t0, arrays=arrays)
+                arrays["serving"] = call_inputs(session)
+            return CaseResult.failed(self.describe(session), exc, time.perf_counter() - t0, arrays=arrays)
+        result = CaseResult.judged(self.describe(session), run.report, time.perf_counter() - t0, arrays=arrays)
         if capture and not result.passed:  # only a dumped case keeps its arrays
             arrays["serving"] = run.arrays()
         return result
 
     def release(self):
         self.session.release()
+        self._sized = {}
 
 
-def serving_cases(dtypes=("float32", "bfloat16"), seed=0, modes=recipes.MODES, only=None):
+def serving_cases(dtypes=("float32", "bfloat16"), seed=0, modes=recipes.MODES, only=None, strict=None):
     """The serving cases (:class:`ServingCase`) of ``oracle/serving_recipes.py`` for ``dtypes`` and ``modes``."""
-    return [ServingCase(Session.from_script(s)) for s in recipes.sessions(dtypes, seed, modes, only)]
+    return [ServingCase(Session.from_script(build()), build=build, strict=strict)
+            for build in recipes.builders(dtypes, seed, modes, only)]
 
 
-def family_serving_cases(families, dtypes=("float32", "bfloat16"), seed=0, modes=recipes.MODES):
+def family_serving_cases(families, dtypes=("float32", "bfloat16"), seed=0, modes=recipes.MODES, strict=None):
     """The family sessions of ``families`` as cases, each in the ``[K, V]`` and the ``[V, K]`` pool layout (the
     latter only for kernels that take FLA's layout keyword: its ``flags``)."""
     out = []
-    for script in recipes.family_sessions(families, dtypes, seed, modes):
-        session = Session.from_script(script)
-        out += [ServingCase(session), ServingCase(session, v_first=True)]
+    for build in recipes.family_builders(families, dtypes, seed, modes):
+        session = Session.from_script(build())
+        out += [ServingCase(session, build=build, strict=strict),
+                ServingCase(session, v_first=True, build=build, strict=strict)]
     return out

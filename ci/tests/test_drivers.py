@@ -119,7 +119,7 @@ def test_bf16_storage_is_graded_by_its_stored_state_bound():
 # phrase the replay finding (where the first wrong sequence's ring stood) must hold
 MUTANT_DIAGNOSES = {
     "late_flush": ({"logic"}, "errors begin at a flush"),
-    "cursor_all_drafts": ({"non-finite"}, "errors begin where the cursor moved"),
+    "cursor_all_drafts": ({"rejected-draft"}, "errors begin where the cursor moved"),  # reads a finite rejected draft
     "prefix_decay": ({"logic", "replay"}, "the replayed decay"),
     "key_per_value_head": ({"logic"}, "the key each value head reads"),
     "base_not_advanced": ({"logic"}, "errors begin where the cursor moved"),

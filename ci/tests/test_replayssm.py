@@ -31,6 +31,7 @@ from gdn2_oracle.kernels.replayssm_standin import fused_recurrent_replayssm as o
 from gdn2_oracle.kernels.replayssm_standin import gdn_replayssm_spec_decode as win  # noqa: E402 - as above
 
 STANDIN = "gdn2_oracle.kernels.replayssm_standin"
+SMALL = "session_size='small'"  # the stand-in takes the small sessions (vLLM's kernels: the default k128)
 
 # vLLM's signatures (vllm-project/vllm 4cfaaf3c, docs/DESIGN.md §2 "Replay states and session drivers"), as written
 # there: parameter names, order and defaults.
@@ -66,7 +67,7 @@ def test_the_standins_functions_have_vllms_signatures(where):
 # --- the serving sessions ------------------------------------------------------------------------------------------
 
 def test_the_standin_passes_every_gdn_session():
-    fn = kernels.get(f"replayssm:{STANDIN}[capacity=6,spec_len=3]")
+    fn = kernels.get(f"replayssm:{STANDIN}[capacity=6,spec_len=3,{SMALL}]")
     assert isinstance(fn, ReplaySSMKernel) and fn.__name__ == f"replayssm:{STANDIN}"
     assert (fn.session_driver, fn.family, fn.capacity, fn.spec_len) == ("replay", "gdn", 6, 3)
     driver = running.driver(fn)
@@ -79,14 +80,22 @@ def test_the_standin_passes_every_gdn_session():
 
 
 def test_validate_passes_the_standin(cli):
-    code, out, err = cli("validate", "--kernel", f"replayssm:{STANDIN}[capacity=6]", "--modes",
+    code, out, err = cli("validate", "--kernel", f"replayssm:{STANDIN}[capacity=6,{SMALL}]", "--modes",
                          "decode,speculative", "--dtype", "float32", "--no-progress")
     assert code == 0, out + err
-    assert f"replayssm:{STANDIN}[capacity=6]: PASS (4/4 cases pass)" in out
+    assert f"replayssm:{STANDIN}[capacity=6,{SMALL}]: PASS (4/4 cases pass)" in out
+
+
+def test_replayssm_kernels_get_sessions_at_vllms_launch_shapes():
+    fn = kernels.get(f"replayssm:{STANDIN}[capacity=6,spec_len=3]")
+    assert (fn.session_size, fn.strict_drafts) == ("k128", False)
+    case = next(c for c in running.family_serving_cases(["gdn"], ("float32",)) if c.name == "serving_gdn_drafts_g4")
+    result = case.run(fn)
+    assert result.grade == PASS and result.case["shape"][2:] == [128, 128], result
 
 
 def test_a_ring_too_short_for_a_window_is_refused_by_name():
-    fn = kernels.get(f"replayssm:{STANDIN}[capacity=1,spec_len=3]")
+    fn = kernels.get(f"replayssm:{STANDIN}[capacity=1,spec_len=3,{SMALL}]")
     case = next(c for c in running.family_serving_cases(["gdn"], ("float32",))
                 if c.mode == "speculative" and not c.v_first)
     with pytest.raises(ValueError, match="capacity"):
@@ -115,6 +124,9 @@ def test_options_are_checked_and_declared():
         kernels.get(f"replayssm:{STANDIN}[capacity=0]")
     with pytest.raises(ValueError, match="^state_dtype"):
         kernels.get(f"replayssm:{STANDIN}[state_dtype='float64']")
+    with pytest.raises(ValueError, match="^session_size"):
+        kernels.get(f"replayssm:{STANDIN}[session_size='k64']")
+    assert kernels.get(f"replayssm:{STANDIN}[strict_drafts=1]").strict_drafts
     assert kernels.accepts(f"replayssm:{STANDIN}", "spec_len")
     assert not kernels.accepts(f"replayssm:{STANDIN}", "chunk_size")
 

@@ -336,3 +336,67 @@ def test_serving_contract_messages_name_the_result():
     three.__signature__ = __import__("inspect").signature(decode)
     res = case.run(three)
     assert res.outcome == "error" and "returns (o, new_pool), got a 3-tuple" in res.error, res.error
+
+
+# --- rejected drafts: finite for the kernel, NaN for the reference ----------------------------------------------
+
+def test_rejected_drafts_are_poisoned_finite_and_differently():
+    s = scripted(recipes.speculative_accept)
+    masks = s.rejected()
+    assert s.has_drafts and sum(int(m.sum()) for m in masks) > 0
+    assert not scripted(recipes.pool_gather_scatter).has_drafts  # NaN padding rows are no drafts
+    a, b = s.poisoned(1), s.poisoned(2)
+    for c, ca, cb, m in zip(s.calls, a, b, masks):
+        if not m.any():
+            assert ca is c  # a call without rejected drafts is the script's
+            continue
+        for x, xa, xb in zip(c.inputs(), ca.inputs(), cb.inputs()):
+            assert np.all(np.isfinite(xa[m])) and not np.array_equal(xa[m], xb[m])
+            np.testing.assert_array_equal(xa[~m], x[~m])  # everything else as scripted, padding rows still NaN
+    assert np.isnan(s.calls[0].v[5]).all() and np.isnan(a[0].v[5]).all()
+    with pytest.raises(ValueError, match="^poisoning:"):
+        s.poisoned(3)
+
+
+def test_a_correct_kernel_is_bit_identical_under_other_drafts():
+    report = runner.run_session(kernels.get("decode"), scripted(recipes.speculative_accept))
+    assert report.passed and report["drafts"].note == "bit-identical" and "window-nan" not in kinds(report)
+
+
+def test_a_kernel_reading_a_rejected_draft_fails_naming_it():
+    from gdn2_oracle.kernels.testing_decode import next_token_gate
+
+    report = runner.run_session(next_token_gate, scripted(recipes.speculative_accept))
+    assert report["drafts"].grade == FAIL
+    first = report.diagnosis[0]
+    assert first.primary and first.kind == "rejected-draft"
+    assert "call 0, sequence 0 token 1" in first.text and "call 0 sequence 0 token(s) 2, 3" in first.text
+
+
+def test_window_nan_is_its_own_finding_and_fails_only_when_strict():
+    from gdn2_oracle.ci.grading.serving_diagnosis import WINDOW_NAN_TEXT
+    from gdn2_oracle.kernels.testing_decode import window_zero_times
+
+    session = scripted(recipes.speculative_accept)
+    report = runner.run_session(window_zero_times, session)
+    assert report.passed and report["drafts"].note == "bit-identical"
+    assert report.diagnosis[0].kind == "window-nan" and WINDOW_NAN_TEXT in report.diagnosis[0].text
+    strict = runner.run_session(window_zero_times, session, strict=True)
+    assert strict.grade == FAIL and [v.name for v in strict.failures()] == ["window-nan"]
+
+
+def test_session_sizes_by_kernel():
+    script = recipes.speculative_accept(size="k128")
+    assert script.pool.shape == (20, 2, 128, 128) and script.name.endswith("_k128")
+    with pytest.raises(ValueError, match="^size:"):
+        recipes.chunked_prefill(size="k64")
+    case = runner.serving_cases(("float32",), only=("chunked_prefill",))[0]
+
+    class Sized:
+        session_size = "k128"
+
+    assert case.session_for(kernels.get("decode")) is case.session
+    assert case.session_for(Sized()).shape[2:] == (128, 128)
+    Sized.session_size = "huge"
+    with pytest.raises(ValueError, match="^session_size:"):
+        case.session_for(Sized())

@@ -22,7 +22,7 @@ STEPS = ("steps", 1, 14)  # (kind, prefill, steps)
 WINDOWS = ("windows", 3, (3, 2, 1, 3, 3, 1, 2, 2, 3))  # (kind, S, accepted counts)
 CAUGHT_BY = {
     "late_flush": (STEPS, "logic"),
-    "cursor_all_drafts": (WINDOWS, "non-finite"),
+    "cursor_all_drafts": (WINDOWS, "rejected-draft"),  # its accepted outputs move with the finite rejected drafts
     "prefix_decay": (STEPS, "logic"),
     "key_per_value_head": (STEPS, "logic"),
     "base_not_advanced": (WINDOWS, "logic"),
