@@ -14,8 +14,10 @@ same way; a FAIL is shrunk to a minimal :class:`oracle.mode_recipes.ModeRecipe`.
 
 Family kernels (KDA, Gated DeltaNet in FLA's signature; ``family``): drawn
 :class:`oracle.family_recipes.FamilyRecipe` s of the kernel's family instead (hunt_families.py: grouped value heads,
-decay and beta regimes, the FLA keywords the kernel takes), judged by the family judge; a FAIL is shrunk to a minimal
-FamilyRecipe and printed with its one-liner (no ``@example`` line: no conformance test draws family recipes yet).
+decay and beta regimes, the FLA keywords the kernel takes; with training-call modes the family's calls in the
+structure of a catalogued mode recipe using them -- its lengths, packing, gate form -- where the kernel takes every
+keyword), judged by the family judge; a FAIL is shrunk to a minimal FamilyRecipe and printed with its one-liner (no
+``@example`` line: no conformance test draws family recipes yet).
 """
 
 from __future__ import annotations
@@ -64,11 +66,11 @@ def recipes(shapes="core", modes=(PLAIN,), family=GDN2, flags=family_running.FLA
     """The recipes searched: with ``dense`` the conformance suite's CORE configs, or (``"all"``) also any config of
     its small sets; with training-call modes, drawn :class:`ModeRecipe` s using some of them; for a family kernel
     (``family`` gdn or kda, taking the FLA keywords ``flags``), drawn :class:`FamilyRecipe` s
-    (``hunt_families.family_recipes``)."""
+    (``hunt_families.family_space``: dense ones, and with training-call modes the family's calls in their structure)."""
     if shapes not in SHAPES:
         raise ValueError(f"shapes: {shapes!r} not one of {SHAPES}")
     if family != GDN2:
-        return hunt_families.family_recipes(family, shapes, flags)
+        return hunt_families.family_space(family, shapes, modes, flags)
     spaces = []
     if PLAIN in modes:
         core = st.sampled_from(strategies.CORE).flatmap(strategies.specs)
@@ -124,8 +126,8 @@ class HuntOptions:
     ``shapes``: one of :data:`SHAPES`; ``modes``: ``dense`` and training-call modes to draw; ``case_timeout``: the
     seconds one kernel call may take (0 or None: no limit); ``family``: the kernel's family
     (``ci.running.families.kernel_family``): ``gdn2``, or ``gdn`` / ``kda`` for a family kernel (its family calls are
-    drawn: ``modes`` only ``dense``, ``result`` one of ``FAMILY_RESULTS``). A bad value is a ValueError naming its
-    field."""
+    drawn, dense and in the training-call ``modes`` it takes; ``result`` one of ``FAMILY_RESULTS``). A bad value is a
+    ValueError naming its field."""
 
     budget: int = DEFAULT_BUDGET
     result: str | None = None
@@ -146,9 +148,10 @@ class HuntOptions:
         if self.shapes not in SHAPES:
             raise ValueError(f"shapes: {self.shapes!r} not one of {SHAPES}")
         object.__setattr__(self, "modes", tuple(self.modes))
-        if self.family != GDN2 and self.modes != (PLAIN,):
-            raise ValueError(f"modes: a family kernel is searched on its family calls only ({PLAIN}), got "
-                             f"{self.modes!r}")
+        unknown = [m for m in self.modes if m not in (PLAIN, *call_modes.names("training"))]
+        if self.family != GDN2 and unknown:
+            raise ValueError(f"modes: a family kernel is searched on its family calls, the {PLAIN} call and the "
+                             f"training-call modes; not {unknown!r}")
 
 
 def hunt(fn, kernel, options=HuntOptions(), *, on_stop=None):
@@ -177,7 +180,8 @@ class HuntRun:
     def __init__(self, fn, kernel, options):
         self.fn, self.kernel, self.options = fn, kernel, options
         family = options.family != GDN2
-        accepted = () if family else mode_running.accepted_modes(fn)
+        accepted = (mode_running.chosen_modes(fn, family_running.accepted_family_modes(fn, options.family)) if family
+                    else mode_running.accepted_modes(fn))
         self.not_accepted = [m for m in options.modes if not call_modes.is_base(m) and m not in accepted]
         self.searched = tuple(m for m in options.modes if m not in self.not_accepted)
         self.flags = family_running.accepted_flags(fn) if family else family_running.FLAGS
@@ -365,7 +369,7 @@ def run(args):
     [spec] = cli_args.specs(args.kernel)
     seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
     fn, family, _ = kernel_and_family("hunt", spec)
-    modes = family_modes("hunt", spec, family, args.modes)
+    modes = tuple(args.modes) if family != GDN2 else family_modes("hunt", spec, family, args.modes)
     refuse("hunt", spec, family, "--result", args.result, MODE_RESULTS if family == GDN2 else FAMILY_RESULTS)
     print(f"gdn2-oracle hunt: seed {seed} (the same search again: --seed {seed})", file=sys.stderr, flush=True)
     options = HuntOptions(budget=args.budget, result=args.result, seed=seed, shapes=args.shapes, modes=modes,

@@ -145,6 +145,43 @@ def test_hunt_finds_shrinks_and_reproduces_a_family_mutants_fail(cli, small_core
     assert re.search(r"^o .* FAIL", printed.getvalue(), re.M), printed.getvalue()
 
 
+def test_hunt_modes_gate_finds_and_shrinks_a_gate_applied_to_padding(cli):
+    """``hunt --modes gate`` on a family kernel draws its gate calls (in a catalogued gate recipe's structure): the
+    padded-tail mutant FAILs in the final state with o exact, shrunk to one key and value head at a T that is not a
+    multiple of 64, diagnosed as the tail."""
+    kernel = f"{MUTANTS}:gdn_padded_tail_gate"
+    code, out, _ = cli("hunt", "--kernel", kernel, "--modes", "gate", "--budget", "4", "--seed", "0", "--no-progress")
+    assert code == 1 and "hunt: FAIL found" in out and "modes gate" in out, out
+    shrunk = eval(re.search(r"shrunk to (FamilyRecipe\(.*\))", out).group(1),  # noqa: S307 - the printed recipe
+                  {"FamilyRecipe": FamilyRecipe})
+    assert shrunk.mode.startswith("gate") and shrunk.T % 64 and (shrunk.H, shrunk.HV) == (1, 1), shrunk
+    assert re.search(r"^o .* PASS", out, re.M) and re.search(r"^final_state .* FAIL", out, re.M), out
+    assert "the final state only, when T is not a multiple of 64" in out and "taken early" not in out, out
+    assert f"rerun:     gdn2-oracle hunt --kernel {kernel} --modes gate" in out
+
+
+def test_hunt_draws_a_family_kernels_modes_only_where_the_family_has_their_keywords():
+    """gdn has no bounded gate (lower_bound): only the softplus gate recipes are drawn for it; kda gets both."""
+    from hypothesis import given, settings
+
+    from gdn2_oracle.oracle import mode_recipes
+
+    def drawn(family):
+        modes = set()
+
+        @settings(max_examples=30, database=None, deadline=None)
+        @given(recipe=hunt.recipes("core", ("gate",), family=family))
+        def collect(recipe):
+            modes.add(recipe.mode)
+
+        collect()
+        return modes
+
+    names = {family: drawn(family) for family in ("gdn", "kda")}
+    assert names["gdn"] and all(mode_recipes.get(n).gate == "softplus" for n in names["gdn"]), names
+    assert {mode_recipes.get(n).gate for n in names["kda"]} == {"softplus", "bounded"}, names
+
+
 def test_hunt_draws_only_the_flags_a_family_kernel_takes():
     """A kernel taking no flag: no logit regime, no negative eigenvalues, no in-kernel q/k norm is drawn."""
     from hypothesis import given, settings
@@ -166,7 +203,6 @@ def test_hunt_draws_only_the_flags_a_family_kernel_takes():
 
 @pytest.mark.parametrize("argv, needle", [
     (["domain", "--kernel", "gdn-factorized", "--modes", "varlen,gate"], "--modes varlen,gate: training-call modes"),
-    (["hunt", "--kernel", "kda-factorized", "--modes", "dense,l2norm"], "--modes l2norm: training-call modes"),
     (["hunt", "--kernel", "kda-factorized", "--result", "db"], "--result db: not a result of kernel 'kda-factorized'"),
     (["hunt", "--kernel", "pairwise", "--result", "dbeta"], "--result dbeta: not a result of kernel 'pairwise'"),
     (["domain", "--kernel", f"{HERE}:plain_beta_kernel"], "family=kda or family=gdn"),
@@ -187,8 +223,9 @@ def test_run_functions_refuse_a_family_kernel_with_gdn2_options():
         domain.run_domain(fn, TINY, domain.DomainOptions(family="gdn", modes=("dense", "gate")))
     with pytest.raises(ValueError, match="^result: 'dw' not one of"):
         hunt.HuntOptions(result="dw", family="kda")
-    with pytest.raises(ValueError, match="^modes: a family kernel"):
-        hunt.HuntOptions(modes=("dense", "varlen"), family="kda")
+    with pytest.raises(ValueError, match="^modes: a family kernel is searched on its family calls"):
+        hunt.HuntOptions(modes=("dense", "decode"), family="kda")
+    assert hunt.HuntOptions(modes=("dense", "gate"), family="kda").modes == ("dense", "gate")  # its training calls
 
 
 def test_a_family_cell_stopped_by_the_time_limit_fails_every_family_result():
