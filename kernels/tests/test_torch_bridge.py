@@ -366,8 +366,10 @@ def test_declared_flags_replace_what_kwargs_would_claim():
     the kernel takes exactly those (the gate's parameters with ``use_gate_in_kernel``), none with ``flags=``."""
     import inspect
 
+    def named(kernel):
+        return set(inspect.signature(kernel).parameters)
+
     assert family(recurrent_gdn).hidden_keywords == torch_bridge.FAMILY_KEYWORDS[:4]
-    named = lambda kernel: set(inspect.signature(kernel).parameters)  # noqa: E731
     none = family(recurrent_gdn, flags="")
     assert none.hidden_keywords == () and not named(none) & {*torch_bridge.FAMILY_KEYWORDS, "A_log"}
     gate = family(recurrent_gdn, flags="use_qk_l2norm_in_kernel+use_gate_in_kernel")
