@@ -9,14 +9,20 @@ registry's (``oracle/call_modes.py``):
 * ``chunked_prefill`` (decode): two sequences in different phases packed into each call (prefill chunks of 6, 4,
   3 tokens continuing from their slot, decode steps), with a padding sequence;
 * ``speculative_accept`` (speculative): 4 draft slots per sequence; over the calls every sequence is told every
-  accept count 1..4; rejected drafts are NaN, draft slots start NaN, a row with -1 draft columns, a padding row,
-  a final packed call with fewer tokens than draft slots;
+  accept count 1..4; rejected drafts are NaN (:func:`finite_drafts` fills them for a kernel's runs), draft slots
+  start NaN, a row with -1 draft columns, a padding row, a final packed call with fewer tokens than draft slots;
 * ``long_horizon`` (decode): 4,096 single-token calls at per-step decay 0.99992 (the stored-state figure);
 * ``long_horizon_prefill`` (decode): 4,096 tokens as 16 calls of 256 tokens, one head only decaying: one store per
   256 tokens, so a state kept in 16 bits inside the token loop (which stalls the decay) is told apart from a 16-bit
   pool (which does not at 256 tokens a store).
 
 :data:`QUICK` names the few cheap ones of ``validate``'s ``quick`` set (the horizons run in ``full`` only).
+
+Every builder takes a ``size`` (:data:`SIZES`: ``small``, H = 2, K = 16, V = 8, the default; ``k128``, K = V = 128,
+the head dimensions real kernels launch at); :func:`builders` / :func:`family_builders` give the builders of a case
+set, so a runner builds a session at the size a kernel asks for. Rejected drafts (:func:`rejected_drafts`: tokens of
+live sequences fed NaN) stay NaN in the scripts, so the reference never reads them; :func:`finite_drafts` fills them
+with finite tokens for the kernel's runs (docs/serving.md, "Rejected drafts").
 
 Family sessions (:data:`FAMILY_RECIPES`, :func:`family_sessions`): the sessions of a ``gdn`` / ``kda`` kernel called
 in FLA's signature (``q, k, v, g, beta``), with grouped value heads (G = 2 in the decode kind, G = 4 in the
