@@ -302,13 +302,19 @@ class SessionRun:
         reference outputs: 0 at padding, NaN where the reference is not finite) and ``call{i}_got_pool`` /
         ``call{i}_ref_pool`` (the pools after the call, the reference's NaN at a written slot it does not judge),
         ``call{i}_ratio_o`` ``[B, T]`` (error / tolerance per token, NaN where not judged) and ``call{i}_ratio_state``
-        ``[P]`` (per written slot, NaN elsewhere); once: ``initial_pool`` and, for a graded result not PASS,
+        ``[P]`` (per written slot, NaN elsewhere); on a session with rejected drafts ``call{i}_graded_input_q`` ..
+        ``_w`` (the inputs of the graded run: the rejected drafts finite) for the calls that have some; once:
+        ``initial_pool`` and, for a graded result not PASS,
         ``per_call_ratio_<result>`` (the judge's per-call error profile over the result's tolerance)."""
         if not self.keep:
             raise ValueError("keep: the run kept no results (SessionRun(..., keep=True))")
         session, judge = self.session, self.judge
         tol = {v.name: v for v in self.report.verdicts if v.name in judge.metrics}
         out = {"initial_pool": self.initial_pool, **call_inputs(session)}
+        if session.has_drafts:
+            for i, (call, graded) in enumerate(zip(session.calls, session.poisoned(recipes.POISONINGS[0]))):
+                if graded is not call:
+                    out.update({f"call{i}_graded_input_{n}": x for n, x in zip(INPUT_NAMES, graded.inputs())})
         ref_pool = np.asarray(session.initial_pool(), np.float64)
         for i, (rc, (o, pool)) in enumerate(zip(judge.ref, self.kept)):
             key = f"call{i}_"

@@ -359,8 +359,13 @@ def test_rejected_drafts_are_poisoned_finite_and_differently():
 
 
 def test_a_correct_kernel_is_bit_identical_under_other_drafts():
-    report = runner.run_session(kernels.get("decode"), scripted(recipes.speculative_accept))
+    session = scripted(recipes.speculative_accept)
+    run = runner.SessionRun(kernels.get("decode"), session, keep=True)
+    report = run.report
     assert report.passed and report["drafts"].note == "bit-identical" and "window-nan" not in kinds(report)
+    arrays, graded = run.arrays(), session.poisoned(1)  # a dump holds the inputs of the graded run too
+    assert np.array_equal(arrays["call0_graded_input_v"], graded[0].v, equal_nan=True)
+    assert "call5_graded_input_v" not in arrays  # the last call has no rejected drafts
 
 
 def test_a_kernel_reading_a_rejected_draft_fails_naming_it():
