@@ -20,7 +20,7 @@ from gdn2_oracle.oracle import families
 from ..grading.families import GDN2
 
 MOVED = 1e-3  # a kernel's change below this fraction of the oracle's is no change
-SHAPE = dict(B=1, T=8, H=1, K=8, V=8)  # the probe call: one head, two packed sequences for cu_seqlens
+SHAPE = dict(B=1, T=8, H=1, K=16, V=16)  # the probe call: one head (K, V = 16: Triton's tl.dot needs 16)
 CU_SEQLENS = np.array([0, 3, 8])
 _MEMO: dict = {}  # id(kernel) -> (kernel, {keyword: Verdict}); the kernel is kept so that its id is not reused
 
@@ -94,7 +94,9 @@ def _probe(fn, family, keyword):
     try:
         base = _kernel_o(fn, arrays, without)
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot run the plain probe: judged as it says
-        return Verdict(keyword, True, f"probe without it raised {type(exc).__name__}")
+        line = (str(exc).strip().splitlines() or [""])[0][:160]
+        return Verdict(keyword, True, f"could not be probed for {keyword} (the call without it raised "
+                                      f"{type(exc).__name__}: {line}); the cases that set it are run")
     try:
         moved = np.max(np.abs(_kernel_o(fn, arrays, with_) - base))
     except Exception as exc:  # noqa: BLE001 - a kernel refusing the keyword at run time does not take it
@@ -123,11 +125,12 @@ def refused(fn, family=None):
 
 
 def notes(fn, family=None):
-    """One line per hidden keyword kernel ``fn`` does not take: ``kernel X ignores K (probed: ...)``; its cases
-    are not run."""
+    """One line per hidden keyword kernel ``fn`` does not take (``kernel X ignores K (probed: ...)``; its cases are
+    not run) or could not be probed for (its cases are run)."""
     fam = _family(fn, family)
     if fam is None:
         return []
     name = getattr(fn, "__name__", type(fn).__name__)
-    return [f"kernel {name} {v.reason}; the cases that set it are not run" for v in
-            (probe(fn, fam, k) for k in hidden_keywords(fn)) if not v.taken]
+    verdicts = [probe(fn, fam, k) for k in hidden_keywords(fn)]
+    return ([f"kernel {name} {v.reason}; the cases that set it are not run" for v in verdicts if not v.taken]
+            + [f"kernel {name} {v.reason}" for v in verdicts if v.taken and v.reason.startswith("could not")])
