@@ -34,6 +34,7 @@ from .generate import DECAYS, KERNEL_DTYPES, QK_MODES, make_problem, random_cota
 BETAS = ("uniform", "small", "near_one", "near_two", "logits", "logits_high")
 # Beta regimes that are logits (the call sets use_beta_sigmoid_in_kernel).
 LOGIT_BETAS = ("logits", "logits_high")
+C = call_modes.FLA_CHUNK
 _TAGS = {"beta": 11, "gate": 13, "params": 14, "h0": 15, "cot": 16}
 
 
@@ -49,12 +50,14 @@ class FamilyRecipe:
 
     ``H`` key heads, ``HV`` value heads (a multiple of ``H``: value head ``hv`` reads key head ``hv // (HV // H)``).
     ``beta``: one of :data:`BETAS` (the logit regimes set ``use_beta_sigmoid_in_kernel``); ``neg_eigval``:
-    ``allow_neg_eigval`` (needs a logit regime); ``qk_l2norm``: raw q/k rows (norms ``~10^U[-1, 1]``) normalised in
-    the kernel (``use_qk_l2norm_in_kernel``). ``precision``: the kernel's input dtype. ``mode``: the name of a
-    training-call recipe (``oracle.mode_recipes``) whose structure the call takes -- its lengths and packing, its
-    in-kernel gate form (which parameters, ``lower_bound``), q/k norm, state layout, chunk states and initial state
-    -- in this family's parametrisation with these heads and dimensions (B and T are the mode recipe's); the
-    family must take every keyword of its modes (FLA's GDN has no ``lower_bound`` and no chunk states).
+    ``allow_neg_eigval`` (needs a logit regime); ``scale``: FLA's ``scale`` (None: ``K**-0.5``); ``qk_l2norm``: raw
+    q/k rows (norms ``~10^U[-1, 1]``) normalised in the kernel (``use_qk_l2norm_in_kernel``). ``precision``: the
+    kernel's input dtype. ``mode``: the name of a training-call recipe (``oracle.mode_recipes``) whose structure the
+    call takes -- its lengths and packing, its in-kernel gate form (which parameters, ``lower_bound``), q/k norm,
+    state layout, chunk states and initial state -- in this family's parametrisation with these heads and dimensions
+    (B and T are the mode recipe's); the family must take every keyword of its modes (FLA's GDN has no
+    ``lower_bound`` and no chunk states).
+    ``lengths``: with ``mode``, the sequences' token counts in place of the mode recipe's (e.g. whole chunks).
     """
 
     family: str
@@ -73,6 +76,8 @@ class FamilyRecipe:
     seed: int = 0
     precision: str = "float32"
     mode: str | None = None
+    scale: float | None = None
+    lengths: tuple | None = None
 
     def __post_init__(self):
         families.get(self.family)
@@ -86,6 +91,13 @@ class FamilyRecipe:
                                      ("qk", self.qk, QK_MODES), ("precision", self.precision, KERNEL_DTYPES)):
             if value not in choices:
                 raise ValueError(f"{name}: {value!r} not one of {tuple(choices)}")
+        if self.scale is not None and (isinstance(self.scale, bool) or not isinstance(self.scale, numbers.Real)
+                                       or not np.isfinite(self.scale) or self.scale <= 0):
+            raise ValueError(f"scale: expected a finite number > 0 or None, got {self.scale!r}")
+        if self.lengths is not None:
+            if self.mode is None:
+                raise ValueError("lengths: only with a mode (the mode recipe's lengths replaced)")
+            object.__setattr__(self, "lengths", tuple(_check_int("lengths", n, 0) for n in self.lengths))
         if self.neg_eigval and self.beta not in LOGIT_BETAS:
             raise ValueError(f"neg_eigval: needs beta logits ({LOGIT_BETAS}), got beta={self.beta!r}")
         if self.mode is not None:
@@ -109,7 +121,10 @@ class FamilyRecipe:
     @classmethod
     def in_mode(cls, family, mode, H, HV, K, V, **fields):
         """The recipe of ``family`` in the structure of mode recipe ``mode`` (B and T taken from it)."""
-        B, T = mode_recipes.get(mode).shape[:2]
+        r = mode_recipes.get(mode)
+        if fields.get("lengths") is not None:
+            r = r.replace(lengths=tuple(fields["lengths"]))
+        B, T = r.shape[:2]
         return cls(family, B, T, H, HV, K, V, mode=mode, **fields)
 
     def structure(self):
@@ -121,7 +136,8 @@ class FamilyRecipe:
             r = mode_recipes.get(self.mode)
         except ValueError:
             raise ValueError(f"mode: {self.mode!r} is not a recipe of oracle.mode_recipes") from None
-        return r.replace(H=self.H, K=self.K, V=self.V, precision=self.precision, seed=self.seed)
+        lengths = {} if self.lengths is None else {"lengths": self.lengths}
+        return r.replace(H=self.H, K=self.K, V=self.V, precision=self.precision, seed=self.seed, **lengths)
 
     @property
     def modes(self):
@@ -181,8 +197,8 @@ class FamilyRecipe:
             rng = np.random.default_rng(np.random.SeedSequence([self.seed, 12]))
             q, k = (round_to(x * 10.0 ** rng.uniform(-1, 1, x.shape[:-1] + (1,)), self.precision) for x in (q, k))
         g = base.g if self.family == "kda" else base.g[..., 0]
-        fcall = families.call(self.family, q, k, base.v, g, self._beta(), initial_state=base.initial_state,
-                              **self.flags())
+        fcall = families.call(self.family, q, k, base.v, g, self._beta(), scale=self.scale,
+                              initial_state=base.initial_state, **self.flags())
         do, dfs = random_cotangents(base, self.seed, self.precision)
         return fcall, do, dfs
 
@@ -207,10 +223,10 @@ class FamilyRecipe:
                       dt_bias=dt_bias if r.dt_bias else None, lower_bound=r.lower_bound)
         structure = {n: x for n, x in r.call_structure().items() if x is not None and x is not False}
         args = (self.family, q, k, base.v, g, self._beta())
-        fcall = families.call(*args, **kw, **structure, **self.flags())
+        fcall = families.call(*args, scale=self.scale, **kw, **structure, **self.flags())
         if r.initial_state or self.initial_state:
             h0 = round_to(self._rng("h0").standard_normal(fcall.state_shape), "float32")
-            fcall = families.call(*args, initial_state=h0, **kw, **structure, **self.flags())
+            fcall = families.call(*args, scale=self.scale, initial_state=h0, **kw, **structure, **self.flags())
         rng = self._rng("cot")
         do = round_to(rng.standard_normal((B, T, HV, V)), self.precision)
         return fcall, do, round_to(rng.standard_normal(fcall.state_shape), "float32")
@@ -228,46 +244,124 @@ _QUICK = (
     ("gva4_strong_neg_eigval", (1, 130, 2, 8, 16, 16), "strong", "logits_high", {"neg_eigval": True}),
     ("gva4_moderate_beta_two", (1, 130, 2, 8, 16, 16), "moderate", "near_two", {}),
     ("gva2_l2norm_h0", (2, 100, 2, 4, 16, 32), "moderate", "uniform", {"qk_l2norm": True, "initial_state": True}),
+    # the regimes of GDN-2's smoke (negative gates, extreme decay from an initial state) on the shapes above, no flag:
+    # values only, so they share the plain calls' programs
+    ("gva2_strong_beta_two", (2, 100, 2, 4, 16, 32), "strong", "near_two", {}),
+    ("gva4_extreme_h0", (1, 130, 2, 8, 16, 16), "extreme", "uniform", {"initial_state": True}),
 )
 QUICK = {f"{fam}_{name}": FamilyRecipe(fam, *shape, decay=decay, beta=beta, seed=500 + 10 * j + i, **extra)
          for i, fam in enumerate(families.MAPPED) for j, (name, shape, decay, beta, extra) in enumerate(_QUICK)}
 
 
-def _in_mode(family, mode, j):
+def _in_mode(family, mode, j, **fields):
     """The family recipe in mode recipe ``mode``'s structure (H = 2 key heads, G = 2 or 4 alternating, the mode
     recipe's K, V and precision; beta logits on every other one), or None where the family lacks a keyword of it."""
     r = mode_recipes.get(mode)
     beta = "logits" if j % 2 else "uniform"
+    fields = {"precision": r.precision, **fields}
     try:
         return FamilyRecipe.in_mode(family, mode, 2, 4 if j % 2 == 0 else 8, r.K, r.V, beta=beta, seed=700 + j,
-                                    precision=r.precision, decay=r.decay)
+                                    decay=r.decay, **fields)
     except ValueError:
         return None
+
+
+def at_whole_chunks(r):
+    """Whether mode recipe ``r``'s cases are also made at whole chunks: packed sequences, the in-kernel gate, the q/k
+    norm. Their lengths are not multiples of the chunk (100 = C + 36 tokens a row, packed calls of 196 or more), so a
+    twin at whole chunks -- 2 C = 128 tokens a row, or two packed sequences of C -- separates a tail bug (a gate
+    applied after padding T up to a chunk multiple decays the final state) from the rest."""
+    return r.packed or r.gate is not None or r.qk_l2norm
+
+
+def whole_chunk_lengths(r):
+    """Mode recipe ``r``'s lengths at whole chunks: packed, two sequences of C; else each row 2 C tokens."""
+    return (C, C) if r.packed else (2 * C,) * len(r.lengths)
+
+
+def _twins(family, mode, j):
+    """``{suffix: recipe}``: the family recipe in mode recipe ``mode``'s structure (suffix ``""``), in bfloat16 too
+    (``_bf16``) when the mode recipe is float32, and at whole chunks (``_T128``, both dtypes) where
+    :func:`at_whole_chunks`; empty where the family lacks a keyword of it."""
+    base = _in_mode(family, mode, j)
+    if base is None:
+        return {}
+    out = {"": base}
+    r = mode_recipes.get(mode)
+    if at_whole_chunks(r):
+        out["_T128"] = _in_mode(family, mode, j, lengths=whole_chunk_lengths(r))
+    if base.precision == "float32":
+        out.update({f"{suffix}_bf16": x.replace(precision="bfloat16") for suffix, x in list(out.items())})
+    return out
 
 
 def _mode_sets():
     """``(quick, full)``: per family, for every call mode it takes (and every form of its in-kernel gate), the first
     float32 mode recipe using that mode alone (quick), and every mode recipe it takes (full), named
-    ``<family>_<mode recipe>``."""
+    ``<family>_<mode recipe>``; each in bfloat16 too (``_bf16``), the gate, norm and packed ones at whole chunks too
+    (``_T128``: :func:`_twins`)."""
     quick, full = {}, {}
     catalogue = mode_recipes.names("full")
     for family in families.MAPPED:
         for j, mode in enumerate(catalogue):
-            recipe = _in_mode(family, mode, j)
-            if recipe is not None:
-                full[f"{family}_{mode}"] = recipe
+            for suffix, recipe in _twins(family, mode, j).items():  # a bf16 mode recipe's own name wins over a twin's
+                if suffix:
+                    full.setdefault(f"{family}_{mode}{suffix}", recipe)
+                else:
+                    full[f"{family}_{mode}"] = recipe
         seen = set()
         for mode in mode_recipes.names("quick") + catalogue:
             r = mode_recipes.get(mode)
             kind = (r.modes, r.gate)
             if len(r.modes) == 1 and r.precision == "float32" and f"{family}_{mode}" in full and kind not in seen:
                 seen.add(kind)
-                quick[f"{family}_{mode}"] = full[f"{family}_{mode}"]
+                quick.update({n: x for n, x in full.items() if n.removesuffix("_bf16").removesuffix("_T128")
+                              == f"{family}_{mode}" and x.mode == mode})
     return quick, full
 
 
 QUICK_MODES, FULL_MODES = _mode_sets()
 CATALOGUE = {**QUICK, **FULL_MODES}
+
+# The family form of each GDN-2 gate regime (oracle.generate.GATES: erase b, write w): a family has one beta in both
+# places (b = w = beta), so a regime with b != w has no exact form; it maps to the beta regime nearest in what it
+# tests. Exact: uniform. Nearest: zero (b = w = 0) -> small (beta in [0, 0.02]); one (b = w = 1) -> near_one;
+# erase_zero (no erase, writes U[0, 1]) -> small (next to no erase: writes become small too); erase_one (a full
+# erase) and write_one (a full write) -> near_one (both near 1); negative (b in [0, 2]: eigenvalues of the erase
+# factor down to -1) -> near_two (beta in [1.9, 2]: the erase factor near -1 for unit keys).
+GATE_BETAS = {"uniform": "uniform", "zero": "small", "one": "near_one", "erase_zero": "small",
+              "erase_one": "near_one", "write_one": "near_one", "negative": "near_two"}
+# The grouped value heads G = HV / H of the projections, cycled over the GDN-2 recipes' distinct shapes.
+GROUPS = (1, 2, 4)
+
+
+def projection(family, shape, decay, gates, *, G=1, qk="l2", scale=None, initial_state=False, precision="float32",
+               seed=0):
+    """The family projection of a dense GDN-2 recipe on ``shape = (B, T, H, K, V)`` (its decay regime, gate regime
+    ``gates`` as :data:`GATE_BETAS`' beta regime, q/k mode, scale, initial state, precision and seed) with ``G``
+    value heads per key head (``HV = G H``)."""
+    if gates not in GATE_BETAS:
+        raise ValueError(f"gates: {gates!r} not one of {tuple(GATE_BETAS)}")
+    _check_int("G", G, 1)
+    B, T, H, K, V = shape
+    return FamilyRecipe(family, B, T, H, G * H, K, V, decay=decay, beta=GATE_BETAS[gates], qk=qk, scale=scale,
+                        initial_state=initial_state, seed=seed, precision=precision)
+
+
+def projections(family, recipes, seed=0):
+    """``{name: recipe}``: the family projections of ``recipes`` (``(name, oracle.Recipe)`` pairs of dense GDN-2
+    recipes, each in its own precision; a reduction is ignored: the projection is the family's own), seeds shifted
+    by ``seed``, named ``<family>_<name>`` (the GDN-2 name carries its ``_bf16``); ``G`` cycles over :data:`GROUPS`
+    with each new shape, in the order the shapes first appear (so cases that differ only in values share a shape)."""
+    out, shapes = {}, []
+    for name, r in recipes:
+        shape = (r.B, r.T, r.H, r.K, r.V)
+        if shape not in shapes:
+            shapes.append(shape)
+        out[f"{family}_{name}"] = projection(
+            family, shape, r.decay, r.gates, G=GROUPS[shapes.index(shape) % len(GROUPS)], qk=r.qk, scale=r.scale,
+            initial_state=r.initial_state, precision=r.precision, seed=r.seed + seed)
+    return out
 
 
 def names(kind="quick"):

@@ -29,10 +29,12 @@ from __future__ import annotations
 import argparse
 import functools
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from itertools import repeat
 
 from gdn2_oracle import oracle
+from gdn2_oracle.kernels.spec import accepts_keywords
 from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe, call_modes, serving_recipes
 
 from ..grading import families as family_grading
@@ -104,8 +106,19 @@ SMOKE = (
     "gen_weak_erase_zero_T1024", "bf16_strong_h0", "bf16_moderate",  # 1,024 tokens: past 256-token blocks
     "serving_pool_gather_scatter", "serving_speculative_accept",
 )
-# the family cases, their family's name (``gdn_``, ``kda_``) taken out
-SMOKE_FAMILY = ("gva2_moderate_h0", "gva4_strong_neg_eigval", "gate_softplus", "serving_pool_g2", "serving_drafts_g4")
+# the family cases, their family's name (``gdn_``, ``kda_``) taken out: seven programs (a flag is a program of its
+# own), about GDN-2's smoke's. Grouped value heads G = 2 and 4 on two key heads (a value head reading the wrong key
+# head fails), beta near 0, 1 and 2, strong and extreme decay, resets, an initial state, beta logits with negative
+# eigenvalues; the in-kernel gate at T = 100 and at whole chunks, T = 128 (a gate applied after padding T up fails
+# only the first); the projection of GDN-2's 1,024-token case; bfloat16 calls (a decay or state kept in bfloat16
+# fails); one session per serving mode.
+SMOKE_FAMILY = (
+    "gva2_moderate_h0", "gva2_resets_beta_small", "gva2_strong_beta_two",  # [2, 100, 2, 4, 16, 32]
+    "gva4_weak_beta_one", "gva4_moderate_beta_two", "gva4_extreme_h0", "gva4_strong_neg_eigval",  # [1, 130, 2, 8]
+    "gate_softplus", "gate_softplus_T128", "gen_weak_erase_zero_T1024",
+    "gva2_moderate_h0_bf16", "gva2_resets_beta_small_bf16", "gva2_strong_beta_two_bf16",
+    "serving_pool_g2", "serving_drafts_g4",
+)
 FULL_LENGTHS = (1, 63, 65, 200)
 FULL_SHAPE = (1, None, 2, 32, 32)
 
@@ -158,7 +171,8 @@ def build_cases(kind="quick", dtypes=KERNEL_DTYPES, *, seed=0, only=None, modes=
     mapped = [f for f in oracle.families.MAPPED if f in families]
     if mapped:
         cases += family_grading.cases(kind, dtypes, seed=seed, families_selected=mapped, modes_selected=modes,
-                                      plain=PLAIN in modes, case_type=FamilyRunCase)
+                                      plain=PLAIN in modes, case_type=FamilyRunCase,
+                                      projected=dense_recipes(kind, dtypes, seed))
     serving = [m for m in SERVING_MODES if m in modes]
     if mapped and serving and kind != "golden":  # the families' serving sessions, in both pool layouts
         cases += serving_running.family_serving_cases(mapped, dtypes, seed, serving)
@@ -179,11 +193,32 @@ def only_cases(cases, only, kind, dtypes, modes, families):
     if only:
         unknown = sorted(set(only) - {c.name for c in cases})
         if unknown:
+            # a bfloat16 case's name carries _bf16: the one a name without it means
+            meant = sorted({c.name for c in cases
+                            if c.dtype == "bfloat16" and c.name.replace("_bf16", "", 1) in unknown})
             raise UsageError(f"--case: unknown case(s) {unknown} in set {kind!r} with dtypes {list(dtypes)}"
                              f" and modes {list(modes)}" + (f" and families {list(families)}"
-                                                           if list(families) != [GDN2] else ""))
+                                                           if list(families) != [GDN2] else "")
+                             + (f"; a bfloat16 case's name ends in _bf16: did you mean {meant}?" if meant else ""))
         cases = [c for c in cases if c.name in set(only)]
     return cases
+
+
+def generated_recipes(kind, dtypes, seed):
+    """``(name, Recipe)`` of the generated problems of a case set in each of ``dtypes`` (:func:`generated`)."""
+    return [(n, Recipe(*s, decay=d, gates=g, initial_state=h, precision=dtype, seed=seed + 1000 + j))
+            for dtype in dtypes for j, (n, s, d, g, h) in enumerate(generated(kind))]
+
+
+def dense_recipes(kind, dtypes, seed):
+    """``(name, Recipe)`` of a case set's dense GDN-2 problems in ``dtypes``: the golden corpus's recipes (each in its
+    own precision; ``_bf16`` for a generated bfloat16 one) and the generated ones -- what a family projects
+    (``oracle.family_recipes.projections``)."""
+    from gdn2_oracle.golden import catalogue  # the corpus's recipes, no data read
+
+    goldens = [(n, catalogue.get(n).recipe) for n in catalogue.names() if catalogue.get(n).recipe.precision in dtypes]
+    return goldens + [(n if r.precision == "float32" else f"{n}_bf16", r) for n, r in
+                      generated_recipes(kind, dtypes, seed)]
 
 
 def gdn2_cases(kind, dtypes, seed, modes):
@@ -193,10 +228,7 @@ def gdn2_cases(kind, dtypes, seed, modes):
         from gdn2_oracle import golden  # the corpus is read only when validating
 
         cases = [c for c in (DenseCase.golden(n) for n in golden.names()) if c.dtype in dtypes]
-        for dtype in dtypes:
-            for j, (n, s, d, g, h) in enumerate(generated(kind)):
-                recipe = Recipe(*s, decay=d, gates=g, initial_state=h, precision=dtype, seed=seed + 1000 + j)
-                cases.append(recipe_case(n, recipe))
+        cases += [recipe_case(n, r) for n, r in generated_recipes(kind, dtypes, seed)]
     cases += mode_grading.cases(kind, dtypes, seed=seed, modes_selected=modes, case_type=CallCase)
     serving = [m for m in SERVING_MODES if m in modes]
     if serving and kind != "golden":
@@ -230,6 +262,31 @@ def takes_part(case, accepted, family=GDN2, flags=None, plain=True):
     if case_family(case) != family or (not plain and not case.modes):
         return False
     return set(case.modes) <= set(accepted) and (flags is None or set(getattr(case, "flags", ())) <= set(flags))
+
+
+# What a serving session needs of a kernel: a state pool, by FLA's keyword (ci/running/serving.py).
+POOL_KEYWORD = "ssm_state_indices"
+
+
+def needed_keywords(case, fn, accepted, flags=None):
+    """The keywords kernel ``fn`` lacks for ``case`` (sorted): FLA's flags the case sets that ``flags`` lacks, the
+    keywords of its modes outside ``accepted`` that ``fn``'s signature does not name (a serving mode's: a state pool,
+    :data:`POOL_KEYWORD`; a mode its spec option ``modes=`` leaves out: ``modes=``); a plain case of a kernel that
+    runs serving sessions only: the plain calls."""
+    out = [f for f in getattr(case, "flags", ()) if flags is not None and f not in flags]
+    for m in case.modes:
+        if m not in accepted:
+            keywords = [k for k in call_modes.get(m).keywords if k != "lower_bound"]
+            out += ([k for k in keywords if not accepts_keywords(fn, (k,))] or ["modes="]) if keywords else [
+                POOL_KEYWORD]
+    return sorted(set(out)) or [f"{PLAIN} calls"]
+
+
+def needs_text(needs):
+    """``"12 need use_beta_sigmoid_in_kernel, 4 need cu_seqlens"``: the cases not run grouped by what they need
+    (``{case: keywords}``, :func:`needed_keywords`), the largest group first."""
+    groups = Counter(" + ".join(kw) for kw in needs.values())
+    return ", ".join(f"{n} need {what}" for what, n in groups.most_common())
 
 
 def case_family(case):
@@ -302,10 +359,12 @@ class ValidationReport:
     kernels: list = field(default_factory=list)
     modes: list = field(default_factory=lambda: list(VALIDATE_MODES))  # the modes selected (``--modes``)
     families: list = field(default_factory=lambda: [GDN2])  # the families of the run's kernels
+    # per kernel (in order), {case not run: the keywords it needs} (:func:`needed_keywords`; not in the JSON report)
+    needs: list = field(default_factory=list)
 
     def to_json(self):
         """The JSON report (schema :data:`SCHEMA`)."""
-        return {"schema": SCHEMA, "command": "validate", **asdict(self)}
+        return {"schema": SCHEMA, "command": "validate", **{k: v for k, v in asdict(self).items() if k != "needs"}}
 
 
 @dataclass(frozen=True)
@@ -417,6 +476,7 @@ class ValidationRun:
         # FLA's keywords each family kernel takes (a family case setting another one is not run on it)
         self.flags = [None if family == GDN2 else family_running.accepted_flags(fn) + serving_running.layout_flags(fn)
                       for (_, fn), family in zip(self.built, self.families)]
+        self.needs = [{} for _ in self.built]  # per kernel, {case not run: the keywords it needs}
         self.t0 = time.perf_counter()
         self.cache_before = reference_cache.snapshot()  # the report counts what this run read from the cache
 
@@ -439,6 +499,8 @@ class ValidationRun:
         elif (not takes_part(case, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))
               or not family_running.takes_heads(fn, case)):  # gva=none: no grouped value heads
             kout["not_accepted_cases"].append(case.name)
+            mine = next(i for i, k in enumerate(self.kernels_out) if k is kout)
+            self.needs[mine][case.name] = needed_keywords(case, fn, kout["accepted_modes"], flags)
         else:
             key = job_key(fn, case)  # by identity: kernels that compare equal are two kernels
             program = functools.partial(ahead.compiled, key) if key in ahead else None
@@ -492,7 +554,8 @@ class ValidationRun:
                                 grade=report_grade([k["grade"] for k in kernels_out], interrupted),
                                 kernels=kernels_out,
                                 modes=list(modes),
-                                families=[f for f in FAMILIES if f in self.families])
+                                families=[f for f in FAMILIES if f in self.families],
+                                needs=[dict(n) for n in self.needs])
 
 
 def compile_ahead(built, case_list, mesh, workers, program_cache=True, families=None):
@@ -568,7 +631,8 @@ def format_validation(report, *, max_failures=60):
                   if set(modes) - {PLAIN} and k.get("family", GDN2) == GDN2]
     if mode_lines:
         lines += ["", "Call modes (docs/modes.md, docs/serving.md):"] + mode_lines
-    family_lines = [format_family(k) for k in report.kernels
+    family_lines = [format_family(k, report.needs[j] if j < len(report.needs) else None)
+                    for j, k in enumerate(report.kernels)
                     if k.get("family", GDN2) != GDN2 or k.get("other_family_cases")]
     if family_lines:
         lines += ["", "Families (docs/DESIGN.md §2, \"Families in FLA\"):"] + family_lines
@@ -606,12 +670,14 @@ def run_dtypes(report):
 def judged_lines(report):
     """One line per kernel judged on fewer than the run's cases: ``60 of 68 cases judged for K (8 need ...)``."""
     lines = []
-    for k in report.kernels:
+    for j, k in enumerate(report.kernels):
         skipped, other = len(k.get("not_accepted_cases") or []), len(k.get("other_family_cases") or [])
         if not skipped and not other:
             continue
         what = "a mode" if k.get("family", GDN2) == GDN2 else "a flag, a call mode or a state pool"
-        why = [f"{skipped} need {what} its signature does not take" if skipped else "",
+        needs = report.needs[j] if j < len(report.needs) else {}
+        why = [(f"{needs_text(needs)}: not in its signature" if len(needs) == skipped and k.get("family", GDN2) != GDN2
+                else f"{skipped} need {what} its signature does not take") if skipped else "",
                f"{other} are of another family" if other else ""]
         lines.append(f"  {len(k['cases'])} of {report.n_cases} cases judged for {k['name']} "
                      f"({'; '.join(w for w in why if w)})")
@@ -731,16 +797,19 @@ def kernel_line(k, interrupted):
             f"{f', {n_in} not judged: input error' if n_in else ''})")
 
 
-def format_family(k):
+def format_family(k, needs=None):
     """One line: a kernel's family, the cases of other families (not run on it) and the family cases that set a flag
-    the kernel does not take."""
+    the kernel does not take, grouped by the keyword each needs (``needs``: ``{case: keywords}`` of this run)."""
     fam = k.get("family", GDN2)
     line = f"  {k['name']}: family {fam}" + (" (the plain contract)" if fam == GDN2 else " (FLA's signature)")
     other = k.get("other_family_cases") or []
     if other:
         line += f"; {len(other)} case(s) of other families not run"
     skipped = k.get("not_accepted_cases") or []
-    if fam != GDN2 and skipped:
+    if fam != GDN2 and skipped and needs and len(needs) == len(skipped):
+        line += (f"; {len(skipped)} case(s) not run, a keyword not in its signature ({needs_text(needs)}): "
+                 f"{', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
+    elif fam != GDN2 and skipped:
         line += (f"; {len(skipped)} case(s) need a flag, a call mode or a state pool its signature does not take "
                  f"(not run): {', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
     return line

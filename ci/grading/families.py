@@ -79,17 +79,21 @@ class FamilyCase(ModeCase):
 
 
 def cases(kind="quick", dtypes=DTYPES, *, seed=0, families_selected=families.MAPPED, modes_selected=MODES,
-          plain=True, case_type=None):
+          plain=True, case_type=None, projected=()):
     """The family cases of a case set (``oracle.family_recipes.names(kind)``) for the families in
-    ``families_selected``: the plain recipes in each of ``dtypes`` (with ``plain``), the mode recipes in their own
-    precision when it is in ``dtypes`` and their modes are all in ``modes_selected``. ``case_type``: the
-    :class:`FamilyCase` subclass built (the running floor's)."""
+    ``families_selected``: the plain recipes in each of ``dtypes`` (with ``plain``) and the family projections of
+    the GDN-2 dense recipes ``projected`` (``(name, oracle.Recipe)`` pairs, each in its own precision:
+    ``oracle.family_recipes.projections``) whose precision is in ``dtypes``, the mode recipes in their own precision
+    when it is in ``dtypes`` and their modes are all in ``modes_selected``. ``case_type``: the :class:`FamilyCase`
+    subclass built (the running floor's)."""
     case_type = case_type or FamilyCase
     out = []
     chosen = [n for n in family_recipes.names(kind) if family_recipes.get(n).family in families_selected]
     if plain:
         out += [case_type.named(n, precision=d, seed=seed) for d in dtypes for n in chosen
                 if family_recipes.get(n).mode is None]
+        out += [case_type.from_recipe(n, r) for fam in families_selected
+                for n, r in family_recipes.projections(fam, projected, seed).items() if r.precision in dtypes]
     for n in chosen:
         r = family_recipes.get(n)
         if r.mode is not None and r.precision in dtypes and set(r.modes) <= set(modes_selected):

@@ -18,10 +18,12 @@ import pytest
 
 from gdn2_oracle import oracle
 from gdn2_oracle.ci.commands import validate
+from gdn2_oracle.ci.commands.output import UsageError
 from gdn2_oracle.ci.grading import families as grading
 from gdn2_oracle.ci.grading import tolerance
 from gdn2_oracle.ci.grading.grades import FAIL, PASS
 from gdn2_oracle.ci.running import families as running
+from gdn2_oracle.ci.running import serving
 from gdn2_oracle.ci.running.cases import FamilyRunCase
 from gdn2_oracle.kernels import spec
 from gdn2_oracle.oracle import families, family_recipes, recurrence
@@ -188,24 +190,33 @@ def test_a_result_breaking_the_contract_is_an_error():
 # --- validate ----------------------------------------------------------------------------------------------------
 
 
-def run_validate(cli, tmp_path, *kernels, dtype="float32"):
+def run_validate(cli, tmp_path, *kernels, dtype="float32", cases="quick"):
     path = tmp_path / "v.json"
-    argv = ["validate", "--cases", "quick", "--dtype", dtype, "--no-progress", "--json", path]
+    argv = ["validate", "--cases", cases, "--dtype", dtype, "--no-progress", "--json", path]
     for k in kernels:
         argv += ["--kernel", k]
     code, out, _ = cli(*argv)
     return code, out, json.loads(path.read_text())
 
 
-def judged_cases(fn, family):
-    """The quick family cases ``fn`` of ``family`` takes part in (its flags and modes, as validate decides)."""
+def judged_cases(fn, family, cases="quick"):
+    """The float32 family cases of a set ``fn`` of ``family`` takes part in: the catalogued recipes whose flags and
+    modes it takes, and the projections of GDN-2's dense recipes (no flag, no mode: every kernel takes them)."""
     modes = running.accepted_family_modes(fn, family)
     flags = running.accepted_flags(fn)
-    return {n for n in family_recipes.names("quick") if n.startswith(f"{family}_")
-            and set(family_recipes.get(n).modes) <= set(modes) and set(family_recipes.get(n).flags()) <= set(flags)}
+    built = {c.name for c in validate.build_cases(cases, ("float32",), families=(family,))}
+    catalogued = {n for n in family_recipes.names("quick") if n.startswith(f"{family}_")
+                  and family_recipes.get(n).precision == "float32"}
+    source = "quick" if cases == "smoke" else cases  # smoke is a part of quick
+    projected = set(family_recipes.projections(family, validate.dense_recipes(source, ("float32",), 0)))
+    assert projected & built and (cases == "smoke" or projected <= built)
+    return ({n for n in catalogued if set(family_recipes.get(n).modes) <= set(modes)
+             and set(family_recipes.get(n).flags()) <= set(flags)} | projected) & built
 
 
 def test_correct_family_kernels_pass_the_quick_set(cli, tmp_path):
+    """The quick set (the family QUICK recipes, every mode the kernels take, the projections of GDN-2's goldens and
+    generated problems: over a minute a kernel on two cores; release group)."""
     code, out, report = run_validate(cli, tmp_path, f"{HERE}:gdn_correct[family=gdn]",
                                      f"{HERE}:kda_correct[family=kda,output_final_state=True]")
     assert code == 0, out
@@ -215,8 +226,8 @@ def test_correct_family_kernels_pass_the_quick_set(cli, tmp_path):
     assert gdn["passed"] and kda["passed"]
     assert {c["case"] for c in gdn["cases"]} == judged_cases(gdn_correct, "gdn")
     assert {c["case"] for c in kda["cases"]} == judged_cases(kda_correct, "kda")
-    # the dense quick set and the q/k-norm mode (the only mode keyword these kernels take)
-    assert {c["case"] for c in gdn["cases"] if c["modes"]} == {"gdn_l2norm"}
+    # the dense quick set and the q/k-norm mode (the only mode keyword these kernels take), with a tail and without
+    assert {c["case"] for c in gdn["cases"] if c["modes"]} == {"gdn_l2norm", "gdn_l2norm_T128"}
     run = validate.build_cases("quick", ("float32",), families=("gdn", "kda"))
     assert set(gdn["other_family_cases"]) == {c.name for c in run if validate.case_family(c) == "kda"}
     case = gdn["cases"][0]
@@ -232,7 +243,7 @@ def test_correct_family_kernels_pass_the_quick_set(cli, tmp_path):
     ("gdn_no_neg_eigval[family=gdn]", {"gdn_gva4_strong_neg_eigval"}),
 ])
 def test_wrong_family_kernels_fail(cli, tmp_path, kernel, bad):
-    code, out, report = run_validate(cli, tmp_path, f"{HERE}:{kernel}")
+    code, out, report = run_validate(cli, tmp_path, f"{HERE}:{kernel}", cases="smoke")
     assert code == 1, out
     [k] = report["kernels"]
     failed = {c["case"] for c in k["cases"] if c["grade"] == FAIL}
@@ -241,19 +252,24 @@ def test_wrong_family_kernels_fail(cli, tmp_path, kernel, bad):
 
 def test_kernels_are_judged_only_on_their_family(cli, tmp_path):
     code, out, report = run_validate(cli, tmp_path, "gdn2_oracle.kernels.testing:correct",
-                                     f"{HERE}:minimal_gdn[family=gdn]")
+                                     f"{HERE}:minimal_gdn[family=gdn]", cases="smoke")
     assert code == 0, out
     assert report["families"] == ["gdn2", "gdn"]
     gdn2, gdn = report["kernels"]
     assert gdn2["family"] == "gdn2" and not any("family" in c for c in gdn2["cases"])
-    gdn_cases = {c.name for c in validate.build_cases("quick", ("float32",), families=("gdn2", "gdn"))
+    gdn_cases = {c.name for c in validate.build_cases("smoke", ("float32",), families=("gdn2", "gdn"))
                  if validate.case_family(c) == "gdn"}
     assert set(gdn2["other_family_cases"]) == gdn_cases
     assert {c["case"] for c in gdn2["cases"]}.isdisjoint(gdn2["other_family_cases"])
     # the flag-free kernel is not run on the cases that set a flag or use a call mode
-    flagged = {n for n in family_recipes.names("quick") if n.startswith("gdn_") and family_recipes.get(n).flags()}
-    assert flagged and set(gdn["not_accepted_cases"]) == gdn_cases - judged_cases(minimal_gdn, "gdn")
+    flagged = {n for n in gdn_cases if n in family_recipes.CATALOGUE and family_recipes.get(n).flags()}
+    assert flagged and set(gdn["not_accepted_cases"]) == gdn_cases - judged_cases(minimal_gdn, "gdn", "smoke")
     assert flagged <= set(gdn["not_accepted_cases"])
+    # the line says which keyword each group of them needs
+    need = {n: sorted(family_recipes.get(n).flags()) for n in flagged}
+    for flag in {f for fs in need.values() for f in fs}:
+        n = sum(fs == [flag] for fs in need.values())
+        assert not n or f"{n} need {flag}" in out, (flag, out)
     assert not any(validate.case_family(c) != "gdn2" for c in validate.build_cases("quick", ("float32",)))
 
 
@@ -278,9 +294,48 @@ def test_the_dt_bias_mutant_fails_the_gate_cases(cli, tmp_path, family):
     [k] = json.loads(path.read_text())["kernels"]
     failed = {c["case"] for c in k["cases"] if c["grade"] == FAIL}
     softplus = {n for n in family_recipes.names("quick") if n.startswith(f"{family}_")
-                and family_recipes.get(n).mode and family_recipes.get(n).structure().gate == "softplus"}
+                and family_recipes.get(n).mode and family_recipes.get(n).structure().gate == "softplus"
+                and family_recipes.get(n).precision == "float32"}
     assert softplus and failed == softplus, (failed, softplus)
     assert any("ddt_bias" == v["name"] and not v["passed"] for c in k["cases"] for v in c["verdicts"])
+
+
+def judged(kernel, tier, dtype):
+    """The cases of ``tier`` in ``dtype`` that validate judges ``kernel`` (a registered name) on."""
+    fn = spec.get(kernel)
+    family = running.kernel_family(fn, None)
+    flags = None if family == "gdn2" else running.accepted_flags(fn) + serving.layout_flags(fn)
+    cases = validate.build_cases(tier, (dtype,), families=(family,))
+    return [c for c in cases if validate.takes_part(c, validate.accepted_modes(fn, family), family, flags)]
+
+
+@pytest.mark.parametrize("tier", ["smoke", "quick", "full"])
+def test_a_family_kernel_is_judged_on_as_many_cases_as_a_gdn2_kernel(tier):
+    """Every GDN-2 dense recipe of a tier has a projection per family; with the family's own recipes and its mode
+    recipes in both dtypes, a GDN or KDA kernel is judged on at least as many cases as a GDN-2 kernel, per dtype."""
+    for dtype in ("float32", "bfloat16"):
+        gdn2 = len(judged("factorized", tier, dtype))
+        for kernel in ("gdn-factorized", "kda-factorized"):
+            assert len(judged(kernel, tier, dtype)) >= gdn2 > 0, (tier, dtype, kernel)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_the_smoke_set_separates_tails_dtypes_and_grouped_heads(family):
+    """Per family, smoke has bfloat16 calls, the in-kernel gate at a T that is not a multiple of 64 and at one that
+    is, and grouped value heads G = 2 and 4 with more than one key head (hv // G differs from hv % H)."""
+    cases = [c for c in validate.build_cases("smoke", families=(family,)) if validate.case_family(c) == family]
+    recipes = [c.recipe for c in cases if getattr(c, "recipe", None) is not None]
+    assert any(r.precision == "bfloat16" and not r.mode for r in recipes)
+    gates = [r for r in recipes if "gate" in r.modes]
+    assert {any(n % 64 for n in r.structure().lengths) for r in gates} == {True, False}
+    assert {r.HV // r.H for r in recipes if r.H >= 2} >= {2, 4}
+    programs = {(c.dtype, c.shape, c.modes, c.flags) for c in cases if not c.name.startswith("serving_")}
+    assert len(programs) <= 7, programs  # about as many compiled programs as GDN-2's smoke (6)
+
+
+def test_a_case_name_without_its_bf16_suffix_is_suggested():
+    with pytest.raises(UsageError, match=r"did you mean \['gdn_gva2_moderate_h0_bf16'\]"):
+        validate.build_cases("quick", ("bfloat16",), only=["gdn_gva2_moderate_h0"], families=("gdn",))
 
 
 def test_family_goldens_are_in_the_golden_set():
