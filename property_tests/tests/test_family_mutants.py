@@ -1,7 +1,9 @@
-"""The family properties (``property_tests/test_families.py``) through the plugin, as a kernel author runs them: each
+"""The family properties (``property_tests/test_families.py``, the GDN-2 properties through the family lens in
+``test_family_properties.py`` and ``test_family_golden.py``) through the plugin, as a kernel author runs them: each
 mutant of ``kernels/testing_families.py`` fails them in both families, our ``gdn-factorized`` and ``kda-factorized``
-pass, a kernel's family is read as ``validate`` reads it (a spec option, its attribute; a beta signature without
-either is a usage error), and the properties of the other contract are skipped with the reason.
+and FLA's ``fla-gdn-naive-recurrent`` pass, a kernel's family is read as ``validate`` reads it (a spec option, its
+attribute; a beta signature without either is a usage error), and the properties of the other contract are skipped
+with the reason.
 
 Each test runs pytest in a subprocess from a temporary directory outside the repository.
 """
@@ -15,21 +17,32 @@ from gdn2_oracle.kernels.testing_families import MUTANTS
 
 SUITE = "gdn2_oracle.property_tests"
 FAMILY_PROPERTIES = f"{SUITE}.test_families"
+FAMILY_LENS = f"{SUITE}.test_family_properties"
+FAMILY_GOLDENS = f"{SUITE}.test_family_golden"
 ORACLE = "test_family_kernel_matches_the_oracle"
 MODE_CALL = "test_family_mode_call_matches_the_oracle"
+GOLDEN = "test_family_kernel_matches_golden"
 
-# mutant -> (the -k expression of the property that catches it, what reaches the bug)
+# mutant -> (the -k expression of the property that catches it, what reaches the bug, its module)
 CAUGHT_BY = {
-    "gva_modulo": (ORACLE, "H = 2 key heads with G = 2"),
-    "beta_write_only": (ORACLE, "any beta below 1 with a state to erase"),
-    "read_before_decay": (ORACLE, "a decaying state"),
-    "sigmoid_twice": (ORACLE, "beta logits"),
-    "no_neg_eigval": (ORACLE, "beta logits with negative eigenvalues"),
+    "gva_modulo": (ORACLE, "H = 2 key heads with G = 2", FAMILY_PROPERTIES),
+    "beta_write_only": (ORACLE, "any beta below 1 with a state to erase", FAMILY_PROPERTIES),
+    "read_before_decay": (ORACLE, "a decaying state", FAMILY_PROPERTIES),
+    "sigmoid_twice": (ORACLE, "beta logits", FAMILY_PROPERTIES),
+    "no_neg_eigval": (ORACLE, "beta logits with negative eigenvalues", FAMILY_PROPERTIES),
     # the softplus gate's dt_bias: the recipe in the structure of the softplus gate's training-call recipe
-    "dt_bias_after_softplus": (f"{MODE_CALL} and softplus and not no_dt_bias", "the in-kernel softplus gate"),
+    "dt_bias_after_softplus": (f"{MODE_CALL} and softplus and not no_dt_bias", "the in-kernel softplus gate",
+                               FAMILY_PROPERTIES),
+    # the cumulative decay in bf16: the bfloat16 goldens (GDN's hard resets, KDA's softplus gate)
+    "bf16_decay": (f"{GOLDEN} and bf16", "a bfloat16 call with a strong decay", FAMILY_GOLDENS),
+    # the gate on the zero tokens padding T to 64: every gated golden has T % 64 != 0 (its final state is off)
+    "padded_tail_gate": (GOLDEN, "the in-kernel gate with T not a multiple of 64", FAMILY_GOLDENS),
 }
-# Two in the normal group (one per family and per property); the others in the release group.
-QUICK = {("gdn", "beta_write_only"), ("kda", "dt_bias_after_softplus")}
+# The lens properties (test_family_properties.py) that catch a mutant besides: the head map by G = 1 with q, k
+# repeated and by the head permutations.
+LENS_CAUGHT_BY = {"gva_modulo": "test_family_reductions or test_family_batch_and_head_permutation"}
+# Three in the normal group (one per family and per module); the others in the release group.
+QUICK = {("gdn", "beta_write_only"), ("kda", "dt_bias_after_softplus"), ("gdn", "padded_tail_gate")}
 
 WRAPPED = '''"""A Gated DeltaNet kernel in FLA's signature that does not say its family (no ``family`` attribute)."""
 from gdn2_oracle import kernels
@@ -46,28 +59,47 @@ def fn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fals
 
 
 def test_every_mutant_has_a_catching_property():
-    assert set(CAUGHT_BY) == set(MUTANTS)
+    assert set(MUTANTS) <= set(CAUGHT_BY)
 
 
-def _mutant_params():
+def _mutant_params(caught_by):
     for family in ("gdn", "kda"):
-        for name in sorted(MUTANTS):
+        for name in sorted(set(MUTANTS) & set(caught_by)):  # a mutant is judged once kernels/testing_families has it
             marks = () if (family, name) in QUICK else (pytest.mark.slow,)
             yield pytest.param(family, name, marks=marks, id=f"{family}_{name}")
 
 
-@pytest.mark.parametrize("family,name", list(_mutant_params()))
+def _failed(tmp_path, module, spec, prop):
+    """``(exit code, the FAILED lines, output)`` of the plugin's property ``prop`` of ``module`` on kernel ``spec``."""
+    code, out = pytest_run(tmp_path, "--pyargs", module, "--gdn2-kernel", spec, "-k", prop, "-q")
+    return code, [line for line in out.splitlines() if line.startswith("FAILED")], out
+
+
+@pytest.mark.parametrize("family,name", list(_mutant_params(CAUGHT_BY)))
 def test_the_plugin_fails_the_family_mutant(tmp_path, family, name, record_property):
-    """``pytest --pyargs gdn2_oracle.property_tests.test_families --gdn2-kernel gdn2_oracle.kernels.testing_families:
-    <family>_<mutant>``: the property that reaches the bug fails (graded FAIL, with the recipe and a reproduction);
-    the mutant's family is its attribute, so the spec needs no option."""
+    """``pytest --pyargs gdn2_oracle.property_tests.<module> --gdn2-kernel gdn2_oracle.kernels.testing_families:
+    <family>_<mutant>``: the property that reaches the bug fails (graded FAIL, with the recipe and a reproduction, or
+    the golden's name); the mutant's family is its attribute, so the spec needs no option."""
     spec = f"gdn2_oracle.kernels.testing_families:{family}_{name}"
-    prop, reached_by = CAUGHT_BY[name]
-    code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", spec, "-k", prop, "-q")
-    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    prop, reached_by, module = CAUGHT_BY[name]
+    code, failed, out = _failed(tmp_path, module, spec, prop)
     record_property("family_mutant", {"property": prop, "reached_by": reached_by, "failed": failed})
     assert code == 1 and failed and all(spec in line for line in failed), out
-    assert "graded FAIL" in out and f"FamilyRecipe(family={family!r}" in out and "reproduce: python -c" in out, out
+    if module == FAMILY_GOLDENS:
+        assert "graded FAIL" in out and f"on family golden '{family}_" in out, out
+    else:
+        assert "graded FAIL" in out and f"FamilyRecipe(family={family!r}" in out and "reproduce: python -c" in out, out
+
+
+@pytest.mark.parametrize("family,name", list(_mutant_params(LENS_CAUGHT_BY)))
+def test_the_family_lens_fails_the_family_mutant(tmp_path, family, name):
+    """The GDN-2 properties through the family lens catch a head-map mutant too: each listed property fails it, graded
+    FAIL against the kernel's own results on the transformed call, with the recipe and a reproduction."""
+    spec = f"gdn2_oracle.kernels.testing_families:{family}_{name}"
+    code, failed, out = _failed(tmp_path, FAMILY_LENS, spec, LENS_CAUGHT_BY[name])
+    props = LENS_CAUGHT_BY[name].split(" or ")
+    assert code == 1 and all(any(f"::{p}[" in line for line in failed) for p in props), out
+    assert "graded FAIL" in out and "(tight agreement)" in out and "reproduce: python -c" in out, out
 
 
 @pytest.mark.slow
@@ -81,6 +113,16 @@ def test_the_plugin_passes_our_family_kernels(tmp_path):
     assert code == 0 and {f"{ORACLE}[{s}]" for s in specs.split(",")} <= set(ids), out
     code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", specs, "-q")
     assert code == 0 and f"{len(ids)} passed" in out, out
+
+
+@pytest.mark.slow
+def test_the_family_lens_passes_our_family_kernels_and_flas(tmp_path):
+    """gdn-factorized, kda-factorized and FLA's fla-gdn-naive-recurrent pass every GDN-2 property through the family
+    lens and every family golden of their family (no false alarm); none of those tests is skipped."""
+    specs = "gdn-factorized,kda-factorized,fla-gdn-naive-recurrent"
+    code, out = pytest_run(tmp_path, "--pyargs", FAMILY_LENS, FAMILY_GOLDENS, "--gdn2-kernel", specs, "-q", "-rs",
+                           timeout=3600)
+    assert code == 0 and " passed" in out and "failed" not in out and "skipped" not in out, out
 
 
 def test_a_family_kernel_is_skipped_by_the_gdn2_properties_with_the_reason(tmp_path):
