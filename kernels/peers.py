@@ -29,6 +29,9 @@ the ``atomic-ops`` peer checks which installed distribution provides it (:func:`
 one, or several at once (their files overwrite each other), is a ValueError naming them; its note names the version
 of ``atomic-ops`` found (``importlib.metadata``).
 
+:data:`ATOMIC_OPS_SPEC`: both distributions judged by their own entry point through a spec of options alone
+(docs/third-party.md lists it with deltanet-tpu's); the refusal above names it.
+
 ``atomic_ops`` has no ``interpret`` switch; off-TPU the adapter swaps the ``pl`` module those two
 modules use for a proxy whose ``pallas_call`` defaults to ``interpret=True`` (a module-local shim:
 ``jax.experimental.pallas`` itself is untouched).
@@ -48,6 +51,23 @@ from . import kernel_warnings
 from .contract import check_inputs
 
 WIDTH = 128
+
+
+# The spec judging a top-level atomic_ops by its own entry point, with its folder on PYTHONPATH (docs/third-party.md):
+# atomic-ops 0.2.0 and gdn2-pallas 0.1.1 both ship gdn2_pallas_forward_trainable, a custom_vjp of Pallas TPU calls.
+ATOMIC_OPS_SPEC = ("atomic_ops:gdn2_pallas_forward_trainable"
+                   "[order=qkvwbgs,state_arg=h0,pad=K128V128T256,interpret=1,o_dtype=float32]")
+ATOMIC_OPS_DISTRIBUTIONS = ("atomic-ops", "gdn2-pallas")
+
+
+def _run_by_spec(dist):
+    """How to judge distribution ``dist`` (one that installs an ``atomic_ops``) by its own entry point."""
+    if _normal(dist) not in ATOMIC_OPS_DISTRIBUTIONS:
+        return f"run {dist} by its own spec, docs/third-party.md"
+    return (f"judge {dist} by its own entry point, with its folder on PYTHONPATH: --kernel '{ATOMIC_OPS_SPEC}', "
+            "docs/third-party.md")
+
+
 DISTRIBUTION = "atomic-ops"  # the PyPI distribution the atomic-ops peer's top-level package atomic_ops must come from
 PINNED = "atomic-ops==0.2.0"  # what the peers extra installs
 
@@ -101,12 +121,12 @@ def atomic_ops_distribution(top="atomic_ops"):
     if not ours:
         source = f"comes from {named}" if len(others) == 1 else f"comes from several distributions ({named})"
         raise ValueError(f"{peer} {source}, not {DISTRIBUTION}: the 'atomic-ops' peer needs `pip install {PINNED}` "
-                         f"(or run {others[0]} by its own spec, docs/third-party.md)")
+                         f"(or {_run_by_spec(others[0])})")
     if others:
         raise ValueError(f"{peer} is installed by several distributions ({ours[0]} {_version(ours[0])}, {named}), "
                          f"whose files overwrite each other: the 'atomic-ops' peer needs it from {DISTRIBUTION} alone: "
-                         f"`pip uninstall {' '.join(others)}`, then `pip install --force-reinstall {PINNED}` (or run "
-                         f"{others[0]} by its own spec in an environment of its own, docs/third-party.md)")
+                         f"`pip uninstall {' '.join(others)}`, then `pip install --force-reinstall {PINNED}` (or "
+                         f"install {others[0]} in a folder of its own and {_run_by_spec(others[0])})")
     return ours[0], _version(ours[0])
 
 

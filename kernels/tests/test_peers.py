@@ -40,6 +40,7 @@ def test_atomic_ops_from_gdn2_pallas_is_refused_by_name(installed):
     text = str(err.value)
     assert "atomic_ops here comes from gdn2-pallas 0.1.1, not atomic-ops" in text, text
     assert "pip install atomic-ops==0.2.0" in text and "docs/third-party.md" in text, text
+    assert f"--kernel '{peers.ATOMIC_OPS_SPEC}'" in text, text  # gdn2-pallas's real entry point
 
 
 def test_the_peer_refuses_it_before_importing_anything(installed, monkeypatch):
