@@ -523,6 +523,7 @@ def _var_keyword(fn):
 FAMILY_KEYWORDS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "use_gate_in_kernel",
                    "cu_seqlens")
 GATE_KEYWORDS = ("A_log", "dt_bias", "lower_bound")
+SCALE = "scale"  # probed like a flag when the torch function takes it only through **kwargs
 GVA_OPTIONS = ("repeat", "none")  # no grouped value heads: q, k repeated to v's heads, or G = 1 only
 _DEFAULT_ARGS = {"scale_arg": "scale", "state_arg": "initial_state"}
 _NO_STATE = "initial_state: the kernel takes no initial state (state_arg=None), but this call has a nonzero one"
@@ -554,7 +555,8 @@ class FamilyTorchKernel(TorchKernel):
 
     ``flags``: the FLA keywords of :data:`FAMILY_KEYWORDS` the torch function takes (``+``-separated, empty for
     none); without it, those its signature names (read through pass-through wrappers), and those it can only take
-    through ``**kwargs`` are :attr:`hidden_keywords` (the judge probes them, ``ci/running/flag_probe.py``). ``gva``:
+    through ``**kwargs`` are :attr:`hidden_keywords` (the judge probes them, ``ci/running/flag_probe.py``), with
+    ``scale`` when the scale's keyword is neither named nor given as ``scale_arg``. ``gva``:
     the torch function has no grouped value heads: ``repeat`` feeds it q, k repeated to v's heads (value head
     ``hv`` reads key head ``hv // G``, ``repeat_interleave``; inside torch, so the gradients sum back), ``none``
     takes only calls with as many key as value heads.
@@ -575,6 +577,7 @@ class FamilyTorchKernel(TorchKernel):
         if sorted(order) != sorted(self.TENSORS):
             raise ValueError(f"order: {order!r} is not the five tensors {self.TENSORS} in some order")
         declared = declared_flags(options.pop("flags", None))
+        scale_given = "scale_arg" in options
         self.gva = options.pop("gva", None)
         if self.gva is not None and self.gva not in GVA_OPTIONS:
             raise ValueError(f"gva: {self.gva!r} not one of {GVA_OPTIONS} (q, k repeated to v's heads, or only calls "
@@ -585,8 +588,12 @@ class FamilyTorchKernel(TorchKernel):
         self.packed = bool(packed) if declared is None else "cu_seqlens" in declared
         self.no_backward = no_backward
         # FLA's keywords the torch function takes only through **kwargs, unproven (none when declared)
+        # (and "scale" when the scale keyword, not given as an option, is not named either)
         self.hidden_keywords = () if declared is not None or not _var_keyword(fn) else tuple(
             k for k in FAMILY_KEYWORDS if not _named_keyword(fn, k) and (k != "cu_seqlens" or self.packed))
+        if not scale_given and self.scale_arg is not None and _var_keyword(fn) and not _named_keyword(
+                fn, self.scale_arg):
+            self.hidden_keywords += (SCALE,)
         # the keywords the wrapper takes: those of the family call the torch function takes too (FLA's flags, the gate
         # parameters, cu_seqlens when packed), so the judge runs it on the cases it can be called on
         sig = inspect.signature(type(self).__call__)

@@ -497,7 +497,7 @@ class ValidationRun:
         if case_family(case) != kout["family"]:
             kout["other_family_cases"].append(case.name)
         elif (not takes_part(case, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))
-              or not family_running.takes_heads(fn, case)):  # gva=none: no grouped value heads
+              or not family_running.takes_case(fn, case)):  # gva=none, no scale
             kout["not_accepted_cases"].append(case.name)
             mine = next(i for i, k in enumerate(self.kernels_out) if k is kout)
             self.needs[mine][case.name] = needed_keywords(case, fn, kout["accepted_modes"], flags)

@@ -93,13 +93,19 @@ def accepted_flags(fn):
     return [f for f in FLAGS if takes_flags(fn, (f,))]
 
 
-def takes_heads(fn, case):
-    """Whether kernel ``fn`` runs case ``case``'s heads: a kernel without grouped value heads (``gva=none``,
-    kernels/torch_bridge.py) only family cases with as many key as value heads (``HV == H``)."""
-    if getattr(fn, "gva", None) != "none" or not getattr(case, "family", None):
+def takes_case(fn, case):
+    """Whether family kernel ``fn`` can be judged on case ``case`` (kernels/torch_bridge.py's options): without
+    grouped value heads (``gva=none``) only cases with as many key as value heads (``HV == H``); a kernel that takes
+    no scale (``scale_arg=None``, or ``scale`` probed ignored, ``ci/running/flag_probe.py``) only cases at the
+    default ``K**-0.5``."""
+    if not getattr(case, "family", None):
         return True
     _, _, H, HV, _, _ = case.shape
-    return H == HV
+    if getattr(fn, "gva", None) == "none" and H != HV:
+        return False
+    custom_scale = getattr(getattr(case, "recipe", None), "scale", None) is not None
+    no_scale = (hasattr(fn, "scale_arg") and fn.scale_arg is None) or "scale" in flag_probe.refused(fn)
+    return not (custom_scale and no_scale)
 
 
 def accepted_family_modes(fn, family):

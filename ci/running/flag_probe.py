@@ -55,8 +55,10 @@ def _inputs(family, seed=0):
 
 def _keywords(keyword, params):
     """``(without, with)``: the call's keywords without and with ``keyword`` (``allow_neg_eigval`` needs the beta
-    sigmoid in both; the in-kernel gate brings its parameters)."""
+    sigmoid in both; the in-kernel gate brings its parameters; ``scale``: half the default)."""
     base = {"use_beta_sigmoid_in_kernel": True} if keyword == "allow_neg_eigval" else {}
+    if keyword == "scale":  # half the default K**-0.5
+        return base, {"scale": 0.5 * SHAPE["K"] ** -0.5}
     if keyword == "cu_seqlens":
         return base, {"cu_seqlens": CU_SEQLENS}
     if keyword == "use_gate_in_kernel":

@@ -147,5 +147,27 @@ def test_gva_none_lists_the_grouped_cases_instead_of_running_them():
     cases += [FamilyCase.from_recipe(f"{n}_g1", r.replace(HV=r.H)) for n, r in recipes.items()]
     grouped = {c.name for c in cases if c.shape[3] != c.shape[2]}
     assert grouped and len(grouped) < len(cases)
-    assert {c.name for c in cases if not family_running.takes_heads(kernel, c)} == grouped
-    assert all(family_running.takes_heads(gdn_ignoring_flags, c) for c in cases)
+    assert {c.name for c in cases if not family_running.takes_case(kernel, c)} == grouped
+    assert all(family_running.takes_case(gdn_ignoring_flags, c) for c in cases)
+
+
+def gdn_fixed_scale(q, k, v, g, beta, initial_state=None, output_final_state=False, **kwargs):
+    """:func:`gdn_ignoring_flags` at the default scale ``K**-0.5`` whatever ``scale`` it is passed (transformers'
+    fallbacks take no scale)."""
+    return gdn_ignoring_flags(q, k, v, g, beta, initial_state=initial_state)
+
+
+def test_a_scale_taken_only_through_kwargs_is_probed_and_custom_scale_cases_are_not_run():
+    from gdn2_oracle.ci.grading.families import FamilyCase
+    from gdn2_oracle.oracle import family_recipes
+
+    kernel = torch_bridge.FamilyTorchKernel(gdn_fixed_scale, name="fixed", family="gdn", options={"device": "cpu"})
+    assert kernel.hidden_keywords[-1] == "scale"
+    assert "kernel fixed ignores scale (probed: same output with and without it)" in " ".join(flag_probe.notes(kernel))
+    r = next(family_recipes.get(n) for n in family_recipes.names() if family_recipes.get(n).family == "gdn")
+    assert family_running.takes_case(kernel, FamilyCase.from_recipe("default", r.replace(scale=None)))
+    assert not family_running.takes_case(kernel, FamilyCase.from_recipe("custom", r.replace(scale=0.3)))
+    named = torch_bridge.FamilyTorchKernel(gdn_fixed_scale, name="fixed", family="gdn",
+                                           options={"device": "cpu", "scale_arg": None})
+    assert "scale" not in named.hidden_keywords
+    assert not family_running.takes_case(named, FamilyCase.from_recipe("custom", r.replace(scale=0.3)))
