@@ -131,8 +131,8 @@ def test_extra_decay_needs_a_state_that_is_the_right_one_scaled_down():
 
 # mutant -> the kernel-level line (validate's "Diagnosis (across cases)") that names it
 SMOKE_LINES = {
-    "bf16_decay": "pattern: fails only in bfloat16",
-    "padded_tail_gate": "pattern: the final state only, when T is not a multiple of 64",
+    "bf16_decay": "fails only in bfloat16",
+    "padded_tail_gate": "the final state only, when T is not a multiple of 64",
     "gva_modulo": "value head hv reads key head hv % H, not hv // G",
 }
 
