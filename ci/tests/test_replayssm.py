@@ -83,7 +83,7 @@ def test_validate_passes_the_standin(cli):
     code, out, err = cli("validate", "--kernel", f"replayssm:{STANDIN}[capacity=6,{SMALL}]", "--modes",
                          "decode,speculative", "--dtype", "float32", "--no-progress")
     assert code == 0, out + err
-    assert f"replayssm:{STANDIN}[capacity=6,{SMALL}]: PASS (4/4 cases pass)" in out
+    assert f"replayssm:{STANDIN}[capacity=6,session_size=small]: PASS (4/4 cases pass)" in out
 
 
 def test_replayssm_kernels_get_sessions_at_vllms_launch_shapes():
