@@ -4,6 +4,7 @@ and layout, the scale and state positionally, exp2 log-decays, exact padding of 
 from __future__ import annotations
 
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -151,3 +152,18 @@ def test_interpret_keeps_flags_and_integer_arrays_concrete():
     grad = jax.grad(lambda x: adapt.interpreted(kernel, 1)(x, flag=True, cu_seqlens=cu, scale=0.5).sum())(x)
     np.testing.assert_array_equal(grad, np.full((1, 8), 0.5))
     assert seen["flag"] is True and seen["scale"] == 0.5 and not isinstance(seen["cu"], jax.core.Tracer)
+
+
+def test_interpret_reaches_a_program_lowered_on_another_thread():
+    """The compile-ahead lookahead traces the judge's program on a thread of its own (ci/running/ahead.py): the
+    interpret context is set by the kernel wherever it is traced, so that program runs too, backward included."""
+    kernel = kernels.get(f"{__name__}:pallas_backward_kernel[interpret=1]")
+    case = oracle_case(RECIPE.replace(T=8))
+    problem, do, dfs = case.data()
+    lowered = {}
+    worker = threading.Thread(target=lambda: lowered.update(program=harness.lower(kernel, problem, "float32")))
+    worker.start()
+    worker.join()
+    compiled = lowered["program"].compile()
+    report = case.judge(harness.kernel_results(kernel, problem, do, dfs, program=lambda: compiled))
+    assert report.passed, report.format()
