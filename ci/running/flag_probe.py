@@ -72,8 +72,13 @@ def _oracle_o(family, arrays, keywords):
 
 
 def _kernel_o(fn, arrays, keywords):
-    """Kernel ``fn``'s ``o`` of the probe call."""
-    o, _ = fn(*(arrays[n] for n in ("q", "k", "v", "g", "beta")), output_final_state=True, **keywords)
+    """Kernel ``fn``'s ``o`` of the probe call, from a zero initial state passed explicitly (as the judge passes one:
+    transformers' recurrent fallbacks require it)."""
+    B, HV, K, V = SHAPE["B"], arrays["v"].shape[2], arrays["k"].shape[3], arrays["v"].shape[3]
+    N = len(keywords["cu_seqlens"]) - 1 if "cu_seqlens" in keywords else B
+    h0 = np.zeros((N, HV, K, V), np.float32)
+    o, _ = fn(*(arrays[n] for n in ("q", "k", "v", "g", "beta")), initial_state=h0, output_final_state=True,
+              **keywords)
     return np.asarray(o, np.float64)
 
 

@@ -171,3 +171,14 @@ def test_a_scale_taken_only_through_kwargs_is_probed_and_custom_scale_cases_are_
                                            options={"device": "cpu", "scale_arg": None})
     assert "scale" not in named.hidden_keywords
     assert not family_running.takes_case(named, FamilyCase.from_recipe("custom", r.replace(scale=0.3)))
+
+
+def gdn_requires_state(q, k, v, g, beta, initial_state, output_final_state, **kwargs):
+    """:func:`gdn_ignoring_flags` with the state keywords required, as transformers' recurrent fallbacks have them."""
+    return gdn_ignoring_flags(q, k, v, g, beta, initial_state=initial_state)
+
+
+def test_the_probe_passes_the_state_a_kernel_requires():
+    kernel = torch_bridge.FamilyTorchKernel(gdn_requires_state, name="st", family="gdn", options={"device": "cpu"})
+    notes = flag_probe.notes(kernel)
+    assert len(notes) == 5 and all("ignores" in n and "could not be probed" not in n for n in notes), notes  # + scale
