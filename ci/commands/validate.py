@@ -213,7 +213,9 @@ def generated_recipes(kind, dtypes, seed):
 def dense_recipes(kind, dtypes, seed):
     """``(name, Recipe)`` of a case set's dense GDN-2 problems in ``dtypes``: the golden corpus's recipes (each in its
     own precision; ``_bf16`` for a generated bfloat16 one) and the generated ones -- what a family projects
-    (``oracle.family_recipes.projections``)."""
+    (``oracle.family_recipes.projections``); none for ``golden``, whose family cases are the family goldens."""
+    if kind == "golden":
+        return []
     from gdn2_oracle.golden import catalogue  # the corpus's recipes, no data read
 
     goldens = [(n, catalogue.get(n).recipe) for n in catalogue.names() if catalogue.get(n).recipe.precision in dtypes]

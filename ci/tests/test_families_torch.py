@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from gdn2_oracle.ci.commands import validate
 from gdn2_oracle.kernels import spec
 from gdn2_oracle.oracle import family_recipes
 
@@ -60,7 +61,9 @@ def test_a_torch_family_kernel_written_elsewhere_passes_quick(cli, tmp_path, fam
     assert code == 0, out
     takes = {"use_qk_l2norm_in_kernel", "l2norm"}  # its only keyword besides the contract's: the q/k norm
     expected = {n for n in family_recipes.names("quick") if n.startswith(f"{family}_")
+                and family_recipes.get(n).precision == "float32"
                 and set(family_recipes.get(n).flags()) | set(family_recipes.get(n).modes) <= takes}
+    expected |= set(family_recipes.projections(family, validate.dense_recipes("quick", ("float32",), 0)))
     assert k["family"] == family and k["passed"] and {c["case"] for c in k["cases"]} == expected, k["n_cases"]
     judged = {c["case"] for c in k["cases"]}
     assert any("gva4" in n for n in judged) and any("gva2" in n for n in judged)
