@@ -192,3 +192,25 @@ def vllm_kda_chunk(**options):
 def sglang_gdn_fused_recurrent(**options):
     """``sglang-gdn-fused-recurrent``: SGLang's fused recurrent Gated DeltaNet kernel (its FLA copy)."""
     return engine_kernel("sglang-gdn-fused-recurrent", **options)
+
+
+# SGLang's own GDN ReplaySSM (a checkpoint plus circular rings of recent tokens, exact fold, compact commit): loadable
+# for a replay driver, not a registered kernel. Its entry points (sglang 0.5.23): gdn_replayssm_spec_decode(q, k, v,
+# a, b, A_log, dt_bias, checkpoint_state, d_cache, k_cache, g_cache, rawv_cache, rawk_cache, beta_cache, out,
+# query_start_loc, ssm_state_indices, replay_indices, write_pos, cache_base, is_flush, max_cache_len, max_spec_len,
+# scale=None, use_qk_l2norm_in_kernel=True, null_block_id=0, ...), commit_gdn_replayssm_spec(write_pos, cache_base,
+# is_flush, num_accepted, replay_indices, max_cache_len, max_spec_len, fold_every_commit=False, cache_buf_len=None,
+# null_block_id=0), commit_gdn_replayssm_circular(*, checkpoint_state, d_cache, k_cache, g_cache, d_residual_cache,
+# k_residual_cache, state_batch_indices, replay_indices, write_pos, cache_base, is_flush, accept_lens, ...,
+# null_block_id=-1) and, in the fold module, commit_gdn_replayssm_fold_all_layers(checkpoint_state, rawv_cache,
+# rawk_cache, g_cache, beta_cache, ssm_state_indices, accept_lens, max_cache_len, num_k_heads, ...,
+# use_qk_l2norm_in_kernel=True, null_block_id=-1); commit_gdn_replayssm_fold_after_verify imports
+# sglang.kernels.ops.mamba (not extracted) when called.
+SGLANG_REPLAYSSM = ("sglang.kernels.ops.attention.linear.gdn_replayssm_spec_decode",
+                    "sglang.kernels.ops.attention.linear.gdn_replayssm_spec_fold")
+
+
+def sglang_replayssm():
+    """SGLang's GDN ReplaySSM modules ``(spec_decode, spec_fold)`` loaded from its wheel in Triton's interpreter."""
+    loaded = third_party.load("sglang", SGLANG_REPLAYSSM, who="SGLang's GDN ReplaySSM")
+    return tuple(loaded.module(m) for m in SGLANG_REPLAYSSM)

@@ -5,10 +5,10 @@ by the wheel's hash. The registered kernels in one subprocess (``TRITON_INTERPRE
 imported and then holds for the process): the stand-ins present only during a load, each kernel on small family
 calls with grouped value heads (test_fla_family_peers.py's ``make_case``: B = 2, T = 50, H = 2, HV = 4, K = V = 16
 with an initial state; and two packed sequences) judged against the float64 family oracle by the grading rule, and
-vLLM's chunk kernel in bfloat16 (its public entry; the interpreter's bfloat16 fixes) on the same call. One
-``validate --cases smoke`` per engine through the console script. The wheels come from ``make peers``
-($GDN2_PEERS/wheels): without them these tests skip, except under CI (``CI=true``), where a missing wheel fails
-them. In the release group (conftest.py).
+vLLM's chunk kernel in bfloat16 (its public entry; the interpreter's bfloat16 fixes) on the same call; SGLang's
+ReplaySSM modules load. ``validate --cases smoke`` on SGLang's kernel through the console script. The wheels come
+from ``make peers`` ($GDN2_PEERS/wheels): without them these tests skip, except under CI (``CI=true``), where a
+missing wheel fails them. In the release group (conftest.py).
 """
 
 from __future__ import annotations
@@ -111,6 +111,11 @@ for key, run in spec["runs"].items():
                   output_final_state=True)
     np.savez(run["out"], o=np.asarray(o, np.float32), final_state=np.asarray(S, np.float32))
     out["runs"][key] = {"family": kernel.family, "no_backward": kernel.no_backward}
+from gdn2_oracle.kernels.engine_peers import sglang_replayssm
+decode, fold = sglang_replayssm()
+out["replayssm"] = [hasattr(decode, n) for n in ("gdn_replayssm_spec_decode", "commit_gdn_replayssm_spec",
+                                                  "commit_gdn_replayssm_circular")]
+out["replayssm"].append(hasattr(fold, "commit_gdn_replayssm_fold_all_layers"))
 out["after"] = sorted(n for n in sys.modules if n.split(".")[0] in ("vllm", "sglang"))
 loaded = third_party.load("vllm", [])
 out["loaded"] = sorted(loaded.modules)
@@ -191,10 +196,17 @@ def test_interpreted_stand_ins_live_only_during_a_load(interpreted):
     assert findings["root"].endswith(f"vllm-{third_party.wheel_hash(wheel)[:16]}")
 
 
-@pytest.mark.parametrize("kernel", ["vllm-gdn-chunk", "sglang-gdn-fused-recurrent"])
+def test_interpreted_sglang_replayssm_loads(interpreted):
+    """SGLang's GDN ReplaySSM modules load from its wheel with their decode and commit functions."""
+    assert interpreted[0]["replayssm"] == [True, True, True, True]
+
+
+# vLLM's chunk kernel through the console script takes 3.5 min here (2 cores, shared): past this file's budget; its
+# kernels are judged above, each on its own calls
+@pytest.mark.parametrize("kernel", ["sglang-gdn-fused-recurrent"])
 def test_interpreted_validate_smoke_through_the_console_script(tmp_path, kernel):
-    """``gdn2-oracle validate --kernel K --cases smoke --dtype float32`` on one kernel per engine: the judged cases
-    are graded (exit 0: PASS or PRECISION; none FAIL) and the family notes name the wheel."""
+    """``gdn2-oracle validate --kernel K --cases smoke --dtype float32``: the judged cases are graded (exit 0: PASS or
+    PRECISION; none FAIL) and the family notes name the wheel."""
     peers = wheels_or_skip()
     proc = console(tmp_path, "validate", "--kernel", kernel, "--cases", "smoke", "--dtype", "float32",
                    "--no-progress", timeout=900, GDN2_PEERS=str(peers))
