@@ -5,9 +5,10 @@ takes the ``kernel`` argument runs once per selected kernel (ids = the names as 
 that does not runs once. Kernel-option variants that belong to another kernel than the one under
 test are deselected, not skipped; so are training-call mode tests (marker ``gdn2_modes``) for a kernel
 whose signature does not accept the mode, or for a mode left out of ``--gdn2-modes``. Each kernel's family is read
-as ``validate`` reads it (``ci/running/families.py``); a test marked ``gdn2_family`` for other families is skipped
-for it with the reason (a Gated DeltaNet or KDA kernel is judged by the family properties, a GDN-2 kernel by the
-GDN-2 properties).
+as ``validate`` reads it (``ci/running/families.py``). A GDN-2 property (marked ``gdn2_family("gdn2")``) is
+deselected for a Gated DeltaNet or KDA kernel, which runs its family-lens version instead (``test_families.py``,
+``test_family_properties.py``, ``test_family_golden.py``, ``test_family_serving.py``), and a line at the end of the
+run says how many and why; a family property is skipped for a GDN-2 kernel with the reason.
 """
 
 from __future__ import annotations
@@ -148,6 +149,16 @@ def kernel_families(pytestconfig):
     return dict(pytestconfig._gdn2_families)
 
 
+LENS_MODULES = ("test_families.py", "test_family_properties.py", "test_family_golden.py", "test_family_serving.py")
+
+
+def _lensed(item, kernel, config):
+    """Whether ``item`` is a GDN-2 property and ``kernel`` a family kernel: its family-lens version runs instead."""
+    judged = [f for mark in item.iter_markers("gdn2_family") for f in mark.args]
+    family = kernel_family(config, getattr(kernel, "name", None))
+    return bool(judged) and family not in judged and family != family_running.GDN2
+
+
 def _other_family(item, kernel, config):
     """The skip reason when ``item`` (marked ``gdn2_family``) judges other families than ``kernel``'s, else None."""
     judged = [f for mark in item.iter_markers("gdn2_family") for f in mark.args]
@@ -206,8 +217,10 @@ def _listed(item, entries):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Deselect option variants of other kernels; mark the tests listed in --gdn2-xfails as xfail."""
-    keep, drop, used = [], [], set()
+    """Deselect option variants of other kernels and a family kernel's GDN-2 properties; mark the tests listed in
+    --gdn2-xfails as xfail."""
+    keep, drop, used, lensed = [], [], set(), {}
+    config._gdn2_lensed = lensed
     for item in items:
         if not _ours(item):
             keep.append(item)
@@ -220,6 +233,10 @@ def pytest_collection_modifyitems(config, items):
         family = params.get("family")  # a family property's recipe of the other family than the kernel's
         if kernel is not None and family is not None and kernel_family(config, kernel.name) not in (
                 family, family_running.GDN2):  # (a GDN-2 kernel: skipped with the reason below)
+            drop.append(item)
+            continue
+        if kernel is not None and _lensed(item, kernel, config):
+            lensed[kernel.name] = lensed.get(kernel.name, 0) + 1
             drop.append(item)
             continue
         missing = _modes_missing(item, kernel, config) if kernel is not None else []
@@ -247,3 +264,11 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """One line per family kernel whose GDN-2 properties were deselected: how many, and where their lens runs."""
+    for name, n in getattr(config, "_gdn2_lensed", {}).items():
+        terminalreporter.write_line(
+            f"gdn2: {n} GDN-2 properties deselected for {name!r} (a {kernel_family(config, name)} family kernel): "
+            f"their family-lens versions judge it ({', '.join(LENS_MODULES)})")

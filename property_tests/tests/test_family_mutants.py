@@ -2,8 +2,8 @@
 ``test_family_properties.py`` and ``test_family_golden.py``) through the plugin, as a kernel author runs them: each
 mutant of ``kernels/testing_families.py`` fails them in both families, our ``gdn-factorized`` and ``kda-factorized``
 and FLA's ``fla-gdn-naive-recurrent`` pass, a kernel's family is read as ``validate`` reads it (a spec option, its
-attribute; a beta signature without either is a usage error), and the properties of the other contract are skipped
-with the reason.
+attribute; a beta signature without either is a usage error), a family kernel's GDN-2 properties are deselected for
+their family-lens versions and a GDN-2 kernel's family properties skipped with the reason.
 
 Each test runs pytest in a subprocess from a temporary directory outside the repository.
 """
@@ -125,14 +125,20 @@ def test_the_family_lens_passes_our_family_kernels_and_flas(tmp_path):
     assert code == 0 and " passed" in out and "failed" not in out and "skipped" not in out, out
 
 
-def test_a_family_kernel_is_skipped_by_the_gdn2_properties_with_the_reason(tmp_path):
-    """``--gdn2-kernel gdn-factorized`` on a GDN-2 golden: skipped, the reason naming the kernel and its family; no test
-    judged it, so the run is EMPTY (exit 5), not a pass."""
+LENSED = "GDN-2 properties deselected for {!r} (a gdn family kernel): their family-lens versions judge it"
+
+
+def test_a_family_kernel_runs_the_family_lens_instead_of_the_gdn2_properties(tmp_path):
+    """``--gdn2-kernel gdn-factorized`` on a GDN-2 golden: deselected (its family-lens version runs instead), a line
+    saying so; no test ran, so the run is EMPTY (exit 5), not a pass. The family lens's state carry is collected."""
     code, out = pytest_run(tmp_path, "--pyargs", SUITE, "--gdn2-kernel", "gdn-factorized", "-k",
                            "test_kernel_matches_golden and len_1", "-rs", "-q")
-    assert code == 5 and "1 skipped" in out, out
-    assert "kernel 'gdn-factorized' is a gdn family kernel: judged by the family properties" in out, out
-    assert "gdn2: EMPTY for gdn-factorized" in out, out
+    assert code == 5 and "1 deselected" in out and "skipped" not in out, out
+    assert LENSED.format("gdn-factorized") in out, out
+    code, out = pytest_run(tmp_path, "--pyargs", SUITE, "--gdn2-kernel", "gdn-factorized", "--collect-only", "-q")
+    ids = [line.split("::", 1)[1] for line in out.splitlines() if "::" in line]
+    assert code == 0 and "test_family_state_carry[gdn-factorized-split2]" in ids, out
+    assert not [i for i in ids if i.startswith(("test_kernel_matches_golden[", "test_state_carry["))], ids
 
 
 def test_a_gdn2_kernel_is_skipped_by_the_family_properties_with_the_reason(tmp_path):
@@ -144,12 +150,12 @@ def test_a_gdn2_kernel_is_skipped_by_the_family_properties_with_the_reason(tmp_p
 
 def test_the_family_of_a_kernel_is_the_spec_option(tmp_path):
     """``mod:fn[family=gdn]``: the option is taken out of the spec (never passed to the kernel), the family properties
-    are collected for it under the spec as given and the GDN-2 ones skip it; the other family's recipes are
+    are collected for it under the spec as given and the GDN-2 ones deselected; the other family's recipes are
     deselected."""
     (tmp_path / "famkernel.py").write_text(WRAPPED)
     spec = "famkernel:fn[family=gdn]"
     code, out = pytest_run(tmp_path, "--pyargs", SUITE, "--gdn2-kernel", spec, "-k", "golden and len_1", "-rs", "-q")
-    assert code == 5 and "1 skipped" in out and f"kernel {spec!r} is a gdn family kernel" in out, out
+    assert code == 5 and "1 deselected" in out and LENSED.format(spec) in out, out
     code, out = pytest_run(tmp_path, "--pyargs", FAMILY_PROPERTIES, "--gdn2-kernel", spec, "--collect-only", "-q")
     ids = [line.split("::", 1)[1] for line in out.splitlines() if "::" in line]
     assert code == 0 and f"{ORACLE}[{spec}]" in ids, out
