@@ -392,9 +392,9 @@ _LOADED = {}
 def load(engine, modules, who="engine kernel"):
     """The engine's kernel ``modules`` (full names) loaded from its wheel in Triton's interpreter (module
     docstring); a module already loaded is reused."""
+    wheel = find_wheel(engine)  # first: a missing wheel leaves the process as it was
     triton_interpret.enable(who)
     install_interpreter_fixes()
-    wheel = find_wheel(engine)
     key = (engine, str(wheel))
     loaded = _LOADED.get(key)
     if loaded is None:

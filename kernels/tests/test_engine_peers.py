@@ -59,6 +59,16 @@ def test_a_missing_wheel_names_make_peers_and_the_folder(monkeypatch, tmp_path):
             third_party.find_wheel(engine)
 
 
+def test_missing_wheels_skip_here_and_fail_under_ci(monkeypatch, tmp_path):
+    monkeypatch.setenv(third_party.PEERS_ENV, str(tmp_path))
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="make peers"):
+        wheels_or_skip()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="make peers"):
+        wheels_or_skip()
+
+
 def test_the_peers_folder_defaults_to_the_user_cache(monkeypatch, tmp_path):
     monkeypatch.delenv(third_party.PEERS_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
