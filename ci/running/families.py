@@ -98,7 +98,7 @@ def takes_case(fn, case):
     grouped value heads (``gva=none``) only cases with as many key as value heads (``HV == H``); a kernel that takes
     no scale (``scale_arg=None``, or ``scale`` probed ignored, ``ci/running/flag_probe.py``) only cases at the
     default ``K**-0.5``."""
-    if not getattr(case, "family", None):
+    if not getattr(case, "family", None) or len(case.shape) != 6:  # a serving session: its driver's own heads
         return True
     _, _, H, HV, _, _ = case.shape
     if getattr(fn, "gva", None) == "none" and H != HV:
