@@ -39,12 +39,12 @@ DROPPED = ("GDN2_", "PYTEST_", "JAX_", "XLA_")
 
 def console_env(tmp_path, **extra):
     """The environment of a cold console-script run: every cache folder fresh under ``tmp_path``, none of this
-    session's settings (:data:`DROPPED`), plus ``extra``."""
+    session's settings (:data:`DROPPED`), plus ``extra`` (which may name a cache folder in place of a fresh one)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED)}
     env.update(PYTHONDONTWRITEBYTECODE="1", XDG_CACHE_HOME=str(tmp_path / "xdg"),
                GDN2_REFERENCE_CACHE=str(tmp_path / "references"), GDN2_PROGRAM_CACHE=str(tmp_path / "programs"),
-               GDN2_COMPILE_CACHE=str(tmp_path / "compiled"), **extra)
-    return env
+               GDN2_COMPILE_CACHE=str(tmp_path / "compiled"))
+    return {**env, **extra}
 
 
 def console(tmp_path, *argv, timeout=600, **env):

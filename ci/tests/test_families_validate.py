@@ -10,6 +10,7 @@ judge is tested against nothing of kernels/.
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ from gdn2_oracle.ci.grading.grades import FAIL, PASS
 from gdn2_oracle.ci.running import families as running
 from gdn2_oracle.ci.running import serving
 from gdn2_oracle.ci.running.cases import FamilyRunCase
+from gdn2_oracle.ci.testing import console
 from gdn2_oracle.kernels import spec
 from gdn2_oracle.oracle import families, family_recipes, recurrence
 
@@ -349,11 +351,17 @@ def test_family_goldens_are_in_the_golden_set():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["gdn-factorized", "kda-factorized"])
-def test_our_family_kernels_pass_every_mode_and_the_goldens(cli, tmp_path, kernel):
-    """Our chunked GDN / KDA kernels on the quick set in every mode their family takes and on their goldens."""
+def test_our_family_kernels_pass_every_mode_and_the_goldens(tmp_path, kernel):
+    """Our chunked GDN / KDA kernels on the quick set in every mode their family takes and on their goldens, through
+    the console script: a run of ~100 programs in its own process, as a user runs it, with the suite's shared caches
+    (in a test worker that had loaded torch, JAX's compilation-cache write once ended the worker with a segfault)."""
+    shared = {n: os.environ[n] for n in ("GDN2_COMPILE_CACHE", "GDN2_REFERENCE_CACHE", "GDN2_PROGRAM_CACHE")
+              if os.environ.get(n)}
     for cases in ("quick", "golden"):
         path = tmp_path / f"{cases}.json"
-        code, out, _ = cli("validate", "--kernel", kernel, "--cases", cases, "--no-progress", "--json", path)
+        run = console(tmp_path, "validate", "--kernel", kernel, "--cases", cases, "--no-progress", "--json", path,
+                      timeout=1800, **shared)
+        code, out = run.returncode, run.stdout + run.stderr
         assert code == 0, out
         [k] = json.loads(path.read_text())["kernels"]
         fn, family = spec.get(kernel), kernel[:3]
