@@ -65,23 +65,30 @@ def _shape(q, v, cu_seqlens):
     return (B if cu_seqlens is None else len(cu_seqlens) - 1), H, v.shape[2], K, v.shape[3]
 
 
+def _on_engine_states(run, q, v, initial_state, cu_seqlens):
+    """``run(h0)`` on the engines' initial states ``[N, HV, V, K]``; its ``(o, final)``, final as ``[N, HV, K, V]``."""
+    N, _, HV, K, V = _shape(q, v, cu_seqlens)
+    o, final = run(_initial(initial_state, N, HV, K, V, q))
+    return o, _v_first(final)
+
+
 def vllm_chunk_adapter(module):
     """vLLM's ``chunk_gated_delta_rule`` (module ``ops/chunk.py``) in the gdn family's signature."""
 
     def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True, cu_seqlens=None,
                use_qk_l2norm_in_kernel=False):
         torch = import_torch()
-        N, H, HV, K, V = _shape(q, v, cu_seqlens)
-        h0 = _initial(initial_state, N, HV, K, V, q)
-        scale = K ** -0.5 if scale is None else scale
-        if q.dtype == torch.float32:  # below the public function's float32 assertion: the same forward
-            o, final = module.ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, scale, h0, True, cu_seqlens, None,
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+
+        def run(h0):
+            if q.dtype == torch.float32:  # below the public function's float32 assertion: the same forward
+                return module.ChunkGatedDeltaRuleFunction.apply(q, k, v, g, beta, scale, h0, True, cu_seqlens, None,
                                                                 None, use_qk_l2norm_in_kernel, None)
-        else:
-            o, final = module.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
-                                                     output_final_state=True, cu_seqlens=cu_seqlens,
-                                                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        return o, _v_first(final)
+            return module.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0,
+                                                 output_final_state=True, cu_seqlens=cu_seqlens,
+                                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+        return _on_engine_states(run, q, v, initial_state, cu_seqlens)
 
     kernel.__name__ = "vllm_chunk_gated_delta_rule_gdn"
     return kernel
@@ -119,13 +126,13 @@ def vllm_kda_adapter(module):
 
     def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True, cu_seqlens=None,
                use_qk_l2norm_in_kernel=False):
-        N, H, HV, K, V = _shape(q, v, cu_seqlens)
-        if HV > H:
-            q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
-        h0 = _initial(initial_state, N, HV, K, V, q)
-        o, final = module.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
-                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens)
-        return o, _v_first(final)
+        G = v.shape[2] // q.shape[2]
+        if G > 1:
+            q, k = q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2)
+        return _on_engine_states(
+            lambda h0: module.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+                                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens),
+            q, v, initial_state, cu_seqlens)
 
     kernel.__name__ = "vllm_chunk_kda"
     return kernel
@@ -136,12 +143,11 @@ def sglang_fused_recurrent_adapter(module):
 
     def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True, cu_seqlens=None,
                use_qk_l2norm_in_kernel=False):
-        N, H, HV, K, V = _shape(q, v, cu_seqlens)
-        h0 = _initial(initial_state, N, HV, K, V, q)
-        o, final = module.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, scale=scale, initial_state=h0,
-                                                           output_final_state=True, cu_seqlens=cu_seqlens,
-                                                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        return o, _v_first(final)
+        return _on_engine_states(
+            lambda h0: module.fused_recurrent_gated_delta_rule(
+                q, k, v, g=g, beta=beta, scale=scale, initial_state=h0, output_final_state=True,
+                cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel),
+            q, v, initial_state, cu_seqlens)
 
     kernel.__name__ = "sglang_fused_recurrent_gated_delta_rule_gdn"
     return kernel
