@@ -44,6 +44,7 @@ OPTIONAL = {
         ("fla-kda-fused-recurrent", "kda_fused_recurrent"))},
     **{name: f"gdn2_oracle.kernels.engine_peers:{name.replace('-', '_')}" for name in (
         "vllm-gdn-chunk", "vllm-gdn-fused-recurrent", "vllm-kda-chunk", "sglang-gdn-fused-recurrent")},
+    "sglang-gdn-replayssm": "gdn2_oracle.kernels.sglang_replayssm:sglang_gdn_replayssm",
     "vllm-gdn-fused-sigmoid-gating": "gdn2_oracle.kernels.engine_peers:vllm_gdn_fused_sigmoid_gating",
 }
 # ``torch:package.module:attr[options]``: a PyTorch callable behind the contract (kernels/torch_bridge.py).
