@@ -8,6 +8,10 @@ device is ``cpu``); each runs the engine's own kernel file, loaded by kernels/th
   ``chunk_gated_delta_rule``;
 * ``vllm-gdn-fused-recurrent``   -- ``ops/fused_recurrent.py``: ``fused_recurrent_gated_delta_rule`` as vLLM
   serves with it, on an in-place state pool (``ssm_state_indices``; slot 0 is vLLM's null block);
+* ``vllm-gdn-fused-sigmoid-gating`` -- ``ops/fused_sigmoid_gating.py``: ``fused_sigmoid_gating_delta_rule_update``,
+  vLLM's decode kernel on raw gates (``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``; FLA's
+  ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel`` pass through, otherwise the adapter inverts ``g``, ``beta``
+  into raw gates: :func:`raw_gates`), on the same in-place pool;
 * ``vllm-kda-chunk``             -- ``ops/kda.py``: ``chunk_kda`` (no grouped value heads: q, k repeated);
 * ``sglang-gdn-fused-recurrent`` -- ``sglang/kernels/ops/attention/fla/fused_recurrent.py``:
   ``fused_recurrent_gated_delta_rule``.
@@ -32,6 +36,7 @@ interpreter's, :data:`triton_interpret.BF16_DOT_NOTE`).
 from __future__ import annotations
 
 from . import third_party
+from .adapt import TINY
 from .torch_bridge import FamilyTorchKernel, import_torch
 
 VLLM_OPS = "vllm.third_party.flash_linear_attention.ops."
@@ -121,6 +126,54 @@ def vllm_fused_recurrent_adapter(module):
     return kernel
 
 
+def raw_gates(g, beta, HV, use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False):
+    """vLLM's raw gates ``(A_log, a, dt_bias, b)`` (``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``)
+    of a family call: FLA's in-kernel gate and beta sigmoid pass ``g``, ``beta`` and the gate parameters as they are
+    (a missing ``dt_bias`` is zeros); otherwise ``A_log = dt_bias = 0``, ``a = softplus^-1(-g)`` (``-g`` at least
+    :data:`adapt.TINY`) and ``b = logit(beta)``, formed in float64 and rounded once to float32."""
+    torch = import_torch()
+    f32 = dict(dtype=torch.float32, device=g.device)
+    if use_gate_in_kernel:
+        a = g.to(torch.float32)
+        A_log = A_log.to(torch.float32)
+        dt_bias = torch.zeros(HV, **f32) if dt_bias is None else dt_bias.to(torch.float32)
+    else:
+        y = (-g.to(torch.float64)).clamp_min(TINY)
+        a = (y + torch.log(-torch.expm1(-y))).to(torch.float32)
+        A_log, dt_bias = torch.zeros(HV, **f32), torch.zeros(HV, **f32)
+    x = beta.to(torch.float64)
+    b = beta.to(torch.float32) if use_beta_sigmoid_in_kernel else (torch.log(x) - torch.log1p(-x)).to(torch.float32)
+    return A_log, a, dt_bias, b
+
+
+def vllm_sigmoid_gating_adapter(module):
+    """vLLM's ``fused_sigmoid_gating_delta_rule_update`` (raw gates, :func:`raw_gates`) in the gdn family's
+    signature, as vLLM decodes with it: the call's sequences packed (``cu_seqlens``) on an in-place pool ``[N + 1, HV,
+    V, K]`` whose slot 0 is the null block, sequence n on slot n + 1 (``ssm_state_indices [N, T]``)."""
+
+    def kernel(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True, cu_seqlens=None,
+               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+               use_beta_sigmoid_in_kernel=False):
+        torch = import_torch()
+        B, T = q.shape[:2]
+        N, H, HV, K, V = _shape(q, v, cu_seqlens)
+        A_log, a, dt_bias, b = raw_gates(g, beta, HV, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
+        if cu_seqlens is None:  # B equal-length sequences packed, as vLLM calls it
+            cu_seqlens = torch.arange(B + 1, dtype=torch.long, device=q.device) * T
+            q, k, v, a, b = (x.reshape(1, B * T, *x.shape[2:]) for x in (q, k, v, a, b))
+        pool = torch.cat([torch.zeros(1, HV, V, K, dtype=torch.float32, device=q.device),
+                          _initial(initial_state, N, HV, K, V, q).to(torch.float32)])
+        slots = torch.arange(1, N + 1, dtype=torch.int32, device=q.device)
+        indices = slots[:, None].expand(N, max(int(q.shape[1]), 1)).contiguous()
+        o, pool = module.fused_sigmoid_gating_delta_rule_update(
+            A_log, a, b, dt_bias, q, k, v, scale=scale, initial_state=pool, inplace_final_state=True,
+            cu_seqlens=cu_seqlens, ssm_state_indices=indices, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        return o.reshape(B, T, HV, V), _v_first(pool[1:])
+
+    kernel.__name__ = "vllm_fused_sigmoid_gating_delta_rule_update_gdn"
+    return kernel
+
+
 def vllm_kda_adapter(module):
     """vLLM's ``chunk_kda`` in the kda family's signature (no grouped value heads: q, k repeated to them)."""
 
@@ -158,6 +211,9 @@ PEERS = {
     "vllm-gdn-chunk": ("vllm", VLLM_OPS + "chunk", vllm_chunk_adapter, "gdn", "vLLM's chunk prefill"),
     "vllm-gdn-fused-recurrent": ("vllm", VLLM_OPS + "fused_recurrent", vllm_fused_recurrent_adapter, "gdn",
                                  "vLLM's fused recurrent kernel on an in-place state pool"),
+    "vllm-gdn-fused-sigmoid-gating": ("vllm", VLLM_OPS + "fused_sigmoid_gating", vllm_sigmoid_gating_adapter, "gdn",
+                                      "vLLM's fused sigmoid-gating decode kernel (raw gates) on an in-place state "
+                                      "pool"),
     "vllm-kda-chunk": ("vllm", VLLM_OPS + "kda", vllm_kda_adapter, "kda",
                        "vLLM's chunk_kda (no grouped value heads: q, k repeated to the value heads)"),
     "sglang-gdn-fused-recurrent": ("sglang", SGLANG_FLA + "fused_recurrent", sglang_fused_recurrent_adapter, "gdn",
@@ -188,6 +244,11 @@ def vllm_gdn_chunk(**options):
 def vllm_gdn_fused_recurrent(**options):
     """``vllm-gdn-fused-recurrent``: vLLM's fused recurrent Gated DeltaNet kernel on an in-place pool."""
     return engine_kernel("vllm-gdn-fused-recurrent", **options)
+
+
+def vllm_gdn_fused_sigmoid_gating(**options):
+    """``vllm-gdn-fused-sigmoid-gating``: vLLM's fused sigmoid-gating Gated DeltaNet decode kernel (raw gates)."""
+    return engine_kernel("vllm-gdn-fused-sigmoid-gating", **options)
 
 
 def vllm_kda_chunk(**options):
