@@ -35,6 +35,8 @@ interpreter's, :data:`triton_interpret.BF16_DOT_NOTE`).
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import third_party
 from .adapt import TINY
 from .torch_bridge import FamilyTorchKernel, import_torch
@@ -146,6 +148,17 @@ def raw_gates(g, beta, HV, use_gate_in_kernel=False, A_log=None, dt_bias=None, u
     return A_log, a, dt_bias, b
 
 
+def refuses_raw_beta(inputs, keywords):
+    """Why a family call is outside the raw gates' domain (``beta = sigmoid(b)`` lies in [0, 1], its ends at
+    ``b = -inf, inf``; FLA's in-kernel beta sigmoid aside), or None: a ValueError names it instead of a NaN."""
+    beta = inputs.get("beta")
+    if keywords.get("use_beta_sigmoid_in_kernel") or beta is None or (np.all(beta >= 0) and np.all(beta <= 1)):
+        return None
+    return (f"beta: vLLM's fused sigmoid-gating kernel takes b with beta = sigmoid(b), which only expresses "
+            f"0 <= beta <= 1; this call has beta in [{float(np.min(beta)):g}, {float(np.max(beta)):g}]: outside its "
+            "domain, not run")
+
+
 def vllm_sigmoid_gating_adapter(module):
     """vLLM's ``fused_sigmoid_gating_delta_rule_update`` (raw gates, :func:`raw_gates`) in the gdn family's
     signature, as vLLM decodes with it: the call's sequences packed (``cu_seqlens``) on an in-place pool ``[N + 1, HV,
@@ -248,7 +261,9 @@ def vllm_gdn_fused_recurrent(**options):
 
 def vllm_gdn_fused_sigmoid_gating(**options):
     """``vllm-gdn-fused-sigmoid-gating``: vLLM's fused sigmoid-gating Gated DeltaNet decode kernel (raw gates)."""
-    return engine_kernel("vllm-gdn-fused-sigmoid-gating", **options)
+    kernel = engine_kernel("vllm-gdn-fused-sigmoid-gating", **options)
+    kernel.refuses = refuses_raw_beta
+    return kernel
 
 
 def vllm_kda_chunk(**options):
