@@ -173,4 +173,7 @@ def backend(fn):
     from .replayssm_backend import VllmReplayBackend, drives  # torch is imported only when such a kernel runs
     if drives(fn):
         return VllmReplayBackend(fn)
+    from . import sglang_replay_backend as sglang
+    if sglang.drives(fn):
+        return sglang.SglangReplayBackend(fn)
     raise ValueError(f"kernel: {getattr(fn, '__name__', fn)!r} says it is a replay kernel but has no replay backend")
