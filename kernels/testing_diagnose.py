@@ -24,7 +24,9 @@ by autodiff, so the backward is always the exact adjoint of the forward written)
   damping, and the diagnosis must say so; :func:`bf16_solve`, only the chunk solve's operands so (``T``, ``A`` and
   the right-hand sides of ``A Ebar``, ``A (w v)``); and :func:`damped_solve`, the same in float32 with a damped
   chunk solve (``(I + T)^{-1}`` of ``T`` scaled by ``1 - DAMPING``): errors as large, a damping the diagnosis must
-  not call rounding.
+  not call rounding; :func:`clipped_exponent`, the same in float32 with every within-chunk decay exponent clipped at
+  ``-CLIP`` (``exp(max(G_r - G_s, -CLIP))``): wrong only under extreme decay, an exponent clip the diagnosis must
+  name.
 
 Pure JAX; never imports the oracle (docs/DESIGN.md §3).
 """
@@ -118,13 +120,14 @@ def bf16_log_decay(q, k, v, g, b, w, *, scale=None, initial_state=None):
 
 CHUNK = 64  # bf16_operands' and damped_solve's chunk
 DAMPING = 2e-3  # damped_solve's
+CLIP = 20.0  # clipped_exponent's: its within-chunk decay exponents at least -CLIP
 
 
 def _chunked(q, k, v, g, b, w, *, scale=None, initial_state=None, operand=jnp.float32, solve=jnp.float32,
-             damping=0.0):
+             damping=0.0, clip=None):
     """The chunkwise form of docs/DESIGN.md §1 in float32, every product's operands cast to ``operand`` and the chunk
     solve's to ``solve`` (float32 accumulation), the within-chunk tiles ``T`` scaled by ``1 - damping`` before the
-    solve."""
+    solve; ``clip``: every within-chunk pair exponent ``G_r - G_s`` taken as at least ``-clip``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
@@ -147,6 +150,7 @@ def _chunked(q, k, v, g, b, w, *, scale=None, initial_state=None, operand=jnp.fl
         qc, kc, vc, gc, bc, wc = xs
         G = jnp.cumsum(gc, axis=-2)
         diff = jnp.where(lower[..., None], G[..., :, None, :] - G[..., None, :, :], 0.0)
+        diff = diff if clip is None else jnp.maximum(diff, -clip)
         D = jnp.where(lower[..., None], jnp.exp(diff), 0.0)  # [B, H, C, C, K]
         a = bc * kc
         Tt = jnp.where(strict, mm("...rsk,...sk->...rs", a[..., :, None, :] * D, kc), 0.0) * (1.0 - damping)
@@ -183,3 +187,9 @@ def bf16_solve(q, k, v, g, b, w, *, scale=None, initial_state=None):
 def damped_solve(q, k, v, g, b, w, *, scale=None, initial_state=None):
     """The chunked form in float32 with the chunk solve's tiles damped by ``1 - DAMPING``."""
     return _chunked(q, k, v, g, b, w, scale=scale, initial_state=initial_state, damping=DAMPING)
+
+
+def clipped_exponent(q, k, v, g, b, w, *, scale=None, initial_state=None):
+    """The chunked form in float32 with every within-chunk decay exponent clipped at ``-CLIP`` (a guard against
+    underflow): right wherever no pair in a chunk decays by more than ``e^-CLIP``."""
+    return _chunked(q, k, v, g, b, w, scale=scale, initial_state=initial_state, clip=CLIP)

@@ -85,7 +85,7 @@ def unit_lower_inverse(T, r=None):
 class _Chunk:
     """One chunk's state-independent quantities (docs/DESIGN.md §1 chunkwise form), all in the inputs' dtype."""
 
-    def __init__(self, q, k, v, g, b, w, r=None, r_solve=None):
+    def __init__(self, q, k, v, g, b, w, r=None, r_solve=None, clip=None):
         C = q.shape[-2]
         self.r, mm = r, matmul(r)
         self.mm, self.solve_mm = mm, matmul(r_solve)
@@ -97,7 +97,11 @@ class _Chunk:
         self.gC = np.exp(GC)  # [..., 1, K]
         lower = np.tril(np.ones((C, C), bool))[:, :, None]
         # D_rsc = exp(G_rc - G_sc) for r >= s, 0 above the diagonal: the exponent-cancellation site.
-        self.D = np.where(lower, np.exp(np.where(lower, G[..., :, None, :] - G[..., None, :, :], 0)), 0).astype(g.dtype)
+        diff = np.where(lower, G[..., :, None, :] - G[..., None, :, :], 0)
+        kept = np.ones_like(diff, bool) if clip is None else diff >= -clip  # exponents the clip leaves as they are
+        self.D = np.where(lower, np.exp(diff if clip is None else np.maximum(diff, -clip)), 0).astype(g.dtype)
+        # the decay factors G reaches (a clipped factor is a constant: no gradient through it)
+        self.Dg = self.D if clip is None else np.where(kept, self.D, 0).astype(g.dtype)
         self.strict = np.tril(np.ones((C, C), bool), -1)
         self.a = b * k
         self.Ebar = self.gamma * self.a
@@ -139,15 +143,20 @@ class _Chunk:
         diag = np.diagonal(dAqk, axis1=-2, axis2=-1)[..., None]  # exponent 0: kept out of the score path
         dAqk = np.where(self.strict, dAqk, 0)
         # score path: S_rs = sum_c X_rc k_sc D_rsc for (X, dS) = (a, dT) and (q, dAqk)
-        dXa = np.sum(dT[..., None] * self.D * k[..., None, :, :], axis=-2)
-        dXq = np.sum(dAqk[..., None] * self.D * k[..., None, :, :], axis=-2)
-        dk_s = np.sum((dT[..., None] * self.a[..., :, None, :] + dAqk[..., None] * self.q[..., :, None, :]) * self.D,
-                      axis=-3)
+        def through(D):
+            """The score path's cotangents of ``a``, ``q`` and ``k`` through decay factors ``D``."""
+            return (np.sum(dT[..., None] * D * k[..., None, :, :], axis=-2),
+                    np.sum(dAqk[..., None] * D * k[..., None, :, :], axis=-2),
+                    np.sum((dT[..., None] * self.a[..., :, None, :] + dAqk[..., None] * self.q[..., :, None, :]) * D,
+                           axis=-3))
+
+        dXa, dXq, dk_s = through(self.D)
+        dXa_g, dXq_g, dk_s_g = (dXa, dXq, dk_s) if self.Dg is self.D else through(self.Dg)
         da = self.gamma * dEbar + dXa
         dq = self.gamma * dQg + dXq + diag * k
         dk = self.fC * dKd + dk_s + diag * self.q + da * b
         # G_r reaches g_i for i <= r (reverse cumsum); G_C - G_r reaches i > r (exclusive cumsum); G_C every i.
-        dG = self.Ebar * dEbar + self.Qg * dQg + self.a * dXa + self.q * dXq - k * dk_s
+        dG = self.Ebar * dEbar + self.Qg * dQg + self.a * dXa_g + self.q * dXq_g - k * dk_s_g
         dg = np.flip(np.cumsum(np.flip(dG, -2), axis=-2), -2)
         KdK = np.cumsum(self.Kd * dKd, axis=-2)
         dg[..., 1:, :] += KdK[..., :-1, :]
@@ -155,10 +164,15 @@ class _Chunk:
         return (dq, dk, dX * self.w, dg, da * k, dX * self.v), dS0
 
 
-def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK, dtype=np.float32, operands=None):
+def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK, dtype=np.float32, operands=None,
+                    clip=None):
     """``((o, final_state), grads)`` of the chunked algorithm in ``dtype``, ``chunk_size`` tokens per chunk
     (grouped value heads as in :func:`oracle.recurrence.run`); ``operands`` (:data:`OPERANDS`): the precision of
-    every product's operands (None: ``dtype``)."""
+    every product's operands (None: ``dtype``); ``clip`` (> 0): every within-chunk pair exponent ``G_r - G_s`` taken
+    as at least ``-clip``, the clipped factors constants (no gradient), as a kernel clipping its exponents computes
+    (what the diagnosis names an exponent clip by; None: no clip)."""
+    if clip is not None and not (np.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip: expected a finite number > 0, got {clip!r}")
     r, r_solve = rounding(operands)
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -169,7 +183,7 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
     G = problem.group_size
     if G > 1:  # grouped value heads: per value head, then dq, dk summed over each key head's group
         outputs, grads = forward_and_vjp(problem.per_value_head(), do, dfinal_state, chunk_size=chunk_size,
-                                         dtype=dtype, operands=operands)
+                                         dtype=dtype, operands=operands, clip=clip)
         return outputs, grads._replace(dq=sum_groups(grads.dq, G), dk=sum_groups(grads.dk, G))
     B, T, H, K, V = problem.shape
     xs = [_chunks(x, chunk_size, dtype) for x in problem.inputs()]
@@ -181,7 +195,7 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
     # in a kernel of this kind: the result is then non-finite and the grading ignores it (no warning).
     with np.errstate(over="ignore", invalid="ignore"):
         for n in range(len(dOs)):
-            ch = _Chunk(*(x[n] for x in xs), r=r, r_solve=r_solve)
+            ch = _Chunk(*(x[n] for x in xs), r=r, r_solve=r_solve, clip=clip)
             R, S1 = ch.state(S)
             states.append((S, R))
             outs.append(ch.output(S, R, scale))
@@ -190,7 +204,7 @@ def forward_and_vjp(problem: Problem, do, dfinal_state, *, chunk_size=FLA_CHUNK,
         grads = [None] * len(dOs)
         for n in reversed(range(len(dOs))):
             # recomputed: one chunk's decay tensor alive at a time
-            ch = _Chunk(*(x[n] for x in xs), r=r, r_solve=r_solve)
+            ch = _Chunk(*(x[n] for x in xs), r=r, r_solve=r_solve, clip=clip)
             grads[n], dS = ch.backward(*states[n], dOs[n], dS, scale)
     per_token = [_unchunk(np.stack([gr[i] for gr in grads]), T) for i in range(6)]
     return (_unchunk(np.stack(outs), T), S), Grads(*per_token, dS)

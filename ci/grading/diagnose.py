@@ -12,6 +12,9 @@ results first (``o``, then the final state) and the gradients only when the forw
 gradient's errors spread backwards in time from the step that caused them:
 
 * ``non-finite``: NaN or inf in a result (first bad token, in ``o`` where it has one);
+* ``exponent-clip``: results that match the float64 chunked algorithm with its within-chunk decay exponents clipped
+  at a fitted ``-X`` (``clip.py``) to ``1 / CLIP_GAIN`` of their error against the oracle: a kernel clipping its
+  exponents (``exp(max(G_r - G_s, -X))``), wrong only where a pair decays by more than ``e^-X``;
 * ``operand-rounding``: the kernel's error points the way the float32 chunked algorithm's does with every
   product's operands, or only its chunk solve's, rounded to bfloat16 (``oracle.chunked32``'s ``operands``; cosine
   at least ``OPERAND_COSINE`` in the first FAIL result) and has its size (within ``OPERAND_MARGIN`` either way in
@@ -49,6 +52,7 @@ verdict.
 
 from __future__ import annotations
 
+from .clip import CLIP_GAIN
 from .finding import LOGIC_ERROR, Finding
 from .localisers import (
     CANCELLATION_CORRELATION,
@@ -88,7 +92,7 @@ from .profiles import (
 )
 
 __all__ = [
-    "BIG_JUMP", "CANCELLATION_CORRELATION", "CANCELLATION_LOSS", "CHUNKS", "FALSE_PERIOD", "FORWARD",
+    "BIG_JUMP", "CANCELLATION_CORRELATION", "CLIP_GAIN", "CANCELLATION_LOSS", "CHUNKS", "FALSE_PERIOD", "FORWARD",
     "GROWTH_CORRELATION", "JUMP", "LOCALISERS", "LOGIC_ERROR", "MIN_BAD_FRACTION", "MIN_CLEAN_TOKENS", "MIN_ONSETS",
     "MIN_PATTERN_CASES", "MIN_PERIOD", "NOISE_SIGMAS", "O_PROFILE_LOCALISERS", "OPERAND_COSINE", "OPERAND_MARGIN",
     "PATTERN_CHANCE", "SPIKE", "SPIKE_LOG_DECAY", "STEP_WINDOW", "WEAK_CORRELATION", "CaseEvidence", "Finding",

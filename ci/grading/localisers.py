@@ -19,6 +19,7 @@ import numpy as np
 
 from gdn2_oracle.oracle.call_modes import FLA_CHUNK
 
+from .clip import exponent_clip
 from .finding import LOGIC_ERROR, Finding
 from .grades import FAIL, PASS, PRECISION
 from .profiles import (
@@ -183,6 +184,7 @@ class CaseEvidence:
     report: object
     problem: object
     operands: object = None  # () -> the rounded-operand baselines' errors and cosines (rule.Yardstick.operand_errors)
+    clipped: object = None  # (clip, chunk) -> the kernel's errors against the clipped algorithm (clip.clip_errors)
 
     @cached_property
     def operand_errors(self):
@@ -680,8 +682,9 @@ def unexplained_cancellation(ev):
 
 
 # The per-case diagnoses, most specific first: every one that holds is kept, in this order.
-LOCALISERS = [non_finite, operand_rounding, packed_forward, o_localisation, final_state, initial_state_gradient,
-              backward, packed_gradients, explained_cancellation, logic, unexplained_cancellation]
+LOCALISERS = [non_finite, exponent_clip, operand_rounding, packed_forward, o_localisation, final_state,
+              initial_state_gradient, backward, packed_gradients, explained_cancellation, logic,
+              unexplained_cancellation]
 
 
 def systematic(ev):
@@ -704,12 +707,14 @@ def systematic(ev):
                    results=tuple(v.name for v in bad))
 
 
-def diagnose_case(report, problem, operands=None):
+def diagnose_case(report, problem, operands=None, clipped=None):
     """The findings of one non-PASS report (a tolerance ``Report`` with its profiles) on ``problem`` (anything
     with ``g`` and ``initial_state``): those of :data:`LOCALISERS` that hold, else :func:`systematic`, the first
     marked ``primary``; ``operands``: a function returning the rounded-operand baselines' errors and cosines
-    (``rule.Yardstick.operand_errors``; None: operand rounding is not considered)."""
-    ev = CaseEvidence(report, problem, operands)
+    (``rule.Yardstick.operand_errors``; None: operand rounding is not considered); ``clipped``: a function of a clip
+    and a chunk size returning the kernel's errors against the clipped algorithm (:func:`clip.clip_errors`; None: an
+    exponent clip is not considered)."""
+    ev = CaseEvidence(report, problem, operands, clipped)
     found = [f for f in (loc(ev) for loc in LOCALISERS) if f is not None]
     if not found:
         found = [f for f in (systematic(ev),) if f is not None]

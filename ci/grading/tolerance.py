@@ -19,6 +19,7 @@ from gdn2_oracle.oracle.generate import round_to
 from gdn2_oracle.oracle.recurrence import forward_and_vjp
 
 from . import diagnose
+from .clip import clip_errors
 from .grades import worst_grade
 from .rule import ABS_FLOOR, FLOOR, MULTIPLE, Yardstick, agree_results, judge_results, metrics, rms
 from .rule import scales as result_scales
@@ -119,6 +120,16 @@ def operand_baseline(problem: oracle.Problem, do, dfinal_state, result_dtypes=No
     return rounded(oracle.named_results(*results), result_dtypes)
 
 
+def clipped_baseline(problem: oracle.Problem, do, dfinal_state, clip, chunk_size):
+    """The float64 chunked algorithm with every within-chunk decay exponent clipped at ``-clip`` (``chunked32``'s
+    ``clip``), ``chunk_size`` tokens per chunk: what a kernel clipping its exponents computes; the diagnosis names an
+    exponent clip by it (``clip.py``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        results = chunked32.forward_and_vjp(problem, do, dfinal_state, chunk_size=chunk_size, dtype=np.float64,
+                                            clip=clip)
+    return oracle.named_results(*results)
+
+
 def rounded(results, result_dtypes=None):
     """Results by name as float64 arrays holding their values rounded to the result dtypes (missing: float32)."""
     result_dtypes = result_dtypes or {}
@@ -166,7 +177,9 @@ def compare(problem: oracle.Problem, do, dfinal_state, got, ref, *, dtype="float
             report.profiles[v.name] = token_profile(got[v.name], ref[v.name], s_rms)
         report.verdicts.append(v)
     if not report.passed:
-        report.diagnosis = diagnose.diagnose_case(report, problem, lambda: yard.operand_errors(got))
+        report.diagnosis = diagnose.diagnose_case(
+            report, problem, lambda: yard.operand_errors(got),
+            lambda X, C: clip_errors(yard.scaled(), got, clipped_baseline(problem, do, dfinal_state, X, C)))
     return report
 
 

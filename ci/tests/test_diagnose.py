@@ -169,6 +169,17 @@ def test_a_chunk_128_cumulative_sum_kernel_is_diagnosed_with_chunk_128():
     assert "follow 128-token chunks best" in f.text and "the algorithm is right" in f.text
 
 
+def test_a_clipped_decay_exponent_is_named_with_its_clip_and_chunk():
+    """A chunked kernel clipping its within-chunk decay exponents at ``-CLIP``: under extreme decay ``db`` alone
+    fails (read otherwise as backward / logic), and the primary finding names the clip, fitted from the float64
+    chunked algorithm clipped alike, and the kernel's chunk."""
+    report, _ = judge(buggy.clipped_exponent, decay="extreme", h0=True, shape=(1, 96, 1, 16, 16))
+    first = primary(report)
+    assert first.kind == "exponent-clip" and "db" in first.results, report.format()
+    assert abs(first.evidence["clip"] - buggy.CLIP) < 0.1 and first.chunk == buggy.CHUNK, first
+    assert first.evidence["gain"]["db"] <= 1 / diagnose.CLIP_GAIN, first
+
+
 @pytest.mark.parametrize("decay", ["moderate", "strong", "none"])
 def test_16_bit_operands_are_called_operand_rounding_and_a_damped_solve_is_not(decay):
     """A chunked kernel whose products take bfloat16 operands, or only its chunk solve's, is compared with the

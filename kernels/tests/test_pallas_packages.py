@@ -118,15 +118,22 @@ def grades(report):
     return {c["case"]: c["grade"] for c in report["cases"]}
 
 
-def test_atomic_ops_runs_forward_and_backward_and_its_damping_fails(tmp_path):
+def test_atomic_ops_runs_forward_and_backward_its_damping_fails_and_its_exponent_clip_is_named(tmp_path):
     """atomic-ops' default ``wy_eps = 1e-3`` damps the WY solve: a systematic error in o and every gradient
-    (``gates_negative``, erase gates up to 2, where the damped term is largest); its bfloat16 case passes."""
-    code, text, report = judged(tmp_path, ATOMIC_OPS, "gates_negative", "bf16_moderate", dtype="float32,bfloat16")
+    (``gates_negative``, erase gates up to 2, where the damped term is largest); its bfloat16 case passes. Its
+    within-chunk decay exponents are clipped at -20: under extreme decay (``decay_extreme_h0``) ``db`` alone fails,
+    and the diagnosis names the clip (the float64 chunked algorithm clipped alike explains it)."""
+    code, text, report = judged(tmp_path, ATOMIC_OPS, "gates_negative", "bf16_moderate", "decay_extreme_h0",
+                                dtype="float32,bfloat16")
     assert code == 1, text
-    assert grades(report) == {"gates_negative": "FAIL", "bf16_moderate": "PASS"}, text
+    assert grades(report) == {"gates_negative": "FAIL", "bf16_moderate": "PASS", "decay_extreme_h0": "FAIL"}, text
     case = next(c for c in report["cases"] if c["case"] == "gates_negative")
     assert {v["name"] for v in case["verdicts"] if v["grade"] == "FAIL"} >= {"o", "dq", "dk", "db", "dh0"}, text
     assert "systematic" in text and "damping" in text, text
+    extreme = next(c for c in report["cases"] if c["case"] == "decay_extreme_h0")
+    clip = extreme["diagnosis"][0]
+    assert clip["kind"] == "exponent-clip" and clip["primary"] and "db" in clip["results"], text
+    assert f"clipped at -{clip['evidence']['clip']:.3g}" in clip["text"], text
 
 
 def test_gdn2_pallas_is_judged_by_the_same_spec_alike(tmp_path):
