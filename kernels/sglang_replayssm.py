@@ -49,11 +49,11 @@ def _commit_extra_token(commit):
     return wrapped
 
 
-def _decode_wrong_ring_slot(decode):
+def _decode_wrong_ring_slot(fn):
     """The one-token kernel given ``write_pos + 1`` (mutant)."""
 
     def wrapped(*args, write_pos, **kwargs):
-        return decode(*args, write_pos=write_pos + 1, **kwargs)
+        return fn(*args, write_pos=write_pos + 1, **kwargs)
 
     return wrapped
 
@@ -80,14 +80,14 @@ class SglangReplaySSMKernel:
         self.session_size, self.strict_drafts, self.mutant = session_size, bool(strict_drafts), mutant
         spec, _fold = engine_peers.sglang_replayssm()
         one = third_party.load("sglang", [DECODE_MODULE], who=f"kernel {NAME!r}").module(DECODE_MODULE)
-        self.decode = one.fused_recurrent_gdn_replayssm_decode
+        self.one_token = one.fused_recurrent_gdn_replayssm_decode
         self.verify = spec.gdn_replayssm_spec_decode
         self.commit = spec.commit_gdn_replayssm_spec
         self.fold = spec.commit_gdn_replayssm_circular
         if mutant == "commit_extra_token":
             self.commit = _commit_extra_token(self.commit)
         elif mutant == "decode_wrong_ring_slot":
-            self.decode = _decode_wrong_ring_slot(self.decode)
+            self.one_token = _decode_wrong_ring_slot(self.one_token)
         self.__name__ = NAME
         self.device = "cpu"
         # the sources a report's fingerprint covers: this module and the loader's

@@ -125,7 +125,7 @@ class SglangReplayBackend:
             a, b = raw_gdn_terms(xs[3], xs[4])
             out = self._zeros((n, 1, HV, V), getattr(self.torch, np.dtype(v.dtype).name))
             wp = [self.decoded[r.slot] % self.capacity if r.slot != NULL_SLOT else 0 for r in step]
-            self.kernel.decode(mixed_qkv=to_torch(mixed, "cpu"), a=to_torch(a, "cpu"), b=to_torch(b, "cpu"),
+            self.kernel.one_token(mixed_qkv=to_torch(mixed, "cpu"), a=to_torch(a, "cpu"), b=to_torch(b, "cpu"),
                                A_log=self.A_log, dt_bias=self.dt_bias, scale=scale, initial_state=self.temporal[0],
                                d_cache=self.one[0], k_cache=self.one[1], g_cache=self.one[2], out=out,
                                ssm_state_indices=self._states([r.slot for r in step]), write_pos=self._ints(wp),
