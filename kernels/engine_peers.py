@@ -276,8 +276,9 @@ def sglang_gdn_fused_recurrent(**options):
     return engine_kernel("sglang-gdn-fused-recurrent", **options)
 
 
-# SGLang's own GDN ReplaySSM (a checkpoint plus circular rings of recent tokens, exact fold, compact commit): loadable
-# for a replay driver, not a registered kernel. Its entry points (sglang 0.5.23): gdn_replayssm_spec_decode(q, k, v,
+# SGLang's own GDN ReplaySSM (a checkpoint plus circular rings of recent tokens, exact fold, compact commit): the
+# registered kernel sglang-gdn-replayssm (kernels/sglang_replayssm.py, with its one-token file) runs it through a
+# replay driver. Its entry points (sglang 0.5.23): gdn_replayssm_spec_decode(q, k, v,
 # a, b, A_log, dt_bias, checkpoint_state, d_cache, k_cache, g_cache, rawv_cache, rawk_cache, beta_cache, out,
 # query_start_loc, ssm_state_indices, replay_indices, write_pos, cache_base, is_flush, max_cache_len, max_spec_len,
 # scale=None, use_qk_l2norm_in_kernel=True, null_block_id=0, ...), commit_gdn_replayssm_spec(write_pos, cache_base,
