@@ -163,3 +163,28 @@ def mode_variants(draw, recipe, accepted):
     beta, neg = draw(st.sampled_from(options))
     out = recipe.replace(seed=draw(seeds), decay=draw(st.sampled_from(DECAYS)), beta=beta, neg_eigval=neg)
     return out if takes(out, accepted) else recipe.replace(seed=out.seed, decay=out.decay)
+
+
+# --------------------------------------------------------------------------------------------
+# the call-mode properties through the family lens (``test_family_modes.py``)
+
+
+def structure_of(family, modes, *, bounded=None):
+    """The name of the first mode recipe (``oracle.mode_recipes``) whose float32 family recipe of ``family``
+    (``oracle.family_recipes.FULL_MODES``) uses exactly the call modes ``modes``; ``bounded``: its in-kernel gate
+    with (True) or without (False) ``lower_bound``. None where the family takes no such call."""
+    for r in family_recipes.FULL_MODES.values():
+        if r.family != family or r.precision != "float32" or set(r.modes) != set(modes):
+            continue
+        if bounded is None or (r.structure().lower_bound is not None) == bounded:
+            return r.mode
+    return None
+
+
+@st.composite
+def value_variants(draw, recipe):
+    """``recipe`` with drawn seed, decay regime and a beta regime that sets no flag: values only, so the kernel's
+    program compiled for ``recipe`` serves every draw."""
+    plain = [b for b in BETAS if b not in LOGIT_BETAS]
+    return recipe.replace(seed=draw(seeds), decay=draw(st.sampled_from(DECAYS)), beta=draw(st.sampled_from(plain)),
+                          neg_eigval=False)
