@@ -149,7 +149,8 @@ def kernel_families(pytestconfig):
     return dict(pytestconfig._gdn2_families)
 
 
-LENS_MODULES = ("test_families.py", "test_family_properties.py", "test_family_golden.py", "test_family_serving.py")
+LENS_MODULES = ("test_families.py", "test_family_properties.py", "test_family_modes.py", "test_family_golden.py",
+                "test_family_serving.py")
 
 
 def _lensed(item, kernel, config):
