@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .finding import Finding
+from .rule import cosine
 
 # The kernel's error against the clipped algorithm at most 1 / CLIP_GAIN of its error against the oracle: the clip
 # explains that result (a clip fitted to within ~0.1 of the kernel's own leaves ~10 % of its effect).
@@ -20,6 +21,9 @@ CLIP_GAIN = 10.0
 # The chunk sizes tried (distinct chunkings of the case's T only), and the fitting steps per chunk size.
 CLIP_CHUNKS = (64, 128, 256)
 CLIP_STEPS = 8
+# The clipped algorithm's error, at one end of the bracket, points the kernel's way at least this much (cosine in the
+# worst FAIL result), else no fit is tried: a damping's or a wrong formula's error does not.
+CLIP_COSINE = 0.5
 # The fit stops where the clipped algorithm's error is within this log-ratio of the kernel's; above MAX_EXPONENT a
 # clip changes nothing in float64 (e^-MAX_EXPONENT underflows).
 CLIP_TOLERANCE = 0.02
@@ -39,10 +43,16 @@ def exponent_span(g, chunk):
 
 
 def clip_errors(scaled, got, base):
-    """``{name: (err_ratio of got against base, err_ratio of base against the reference)}`` over the results of the
-    clipped algorithm ``base`` (``scaled``: ``rule._Scaled``-like, its ``error(name, x, ref=None)``)."""
-    return {n: (scaled.error(n, got[n], base[n])[0], scaled.error(n, base[n])[0])
-            for n in base if n in got and base[n] is not None and got[n] is not None}
+    """``{name: (err_ratio of got against base, err_ratio of base against the reference, cosine between their
+    errors)}`` over the results of the clipped algorithm ``base`` (``scaled``: ``rule._Scaled``-like, its ``ref`` and
+    ``error(name, x, ref=None)``)."""
+    out = {}
+    for n in base:
+        if n in got and base[n] is not None and got[n] is not None:
+            ref = np.asarray(scaled.ref[n], np.float64)
+            out[n] = (scaled.error(n, got[n], base[n])[0], scaled.error(n, base[n])[0],
+                      cosine(np.asarray(got[n], np.float64) - ref, np.asarray(base[n], np.float64) - ref))
+    return out
 
 
 def fit_clip(clipped, key, err, span, chunk):
@@ -55,16 +65,17 @@ def fit_clip(clipped, key, err, span, chunk):
 
     def own(X):
         errors = clipped(X, chunk)
-        e = errors.get(key, (0.0, 0.0))[1]
+        e = errors.get(key, (0.0, 0.0, 0.0))[1]
         return (e if math.isfinite(e) else np.inf), errors
 
-    lo, X = None, 1.0
+    lo, X, below = None, 1.0, None
     while True:
         e, errors = own(X)
         if e <= err or X >= top:
             break
-        lo, X = X, min(2 * X, top)
-    if lo is None or e > err:
+        lo, X, below = X, min(2 * X, top), errors
+    # bracketed, and the clipped algorithm's error points the kernel's way at one end (a damping's does not)
+    if lo is None or e > err or max(errors[key][2], below[key][2]) < CLIP_COSINE:
         return None
     hi = X
     for _ in range(CLIP_STEPS):
