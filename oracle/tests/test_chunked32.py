@@ -98,6 +98,37 @@ def test_bad_arguments_are_rejected():
         chunked32.forward_and_vjp(p, do, dfs, operands="float16")
     with pytest.raises(ValueError, match="do"):
         chunked32.forward_and_vjp(p, do[:, :2], dfs)
+    with pytest.raises(ValueError, match="clip"):
+        chunked32.forward_and_vjp(p, do, dfs, clip=0.0)
+
+
+def test_a_clip_is_its_forward_s_exact_adjoint_and_beyond_every_exponent_no_clip():
+    """``clip``: dg and db are the float64 finite differences of the clipped forward (clipped factors constants);
+    a clip deeper than every within-chunk exponent changes nothing."""
+    p = oracle.make_problem(1, 8, 1, 4, 4, decay="strong", initial_state=True, seed=5, precision="float64")
+    do, dfs = oracle.random_cotangents(p, 6, "float64")
+    clip = 0.5 * float(-np.min(np.cumsum(p.g, axis=1)))  # clips some pairs, not all
+
+    def loss(**arrays):
+        q = oracle.Problem(*(arrays.get(n, getattr(p, n)) for n in ("q", "k", "v", "g", "b", "w")), scale=p.scale,
+                           initial_state=p.initial_state)
+        (o, S), _ = chunked32.forward_and_vjp(q, do, dfs, dtype=np.float64, clip=clip)
+        return float(np.sum(o * do) + np.sum(S * dfs))
+
+    got = _run(p, do, dfs, dtype=np.float64, clip=clip)
+    h = 1e-6
+    for name in ("g", "b"):
+        x = getattr(p, name)
+        fd = np.zeros_like(x)
+        for i in np.ndindex(x.shape):
+            e = np.zeros_like(x)
+            e[i] = h
+            fd[i] = (loss(**{name: x + e}) - loss(**{name: x - e})) / (2 * h)
+        assert normalised_error(got["d" + name], fd) <= 1e-6, name
+    plain = _run(p, do, dfs, dtype=np.float64)
+    assert normalised_error(got["db"], plain["db"]) > 1e-9  # the clip acts (float64 rounding: ~1e-15)
+    deep = _run(p, do, dfs, dtype=np.float64, clip=2 * clip + 1)
+    assert all(np.array_equal(deep[n], plain[n]) for n in RESULTS)
 
 
 def test_bfloat16_operands_lose_bfloat16_precision_in_every_result():
