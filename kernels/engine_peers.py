@@ -225,8 +225,8 @@ PEERS = {
     "vllm-gdn-fused-recurrent": ("vllm", VLLM_OPS + "fused_recurrent", vllm_fused_recurrent_adapter, "gdn",
                                  "vLLM's fused recurrent kernel on an in-place state pool"),
     "vllm-gdn-fused-sigmoid-gating": ("vllm", VLLM_OPS + "fused_sigmoid_gating", vllm_sigmoid_gating_adapter, "gdn",
-                                      "vLLM's fused sigmoid-gating decode kernel (raw gates) on an in-place state "
-                                      "pool"),
+                                      "vLLM's fused sigmoid-gating kernel for one-token steps (raw gates) on an "
+                                      "in-place state pool"),
     "vllm-kda-chunk": ("vllm", VLLM_OPS + "kda", vllm_kda_adapter, "kda",
                        "vLLM's chunk_kda (no grouped value heads: q, k repeated to the value heads)"),
     "sglang-gdn-fused-recurrent": ("sglang", SGLANG_FLA + "fused_recurrent", sglang_fused_recurrent_adapter, "gdn",
