@@ -22,7 +22,8 @@ CLIP_GAIN = 10.0
 CLIP_CHUNKS = (64, 128, 256)
 CLIP_STEPS = 8
 # The clipped algorithm's error, at one end of the bracket, points the kernel's way at least this much (cosine in the
-# worst FAIL result), else no fit is tried: a damping's or a wrong formula's error does not.
+# worst FAIL result), else no fit is tried, nor after two clips in a row below it: a damping's or a wrong formula's
+# error does not (clipped mutant: 0.89-1.0 at every clip tried; damped solve: -0.02-0.001).
 CLIP_COSINE = 0.5
 # The fit stops where the clipped algorithm's error is within this log-ratio of the kernel's; above MAX_EXPONENT a
 # clip changes nothing in float64 (e^-MAX_EXPONENT underflows).
@@ -68,9 +69,12 @@ def fit_clip(clipped, key, err, span, chunk):
         e = errors.get(key, (0.0, 0.0, 0.0))[1]
         return (e if math.isfinite(e) else np.inf), errors
 
-    lo, X, below = None, 1.0, None
+    lo, X, below, astray = None, 1.0, None, 0
     while True:
         e, errors = own(X)
+        astray = astray + 1 if errors.get(key, (0, 0, 0.0))[2] < CLIP_COSINE else 0
+        if astray == 2:  # two clips in a row point elsewhere: not a clip (a damping costs two evaluations)
+            return None
         if e <= err or X >= top:
             break
         lo, X, below = X, min(2 * X, top), errors
