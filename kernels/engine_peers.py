@@ -8,6 +8,9 @@ device is ``cpu``); each runs the engine's own kernel file, loaded by kernels/th
   ``chunk_gated_delta_rule``;
 * ``vllm-gdn-fused-recurrent``   -- ``ops/fused_recurrent.py``: ``fused_recurrent_gated_delta_rule`` as vLLM
   serves with it, on an in-place state pool (``ssm_state_indices``; slot 0 is vLLM's null block);
+* ``vllm-gdn-fused-recurrent-pool`` -- the same kernel on the suite's serving sessions (:class:`VllmPoolKernel`: FLA's
+  fused recurrent serving signature, the suite's slots, ``ssm_state_indices`` and ``num_accepted_tokens``; serving
+  only);
 * ``vllm-gdn-fused-sigmoid-gating`` -- ``ops/fused_sigmoid_gating.py``: ``fused_sigmoid_gating_delta_rule_update``,
   vLLM's decode kernel on raw gates (``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``; FLA's
   ``use_gate_in_kernel`` / ``use_beta_sigmoid_in_kernel`` pass through, otherwise the adapter inverts ``g``, ``beta``
@@ -35,11 +38,15 @@ interpreter's, :data:`triton_interpret.BF16_DOT_NOTE`).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+
 import numpy as np
 
 from . import third_party
 from .adapt import TINY
-from .torch_bridge import FamilyTorchKernel, import_torch
+from .family_decode import V_FIRST
+from .torch_bridge import FamilyTorchKernel, import_torch, to_numpy, to_torch
 
 VLLM_OPS = "vllm.third_party.flash_linear_attention.ops."
 SGLANG_FLA = "sglang.kernels.ops.attention.fla."
@@ -126,6 +133,111 @@ def vllm_fused_recurrent_adapter(module):
 
     kernel.__name__ = "vllm_fused_recurrent_gated_delta_rule_gdn"
     return kernel
+
+
+POOL_NAME = "vllm-gdn-fused-recurrent-pool"
+NULL_BLOCK = 0  # vLLM's null slot: the kernel skips a sequence, or a token's store, whose index is <= 0
+# deliberate bugs around vLLM's call (its kernel unchanged), for the tests
+POOL_MUTANTS = {
+    "slots_shifted": "every slot index passed one slot up: each sequence reads and writes its neighbour's slot",
+    "accepted_ignored": "num_accepted_tokens not passed: a window always starts from its first draft slot",
+}
+
+
+def vllm_slots(ssm_state_indices, lengths):
+    """vLLM's ``ssm_state_indices`` (int32) for the suite's slots on the pool shifted one up behind the null block:
+    each index + 1 (the suite's -1 padding becomes :data:`NULL_BLOCK`); ``[N]`` indices with a sequence of several
+    tokens become ``[N, max T_n]`` rows, the slot at token 0 (read) and token ``T_n - 1`` (the final state), the null
+    block between (vLLM's ``[N]`` form writes token t's state to ``idx[n + t]``: docs/DESIGN.md §2)."""
+    idx = np.asarray(ssm_state_indices).astype(np.int64) + 1
+    lengths = np.asarray(lengths, np.int64)
+    if idx.ndim == 1 and lengths.size and lengths.max() > 1:
+        rows = np.full((idx.size, int(lengths.max())), NULL_BLOCK, np.int64)
+        rows[:, 0] = idx
+        last = np.maximum(lengths - 1, 0)
+        rows[np.arange(idx.size), last] = idx
+        idx = rows
+    return np.ascontiguousarray(idx, np.int32)
+
+
+class VllmPoolKernel:
+    """``vllm-gdn-fused-recurrent-pool``: vLLM's ``fused_recurrent_gated_delta_rule`` called on the suite's slot pool
+    as vLLM's layer calls it, in FLA's fused recurrent serving signature (kernels/family_decode.py's): the pool
+    ``[P, HV, K, V]`` goes in as vLLM's ``[P + 1, HV, V, K]`` (slot 0 its null block, a transpose; none with FLA's
+    ``[V, K]`` pool keyword, :data:`family_decode.V_FIRST`: vLLM's own layout), the slots and
+    ``num_accepted_tokens`` as :func:`vllm_slots` and as given, the pool read back after the in-place call. Serving
+    sessions only (no dense call); ``mutant``: one of :data:`POOL_MUTANTS`."""
+
+    family = "gdn"
+    state_dtype = "float32"
+    serving_only = ("vLLM's fused recurrent kernel as it serves: on a state pool only (the calls without one: "
+                    "vllm-gdn-fused-recurrent)")
+
+    def __init__(self, session_size="small", mutant=None):
+        if mutant is not None and mutant not in POOL_MUTANTS:
+            raise ValueError(f"mutant: {mutant!r} not one of {tuple(POOL_MUTANTS)}")
+        module = VLLM_OPS + "fused_recurrent"
+        loaded = third_party.load("vllm", [module], who=f"kernel {POOL_NAME!r}")
+        self.run = loaded.module(module).fused_recurrent_gated_delta_rule
+        self.session_size, self.mutant = session_size, mutant
+        self.__name__ = POOL_NAME if mutant is None else f"{POOL_NAME}[mutant={mutant}]"
+        self.device = "cpu"
+        self.modules = (__name__, third_party.__name__)
+        # FLA's [V, K] pool keyword (kernels/family_decode.py's V_FIRST) named in the signature the judge reads
+        sig = inspect.signature(type(self).__call__)
+        params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD and p.name != "self"]
+        self.__signature__ = sig.replace(parameters=[*params, inspect.Parameter(
+            V_FIRST, inspect.Parameter.KEYWORD_ONLY, default=False)])
+        self.notes = [f"{module.replace('.', '/')}.py read from {loaded.wheel.name} (sha256 "
+                      f"{third_party.wheel_hash(loaded.wheel)[:16]}), run in Triton's interpreter; "
+                      "the pool as vLLM's [P + 1, HV, V, K] behind its null slot 0 (slots + 1, -1 padding -> 0)"]
+
+    def __repr__(self):
+        return f"VllmPoolKernel(session_size={self.session_size!r}, mutant={self.mutant!r})"
+
+    def __call__(self, q, k, v, g, beta, scale=None, initial_state=None, inplace_final_state=True, cu_seqlens=None,
+                 ssm_state_indices=None, num_accepted_tokens=None, **layout):
+        """``(o [B, T, HV, V], new pool [P, HV, K, V] or [P, HV, V, K])`` as NumPy arrays: vLLM's kernel run on the
+        pool (class docstring)."""
+        torch = import_torch()
+        v_first = bool(layout.pop(V_FIRST, False))
+        if layout:
+            raise ValueError(f"{sorted(layout)[0]}: not a keyword of {POOL_NAME!r}")
+        if ssm_state_indices is None or initial_state is None:
+            raise ValueError(f"ssm_state_indices: {POOL_NAME!r} runs on a state pool only (initial_state [P, HV, K, "
+                             "V] and its slots): give validate the serving --modes")
+        if not inplace_final_state:
+            raise ValueError("inplace_final_state: vLLM serves with the pool updated in place")
+        B, T = np.shape(q)[:2]
+        cu = None if cu_seqlens is None else np.asarray(cu_seqlens).astype(np.int64)
+        lengths = np.full(B, T) if cu is None else np.diff(cu)
+        idx = vllm_slots(ssm_state_indices, lengths) + (1 if self.mutant == "slots_shifted" else 0)
+        pool = to_torch(np.asarray(initial_state), "cpu")
+        pool = pool if v_first else pool.transpose(-1, -2)  # vLLM's [P, HV, V, K]
+        vpool = torch.cat([torch.zeros_like(pool[:1]), pool])
+        accepted = None if num_accepted_tokens is None or self.mutant == "accepted_ignored" else torch.as_tensor(
+            np.asarray(num_accepted_tokens).astype(np.int32))
+        xs = [to_torch(np.asarray(x), "cpu") for x in (q, k, v, g, beta)]
+        with torch.no_grad(), unwritten_as_nan(torch):
+            o, vpool = self.run(*xs, scale=scale, initial_state=vpool, inplace_final_state=True,
+                                cu_seqlens=None if cu is None else torch.as_tensor(cu),
+                                ssm_state_indices=torch.as_tensor(idx), num_accepted_tokens=accepted)
+        return to_numpy(o), to_numpy(vpool[1:] if v_first else vpool[1:].transpose(-1, -2))
+
+
+@contextlib.contextmanager
+def unwritten_as_nan(torch):
+    """Within: torch's uninitialized allocations (``torch.empty``, ``new_empty``) filled with NaN (its deterministic
+    mode), so an output element a kernel never stores reads NaN every run rather than whatever memory held."""
+    mode, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(mode, warn_only=warn)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 def raw_gates(g, beta, HV, use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False):
@@ -257,6 +369,11 @@ def vllm_gdn_chunk(**options):
 def vllm_gdn_fused_recurrent(**options):
     """``vllm-gdn-fused-recurrent``: vLLM's fused recurrent Gated DeltaNet kernel on an in-place pool."""
     return engine_kernel("vllm-gdn-fused-recurrent", **options)
+
+
+def vllm_gdn_fused_recurrent_pool(session_size="small", mutant=None):
+    """``vllm-gdn-fused-recurrent-pool``: vLLM's fused recurrent kernel on the suite's slot pool (serving sessions)."""
+    return VllmPoolKernel(session_size, mutant)
 
 
 def vllm_gdn_fused_sigmoid_gating(**options):

@@ -46,6 +46,7 @@ OPTIONAL = {
         "vllm-gdn-chunk", "vllm-gdn-fused-recurrent", "vllm-kda-chunk", "sglang-gdn-fused-recurrent")},
     "sglang-gdn-replayssm": "gdn2_oracle.kernels.sglang_replayssm:sglang_gdn_replayssm",
     "vllm-gdn-fused-sigmoid-gating": "gdn2_oracle.kernels.engine_peers:vllm_gdn_fused_sigmoid_gating",
+    "vllm-gdn-fused-recurrent-pool": "gdn2_oracle.kernels.engine_peers:vllm_gdn_fused_recurrent_pool",
 }
 # ``torch:package.module:attr[options]``: a PyTorch callable behind the contract (kernels/torch_bridge.py).
 TORCH_PREFIX = "torch:"

@@ -29,6 +29,7 @@ from gdn2_oracle.kernels import third_party
 from gdn2_oracle.kernels.engine_peers import PEERS
 from gdn2_oracle.kernels.tests.test_fla_family_peers import judged, make_case
 from gdn2_oracle.kernels.triton_interpret import ENV
+from gdn2_oracle.oracle import call_modes
 
 CASES = ("gva", "packed")
 BF16_RUN = ("vllm-gdn-chunk", "gva")  # the bfloat16 check: vLLM's public chunk entry (it refuses float32)
@@ -243,3 +244,32 @@ def test_interpreted_sigmoid_gating_validates_through_its_raw_gates(tmp_path):
                                                          "gdn_gva4_moderate_beta_two": "FAIL"}, text
     assert "beta = sigmoid(b), which only expresses 0 <= beta <= 1" in cases["gdn_gva4_moderate_beta_two"]["error"]
     assert proc.returncode == 1 and "fused_sigmoid_gating.py read from vllm-0.33.0" in proc.stdout, text
+
+
+POOL_SESSIONS = ("serving_gdn_pool_g2", "serving_gdn_drafts_g4")  # packed prefill rows on slot 0; every accept count
+
+
+def test_interpreted_vllm_pool_kernel_on_the_serving_sessions(tmp_path):
+    """``validate --kernel vllm-gdn-fused-recurrent-pool`` on a gdn decode and a speculative session: o, the written
+    states, the untouched slots and the rejected drafts PASS; padding FAILs (the finding: vLLM's kernel returns before
+    storing o for a null-block sequence, so those outputs are its ``new_empty`` buffer, NaN here); a mutant that drops
+    ``num_accepted_tokens`` FAILs o and the states on the speculative session."""
+    from gdn2_oracle.kernels.engine_peers import POOL_NAME
+
+    peers = wheels_or_skip()
+    mutant = f"{POOL_NAME}[mutant=accepted_ignored]"
+    named = [a for c in POOL_SESSIONS for a in ("--case", c)]
+    modes = ",".join(call_modes.names("serving"))
+    proc = console(tmp_path, "validate", "--kernel", POOL_NAME, "--kernel", mutant, *named, "--modes", modes,
+                   "--dtype", "float32", "--no-progress", "--json", tmp_path / "report.json", timeout=900,
+                   GDN2_PEERS=str(peers))
+    text = proc.stdout[-4000:] + proc.stderr[-4000:]
+    kernels = {k["name"]: {c["case"]: {v["name"]: v["grade"] for v in c["verdicts"]} for c in k["cases"]}
+               for k in json.loads((tmp_path / "report.json").read_text())["kernels"]}
+    judged = kernels[POOL_NAME]
+    assert sorted(judged) == sorted(POOL_SESSIONS), text
+    for case, grades in judged.items():
+        assert grades.pop("padding") == "FAIL" and set(grades.values()) == {PASS}, (case, grades, text)
+    drafts = kernels[mutant]["serving_gdn_drafts_g4"]
+    assert drafts["o"] == drafts["state"] == "FAIL", text
+    assert kernels[mutant]["serving_gdn_pool_g2"]["o"] == PASS, text  # decode steps take no accept counts
