@@ -166,10 +166,17 @@ class VllmPoolKernel:
     ``[P, HV, K, V]`` goes in as vLLM's ``[P + 1, HV, V, K]`` (slot 0 its null block, a transpose; none with FLA's
     ``[V, K]`` pool keyword, :data:`family_decode.V_FIRST`: vLLM's own layout), the slots and
     ``num_accepted_tokens`` as :func:`vllm_slots` and as given, the pool read back after the in-place call. Serving
-    sessions only (no dense call); ``mutant``: one of :data:`POOL_MUTANTS`."""
+    sessions only (no dense call); ``mutant``: one of :data:`POOL_MUTANTS`.
+
+    ``padding_output = "unwritten"``: its contract leaves o unwritten at a null-block row (padding), which vLLM never
+    reads: ``fused_recurrent_gated_delta_rule_fwd_kernel`` returns before any store when ``state_idx <= 0``
+    (vllm/third_party/flash_linear_attention/ops/fused_recurrent.py, lines 114-116 in vllm 0.33.0), and the wrapper
+    allocates o with ``q.new_empty`` (line 202), so the judge does not judge those rows (its pool still must not
+    change: ``untouched``)."""
 
     family = "gdn"
     state_dtype = "float32"
+    padding_output = "unwritten"
     serving_only = ("vLLM's fused recurrent kernel as it serves: on a state pool only (the calls without one: "
                     "vllm-gdn-fused-recurrent)")
 

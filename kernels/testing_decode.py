@@ -19,6 +19,12 @@ the next call rejects reaches the accepted outputs through ``0 * NaN``; any fini
 gate (the window's gates shifted by one, the last keeps its own): the last accepted token reads the first rejected
 draft, so the accepted outputs move with the rejected drafts' values (module-level instance ``next_token_gate``).
 
+:class:`NanPadding` (not in :data:`MUTANTS`): the correct kernel, but its outputs at padding rows and tokens of no
+live sequence are NaN, as a kernel that never stores them (vLLM's fused recurrent kernel) leaves them; its
+``padding_output`` is the default contract (exact zeros: caught) or, in ``nan_padding_unwritten``, ``"unwritten"``
+(not judged). ``padding_writes_slot0_unwritten``: the ``padding_writes_slot0`` mutant declaring ``"unwritten"``, whose
+padding rows still write a slot (caught by the untouched slots).
+
 :class:`KeyHeadModulo` (not in :data:`MUTANTS`: with ``HV == H`` it is the correct kernel): with grouped value heads,
 value head ``hv`` reads key head ``hv % H`` instead of ``hv // G``.
 
@@ -34,6 +40,7 @@ as ``module:attr`` kernel specs.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from .decode import DecodeKernel
 from .family_decode import FamilyDecodeKernel
@@ -108,6 +115,42 @@ class NextTokenGate(DecodeKernel):
                                 cu_seqlens=cu_seqlens, **kw)
 
 
+def padding_tokens(shape, state_indices, cu_seqlens=None):
+    """``[B, T]`` bool: the tokens of a serving call that belong to no live sequence (a padding row, index -1 at its
+    first column; in a packed call a padding sequence's tokens and those past the last sequence)."""
+    B, T = shape
+    first = np.asarray(state_indices).reshape(len(np.asarray(state_indices)), -1)[:, 0]
+    if cu_seqlens is None:
+        return np.broadcast_to((first < 0)[:, None], (B, T))
+    cu = np.asarray(cu_seqlens)
+    seq = np.searchsorted(cu, np.arange(T), side="right") - 1  # the sequence of each token of the packed row
+    inside = seq < len(first)
+    return (~inside | (first[np.minimum(seq, len(first) - 1)] < 0))[None, :]
+
+
+class NanPadding(DecodeKernel):
+    name = "nan_padding"
+    padding_output = "zero"
+
+    def __call__(self, q, k, v, g, b, w, *, state_pool=None, state_indices=None, cu_seqlens=None, **kw):
+        o, pool = super().__call__(q, k, v, g, b, w, state_pool=state_pool, state_indices=state_indices,
+                                   cu_seqlens=cu_seqlens, **kw)
+        if state_pool is None:
+            return o, pool
+        idle = padding_tokens(o.shape[:2], state_indices, cu_seqlens)
+        return jnp.where(jnp.asarray(idle)[:, :, None, None], jnp.nan, o).astype(o.dtype), pool
+
+
+class NanPaddingUnwritten(NanPadding):
+    name = "nan_padding_unwritten"
+    padding_output = "unwritten"
+
+
+class PaddingWritesSlot0Unwritten(PaddingWritesSlot0):
+    name = "padding_writes_slot0_unwritten"
+    padding_output = "unwritten"
+
+
 MUTANTS = {cls.name: cls for cls in (RejectedCommitted, AcceptOffByOne, WrongSlot, PaddingWritesSlot0, Bf16InLoop)}
 
 
@@ -149,6 +192,9 @@ gdn_kv_in_vk_pool = family_mutant("kv_in_vk_pool", "gdn")
 kda_kv_in_vk_pool = family_mutant("kv_in_vk_pool", "kda")
 window_zero_times = WindowZeroTimes()
 next_token_gate = NextTokenGate()
+nan_padding = NanPadding()
+nan_padding_unwritten = NanPaddingUnwritten()
+padding_writes_slot0_unwritten = PaddingWritesSlot0Unwritten()
 # Module-level instances of the GDN-2 mutants, for ``module:attr`` kernel specs (``validate --kernel``).
 rejected_committed = mutant("rejected_committed")
 accept_off_by_one = mutant("accept_off_by_one")

@@ -8,7 +8,9 @@ pool, by the tolerance model of docs/DESIGN.md §4, per result:
 * ``o``: every call's outputs at live tokens whose reference is finite (rejected drafts are garbage), together;
 * ``state``: the states every call wrote (its written slots right after the call, finite references), together;
 * ``untouched`` (hard): every slot a call does not write comes back bit-identical;
-* ``padding`` (hard): padding rows and tokens of no live sequence output exact zeros.
+* ``padding`` (hard): padding rows and tokens of no live sequence output exact zeros -- the default contract; a
+  kernel whose contract leaves those outputs unwritten (``padding_output = "unwritten"``: vLLM's fused recurrent
+  kernel) has them not judged (the verdict says so), its pool still judged by ``untouched``.
 
 Tolerance, bound and grade (derivation and measurements: docs/serving.md)::
 
@@ -52,6 +54,9 @@ HARD = ("untouched", "padding")
 # NaN draft that reaches them only through a window's arithmetic is a finding (FAIL only when strict)
 DRAFTS, WINDOW_NAN = "drafts", "window-nan"
 INPUT_NAMES = ("q", "k", "v", "g", "b", "w")
+# what a kernel's contract says of its outputs at padding rows and tokens of no live sequence: exact zeros (the
+# default), or unwritten (never stored, never read by the engine: not judged)
+PADDING_OUTPUTS = ("zero", "unwritten")
 
 
 def dtype_name(x):
@@ -279,11 +284,12 @@ class Session(CachedCase):
         """The largest |o| of the float64 reference over the session's judged outputs."""
         return max((float(np.max(np.abs(rc.o))) for rc in self.reference() if rc.o.size), default=0.0)
 
-    def judge(self, state_dtype, o_dtype=None, replay_capacity=None, replay_storage=None):
+    def judge(self, state_dtype, o_dtype=None, replay_capacity=None, replay_storage=None, padding_output="zero"):
         """A :class:`SessionJudge` for a kernel whose pool is stored in ``state_dtype`` (or, with
         ``replay_capacity``, a replay representation with rings of that many entries, its checkpoint and caches
-        stored in ``replay_storage = (checkpoint dtype, cache dtype)``)."""
-        return SessionJudge(self, state_dtype, o_dtype, replay_capacity, replay_storage)
+        stored in ``replay_storage = (checkpoint dtype, cache dtype)``), its padding outputs as ``padding_output``
+        (:data:`PADDING_OUTPUTS`) says."""
+        return SessionJudge(self, state_dtype, o_dtype, replay_capacity, replay_storage, padding_output)
 
     def initial_pool(self):
         """The initial pool (float64 values; the runner casts it to the kernel's pool dtype, exactly)."""
@@ -304,11 +310,16 @@ class SessionJudge:
     the dtypes the kernel returned), then :meth:`report`. ``replay_capacity``: the kernel keeps replay states (a
     checkpoint and rings of that many entries, stored in ``replay_storage = (checkpoint dtype, cache dtype)``, default
     both ``state_dtype``); its driver hands over the pool they encode, in float64, and its baselines are the replay
-    representation's (``Session.baseline``). ``state_dtype`` sets the bound's multiple: the coarser of the two."""
+    representation's (``Session.baseline``). ``state_dtype`` sets the bound's multiple: the coarser of the two.
+    ``padding_output``: ``"zero"`` (padding outputs must be exact zeros) or ``"unwritten"`` (not judged)."""
 
-    def __init__(self, session, state_dtype, o_dtype=None, replay_capacity=None, replay_storage=None):
+    def __init__(self, session, state_dtype, o_dtype=None, replay_capacity=None, replay_storage=None,
+                 padding_output="zero"):
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype: {state_dtype!r} not one of {STATE_DTYPES}")
+        if padding_output not in PADDING_OUTPUTS:
+            raise ValueError(f"padding_output: {padding_output!r} not one of {PADDING_OUTPUTS}")
+        self.padding_output = padding_output
         if not session.exact_in(state_dtype):
             raise ValueError(f"state_dtype: session {session.name!r} starts from a pool not exact in {state_dtype}")
         self.session, self.state_dtype, self.o_dtype = session, state_dtype, o_dtype
@@ -410,14 +421,24 @@ class SessionJudge:
                 if self.changed else "")
         report.verdicts.append(Verdict("untouched", n_changed / max(self.keep_total, 1), float(n_changed > 0),
                                        0.0, 0.0, "bit-identical", not self.changed, note))
-        n_nonzero = sum(c for _, c in self.nonzero)
-        note = (f"call {self.nonzero[0][0]}: {self.nonzero[0][1]} nonzero values; {len(self.nonzero)} call(s)"
-                if self.nonzero else "")
-        report.verdicts.append(Verdict("padding", n_nonzero / max(self.idle_total, 1), float(n_nonzero > 0),
-                                       0.0, 0.0, "exact-zero", not self.nonzero, note))
+        report.verdicts.append(self.padding_verdict())
         if not report.passed:
             report.diagnosis = diagnose(self, report, rec, store)
         return report
+
+
+    def padding_verdict(self):
+        """The hard verdict ``padding``: exact zeros at padding rows and tokens of no live sequence, or, for a kernel
+        whose contract leaves them unwritten, nothing judged there (said in its note; ``untouched`` judges the pool)."""
+        if self.padding_output == "unwritten":
+            return Verdict("padding", 0.0, 0.0, 0.0, 0.0, "unwritten", True,
+                           f"not judged: the kernel's contract leaves o unwritten at {self.idle_total} padding "
+                           "value(s) (padding_output=unwritten); its pool is judged by untouched")
+        n_nonzero = sum(c for _, c in self.nonzero)
+        note = (f"call {self.nonzero[0][0]}: {self.nonzero[0][1]} nonzero values; {len(self.nonzero)} call(s)"
+                if self.nonzero else "")
+        return Verdict("padding", n_nonzero / max(self.idle_total, 1), float(n_nonzero > 0), 0.0, 0.0, "exact-zero",
+                       not self.nonzero, note)
 
 
 # --- rejected drafts: two runs with other values in them ---------------------------------------------------------

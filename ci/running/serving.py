@@ -55,6 +55,7 @@ from ..grading.rule import NON_FINITE
 from ..grading.serving import (
     GRADED,
     INPUT_NAMES,
+    PADDING_OUTPUTS,
     STATE_DTYPES,
     Session,
     compare_runs,
@@ -211,6 +212,16 @@ def strict_drafts(fn) -> bool:
     return bool(value)
 
 
+def padding_output(fn) -> str:
+    """What kernel ``fn``'s contract says of its outputs at padding rows (``ci.grading.serving.PADDING_OUTPUTS``): its
+    ``padding_output`` (attribute or a factory's keyword), ``"zero"`` by default (exact zeros, judged); ``"unwritten"``
+    (never stored: not judged, the pool still judged by ``untouched``)."""
+    value = _option(fn, "padding_output", "zero")
+    if value not in PADDING_OUTPUTS:
+        raise ValueError(f"padding_output: {value!r} not one of {PADDING_OUTPUTS}")
+    return value
+
+
 def session_size(fn) -> str:
     """The session size kernel ``fn`` is judged at (``serving_recipes.SIZES``): its ``session_size`` (attribute or
     spec option), ``small`` by default."""
@@ -249,6 +260,7 @@ class SessionRun:
                              f"{session.name!r}")
         self.session, self.driver = session, drv
         self.strict = strict_drafts(fn) if strict is None else bool(strict)
+        self.padding_output = padding_output(fn)
         self.keep = bool(keep)
         drafts = session.has_drafts
         calls = session.poisoned(recipes.POISONINGS[0]) if drafts else session.calls
@@ -261,7 +273,7 @@ class SessionRun:
         """``(judge, kept, initial pool)`` of the driver run on ``calls`` (the session's, or with other drafts)."""
         drv, session = self.driver, self.session
         judge = session.judge(drv.state_dtype, replay_capacity=drv.replay_capacity,
-                              replay_storage=getattr(drv, "replay_storage", None))
+                              replay_storage=getattr(drv, "replay_storage", None), padding_output=self.padding_output)
         pool = initial = drv.start(session)
         kept = []
         for i, call in enumerate(calls):
