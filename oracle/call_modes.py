@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 FLA_CHUNK = 64  # FLA's chunk_gdn2 chunk size: its intermediate states are taken every 64 tokens
-KINDS = ("dense", "training", "serving")
+KINDS = ("dense", "training", "serving", "handoff")  # handoff: a prefill kernel hands its states to a serving one
 
 
 def _shown(value):
@@ -152,6 +152,7 @@ REGISTRY = (
         )),
     CallMode("decode", "serving", help="calls chained on a state pool"),
     CallMode("speculative", "serving", help="speculative decoding on a state pool"),
+    CallMode("handoff", "handoff", help="a prefill kernel's final states handed into a serving kernel's pool"),
 )
 BY_NAME = {m.name: m for m in REGISTRY}
 STATE_LAYOUT = BY_NAME["state_v_first"]  # the [V, K] state layout: also a family serving pool's (oracle/serving.py)

@@ -130,6 +130,26 @@ def add_kernels(p, *, one=False):
         p.add_argument("--kernel", action="extend", type=kernels, metavar="NAME", help=kernel_help())
 
 
+def add_prefill(p):
+    """``--prefill NAME``: the training-call kernel whose final states the hand-off sessions hand to each kernel."""
+    from gdn2_oracle.oracle.handoff_recipes import MODE
+
+    p.add_argument("--prefill", type=one_kernel, metavar="NAME",
+                   help=f"with --modes {MODE}: the family training-call kernel that prefills the hand-off sessions "
+                        "(a spec as for --kernel, e.g. gdn-factorized); its final states are written into each "
+                        "--kernel's pool, which continues the request (docs/serving.md)")
+
+
+def prefill(args):
+    """``(kernel, spec text)`` of ``--prefill``, built (its ``family`` option as for ``--kernel``), or None."""
+    if not getattr(args, "prefill", None):
+        return None
+    from gdn2_oracle.ci.running.families import spec_family  # JAX only once a command runs
+
+    spec = args.prefill[0]
+    return build(spec_family(spec)[0]), spec.spec
+
+
 def add_run_options(p, *, mesh_jobs=True):
     """``--no-progress`` and, where a kernel runs at scale, ``--mesh`` and ``--jobs``."""
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
