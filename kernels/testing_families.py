@@ -22,12 +22,17 @@ reach the bug (``G = 1``, no beta sigmoid, no gate) is the correct kernel's.
 * ``padded_tail_gate``: with the in-kernel gate, a dense call is padded to a multiple of 64 tokens with zero
   tokens and the gate applied to the padded raw gates too, so the padded tokens decay the final state (``o`` is
   untouched; exact when ``T`` is a multiple of 64; a packed call is the correct kernel's).
+
+Kernels with a declared domain (``refuses(inputs, keywords)``, the reason a call is outside it, or None), each the
+correct kernel inside it: ``gdn_refuses_beta_over_one`` refuses a call with some beta above 1 (as vLLM's raw-gate
+kernels, whose ``beta = sigmoid(b)`` cannot express it); ``gdn_refuses_every_call`` refuses every call.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .contract import ACC_DTYPE, CHUNK_SIZE, MATMUL_PRECISION, floor_log_decay
 from .families import FamilyKernel
@@ -139,3 +144,22 @@ gdn_sigmoid_twice, kda_sigmoid_twice = mutant("sigmoid_twice", "gdn"), mutant("s
 gdn_no_neg_eigval, kda_no_neg_eigval = mutant("no_neg_eigval", "gdn"), mutant("no_neg_eigval", "kda")
 gdn_bf16_decay, kda_bf16_decay = mutant("bf16_decay", "gdn"), mutant("bf16_decay", "kda")
 gdn_padded_tail_gate, kda_padded_tail_gate = mutant("padded_tail_gate", "gdn"), mutant("padded_tail_gate", "kda")
+
+
+class RefusesBetaOverOne(FamilyKernel):
+    def refuses(self, inputs, keywords):
+        """Why a call with some beta above 1 (FLA's in-kernel beta sigmoid aside) is outside this kernel's domain."""
+        beta = inputs.get("beta")
+        if keywords.get("use_beta_sigmoid_in_kernel") or beta is None or np.all(beta <= 1):
+            return None
+        return f"beta: this kernel takes 0 <= beta <= 1; this call has beta up to {float(np.max(beta)):g}"
+
+
+class RefusesEveryCall(FamilyKernel):
+    def refuses(self, inputs, keywords):
+        """Every call is outside this kernel's domain."""
+        return "this kernel refuses every call"
+
+
+gdn_refuses_beta_over_one = RefusesBetaOverOne("gdn_refuses_beta_over_one", "gdn", _CORE)
+gdn_refuses_every_call = RefusesEveryCall("gdn_refuses_every_call", "gdn", _CORE)

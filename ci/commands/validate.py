@@ -76,9 +76,10 @@ SERVING_MODES = call_modes.names("serving")
 VALIDATE_MODES = ALL_MODES + SERVING_MODES
 PLAIN = call_modes.BASE.name  # the dense contract: every kernel is judged on its cases
 TRAINING = call_modes.names("training")
-SCHEMA = "gdn2-oracle/validate/4"  # 2: + modes; per kernel accepted_modes, modes, not_accepted_cases;
+SCHEMA = "gdn2-oracle/validate/5"  # 2: + modes; per kernel accepted_modes, modes, not_accepted_cases;
 # 3: grades EMPTY and INTERRUPTED, outcome "empty" (a kernel judged on no case is not a pass);
 # 4: + families (the families of the run's kernels); per kernel family, other_family_cases; a family case's "family"
+# 5: + per kernel refused_cases (the cases outside the kernel's own domain, not run: case, dtype, reason)
 # The families a kernel may be (docs/DESIGN.md §2, "Families in FLA"): gdn2 is the plain contract.
 FAMILIES = tuple(oracle.families.FAMILIES)
 GDN2 = family_grading.GDN2
@@ -473,7 +474,7 @@ class ValidationRun:
         self.kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
                              "source": source_sha256(fn), "notes": kernel_notes(fn), "cases": [],
                              "family": family, "accepted_modes": accepted_modes(fn, family),
-                             "not_accepted_cases": [], "other_family_cases": []}
+                             "not_accepted_cases": [], "other_family_cases": [], "refused_cases": []}
                             for (spec, fn), family in zip(self.built, self.families)]
         # FLA's keywords each family kernel takes (a family case setting another one is not run on it)
         self.flags = [None if family == GDN2 else family_running.accepted_flags(fn) + serving_running.layout_flags(fn)
@@ -492,8 +493,8 @@ class ValidationRun:
             case.release()
 
     def judge_one(self, loop, ahead, spec, fn, kout, case, flags=None):
-        """Judge kernel ``fn`` on ``case`` (a case of another family, or one its signature does not take, is only
-        listed) into ``kout``."""
+        """Judge kernel ``fn`` on ``case`` (a case of another family, one its signature does not take, or one outside
+        its own domain -- its ``refuses``, ``ci.running.modes.case_refusal`` -- is only listed) into ``kout``."""
         mesh, dump = self.options.mesh, self.dump
         loop.note(f"{spec.label()} {case.name}")
         if case_family(case) != kout["family"]:
@@ -503,6 +504,8 @@ class ValidationRun:
             kout["not_accepted_cases"].append(case.name)
             mine = next(i for i, k in enumerate(self.kernels_out) if k is kout)
             self.needs[mine][case.name] = needed_keywords(case, fn, kout["accepted_modes"], flags)
+        elif reason := mode_running.case_refusal(fn, case):
+            kout["refused_cases"].append({"case": case.name, "dtype": case.dtype, "reason": reason})
         else:
             key = job_key(fn, case)  # by identity: kernels that compare equal are two kernels
             program = functools.partial(ahead.compiled, key) if key in ahead else None
@@ -638,13 +641,22 @@ def format_validation(report, *, max_failures=60):
                     if k.get("family", GDN2) != GDN2 or k.get("other_family_cases")]
     if family_lines:
         lines += ["", "Families (docs/DESIGN.md §2, \"Families in FLA\"):"] + family_lines
-    notes = [(k["name"], n) for k in report.kernels for n in k["notes"]]
+    notes = [(k["name"], n) for k in report.kernels for n in [*k["notes"], *padding_notes(k)]]
     if notes:
         lines += ["", "Notes:"] + [f"  {name}: {n}" for name, n in notes]
     lines.append("")
     lines += [kernel_line(k, report.interrupted) for k in report.kernels]
     lines.append(overall_line(report))
     return "\n".join(lines)
+
+
+def padding_notes(k):
+    """The one line saying that kernel record ``k``'s padding outputs were not judged (its serving cases' ``padding``
+    verdict by the rule ``unwritten``: its contract leaves them unwritten), or none."""
+    n = sum(any(v["name"] == "padding" and v["rule"] == "unwritten" for v in c.get("verdicts") or [])
+            for c in k["cases"])
+    return [f"padding rows' o not judged in {n} session(s): the kernel's contract leaves it unwritten "
+            "(padding_output=unwritten); its pool is judged by untouched"] if n else []
 
 
 def header_lines(report, modes):
@@ -674,16 +686,27 @@ def judged_lines(report):
     lines = []
     for j, k in enumerate(report.kernels):
         skipped, other = len(k.get("not_accepted_cases") or []), len(k.get("other_family_cases") or [])
-        if not skipped and not other:
+        refused = k.get("refused_cases") or []
+        if not skipped and not other and not refused:
             continue
         what = "a mode" if k.get("family", GDN2) == GDN2 else "a flag, a call mode or a state pool"
         needs = report.needs[j] if j < len(report.needs) else {}
         why = [(f"{needs_text(needs)}: not in its signature" if len(needs) == skipped and k.get("family", GDN2) != GDN2
                 else f"{skipped} need {what} its signature does not take") if skipped else "",
-               f"{other} are of another family" if other else ""]
+               f"{other} are of another family" if other else "", refused_text(refused)]
         lines.append(f"  {len(k['cases'])} of {report.n_cases} cases judged for {k['name']} "
                      f"({'; '.join(w for w in why if w)})")
     return lines
+
+
+def refused_text(refused):
+    """``"3 case(s) outside the kernel's domain: <reason>"``: the cases a kernel refused (``refused_cases``), the first
+    one's reason (and how many others differ), or ``""`` for none."""
+    if not refused:
+        return ""
+    reasons = list(dict.fromkeys(r["reason"] for r in refused))
+    more = f" (and {len(reasons) - 1} other reason(s); the JSON report lists each)" if len(reasons) > 1 else ""
+    return f"{len(refused)} case(s) outside the kernel's domain: {reasons[0]}{more}"
 
 
 def verdict_rows(report):
@@ -787,10 +810,12 @@ def kernel_line(k, interrupted):
     n_p, n_f = k.get("n_precision", 0), k["n_failed"]
     n_pass = k["n_cases"] - n_f - n_p - n_in
     if not k["n_cases"]:
-        skipped = len(k.get("not_accepted_cases") or [])
+        skipped, refused = len(k.get("not_accepted_cases") or []), len(k.get("refused_cases") or [])
         what = "modes" if k.get("family", GDN2) == GDN2 else "flags"
-        why = (" before the interrupt" if interrupted else f": {skipped} case(s) of the set need {what} it does not "
-               "accept" if skipped else ": the selection has no case it takes")
+        parts = [f"{skipped} case(s) of the set need {what} it does not accept" if skipped else "",
+                 f"{refused} case(s) outside its own domain (refused)" if refused else ""]
+        said = "; ".join(p for p in parts if p) or "the selection has no case it takes"
+        why = " before the interrupt" if interrupted else f": {said}"
         return f"{k['name']}: {INTERRUPTED if interrupted else EMPTY} (no case judged{why})"
     word = k.get("grade", FAIL) if interrupted else ("PASS" if k["passed"] else VERDICT[outcome([k])])
     return (f"{k['name']}: {word} ({n_pass}/{k['n_cases']} cases pass{' before the interrupt' if interrupted else ''}"

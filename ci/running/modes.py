@@ -222,6 +222,47 @@ def check_representable(call: Call, dtype):
             raise ValueError(f"{name}: values are not exactly representable in {jnp.dtype(dt).name}")
 
 
+class Refused(ValueError):
+    """A call outside a kernel's own domain (its ``refuses``): not run. ``validate`` lists such cases as not run
+    (:func:`case_refusal`, before the call); a caller that runs the call anyway gets this error, naming why."""
+
+
+def refuse(reason):
+    """Raise :class:`Refused` with ``reason``; inside a Hypothesis example (the pytest plugin's properties, ``hunt``)
+    the example is rejected instead (``hypothesis.reject``, the reason noted and counted as an event): a call outside
+    the kernel's domain is no finding."""
+    try:
+        import hypothesis
+    except ImportError:  # hypothesis is the test extra's: without it nothing runs inside an example
+        hypothesis = None
+    if hypothesis is not None and hypothesis.currently_in_test_context():
+        hypothesis.note(f"refused by the kernel (not run): {reason}")
+        hypothesis.event("refused by the kernel (outside its domain)")
+        hypothesis.reject()
+    raise Refused(reason)
+
+
+def refusal(fn, call: Call):
+    """Why kernel ``fn`` refuses ``call`` (its own domain: its ``refuses(inputs, keywords)`` on the call's concrete
+    inputs by name and FLA's keywords), or None: a kernel without ``refuses`` takes every call."""
+    refuses = getattr(fn, "refuses", None)
+    if not callable(refuses):
+        return None
+    return refuses(dict(zip(call.input_names, call.inputs())), Static.of(call).keywords()) or None
+
+
+def case_refusal(fn, case):
+    """Why kernel ``fn`` refuses a training-call or family ``case`` (:func:`refusal`), or None (any other case, a
+    kernel without ``refuses``, or a case whose data cannot be built: its run reports the input error)."""
+    if not callable(getattr(fn, "refuses", None)) or not isinstance(case, ModeCase):
+        return None
+    try:
+        call = case.data()[0]
+    except Exception:  # noqa: BLE001 - the case's run reports it as an input error
+        return None
+    return refusal(fn, call)
+
+
 def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None):
     """``{name: np.ndarray}`` over ``ci.grading.modes.result_names(call)``, in the dtypes the kernel returned.
 
@@ -237,10 +278,9 @@ def mode_results(fn, call: Call, do, dfinal_state, *, dtype="float32", mesh=None
     h0 = to_device(call.initial_state if call.initial_state is not None else np.zeros(call.state_shape), jnp.float32)
     params = tuple(to_device(getattr(call, n), jnp.float32) for n in static.params)
     jdo, jdfs = to_device(do, jdt), to_device(dfinal_state, jnp.float32)
-    refuses = getattr(fn, "refuses", None)  # a kernel's own domain, checked on the concrete inputs before tracing
-    reason = refuses(dict(zip(call.input_names, call.inputs())), static.keywords()) if callable(refuses) else None
+    reason = refusal(fn, call)  # a kernel's own domain, checked on the concrete inputs before tracing
     if reason:
-        raise ValueError(reason)
+        refuse(reason)
     try:
         with quiet_callback_failures(), mesh_lib.using(mesh), guarded():
             if forward_only(fn):

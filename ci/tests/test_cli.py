@@ -89,7 +89,7 @@ def test_validate_json_schema(cli, tmp_path):
                      "--dtype", "float32,bfloat16", "--no-progress", "--json", str(path))
     assert code == 1
     report = json.loads(path.read_text())  # plain JSON: no NaN/Infinity literals
-    assert report["schema"] == "gdn2-oracle/validate/4"
+    assert report["schema"] == "gdn2-oracle/validate/5"
     for key in ("device_kind", "platform", "jax_version", "git", "created"):
         assert key in report["environment"]
     assert report["cases"] == "golden" and report["dtypes"] == ["float32", "bfloat16"]

@@ -13,7 +13,8 @@ CHANGES = {
     # and INTERRUPTED, the outcome "empty"
     # /4 added families (the run's kernels' families) and per kernel family, other_family_cases; a family case's
     # record has a dense case's keys and "family"
-    "gdn2-oracle/validate/4": {"added": {"families"}, "added per kernel": {"family", "other_family_cases"}},
+    # /5 added per kernel refused_cases (the cases outside the kernel's own domain, not run, each with its reason)
+    "gdn2-oracle/validate/5": {"added": set(), "added per kernel": {"refused_cases"}},
     # /2 added interrupted; /3 modes, not_accepted_modes. /4 added family (the kernel's) and not_accepted_flags; a
     # family kernel's panels each have "family"
     "gdn2-oracle/domain/4": {"added": {"family", "not_accepted_flags"}},
@@ -21,7 +22,7 @@ CHANGES = {
 VALIDATE = {"schema", "command", "cases", "dtypes", "seed", "only", "mesh", "environment", "n_cases", "seconds",
             "passed", "interrupted", "outcome", "grade", "kernels", "modes", "families"}
 VALIDATE_KERNEL = {"name", "spec", "options", "source", "notes", "cases", "family", "accepted_modes",
-                   "not_accepted_cases", "other_family_cases",
+                   "not_accepted_cases", "other_family_cases", "refused_cases",
                    "passed", "n_cases", "n_failed", "n_input_errors", "n_precision", "grade", "summary", "diagnosis",
                    "modes"}
 VALIDATE_CASE = {"case", "source", "dtype", "shape", "passed", "outcome", "grade", "verdicts", "error", "diagnosis",

@@ -231,19 +231,22 @@ SIGMOID_GATING_CASES = ("gdn_gate_softplus_T128", "gdn_gva4_moderate_beta_two")
 
 def test_interpreted_sigmoid_gating_validates_through_its_raw_gates(tmp_path):
     """``validate --kernel vllm-gdn-fused-sigmoid-gating`` on two smoke cases: FLA's in-kernel gate (A_log, dt_bias
-    passed through to vLLM's raw gates) PASSes, and a beta near 2 (which ``sigmoid(b)`` cannot express) is refused by
-    name (the family's g, beta inverted into raw gates: the interpreted calls above)."""
+    passed through to vLLM's raw gates) PASSes, and a beta near 2 (which ``sigmoid(b)`` cannot express) is outside the
+    kernel's domain: not run, listed with the reason (the family's g, beta inverted into raw gates: the interpreted
+    calls above); the run PASSes."""
     peers = wheels_or_skip()
     kernel = "vllm-gdn-fused-sigmoid-gating"
     named = [a for c in SIGMOID_GATING_CASES for a in ("--case", c)]
     proc = console(tmp_path, "validate", "--kernel", kernel, "--cases", "smoke", *named, "--dtype", "float32",
                    "--no-progress", "--json", tmp_path / "report.json", timeout=900, GDN2_PEERS=str(peers))
     text = proc.stdout + proc.stderr
-    cases = {c["case"]: c for c in json.loads((tmp_path / "report.json").read_text())["kernels"][0]["cases"]}
-    assert {n: c["grade"] for n, c in cases.items()} == {"gdn_gate_softplus_T128": PASS,
-                                                         "gdn_gva4_moderate_beta_two": "FAIL"}, text
-    assert "beta = sigmoid(b), which only expresses 0 <= beta <= 1" in cases["gdn_gva4_moderate_beta_two"]["error"]
-    assert proc.returncode == 1 and "fused_sigmoid_gating.py read from vllm-0.33.0" in proc.stdout, text
+    (k,) = json.loads((tmp_path / "report.json").read_text())["kernels"]
+    assert {c["case"]: c["grade"] for c in k["cases"]} == {"gdn_gate_softplus_T128": PASS}, text
+    [refused] = k["refused_cases"]
+    assert refused["case"] == "gdn_gva4_moderate_beta_two", text
+    assert "beta = sigmoid(b), which only expresses 0 <= beta <= 1" in refused["reason"], refused
+    assert "1 case(s) outside the kernel's domain: beta: vLLM's" in proc.stdout, text
+    assert proc.returncode == 0 and "fused_sigmoid_gating.py read from vllm-0.33.0" in proc.stdout, text
 
 
 POOL_SESSIONS = ("serving_gdn_pool_g2", "serving_gdn_drafts_g4")  # packed prefill rows on slot 0; every accept count
