@@ -20,14 +20,16 @@ with their own member list (``golden/load.py``: :data:`FAMILY_ARRAY_ORDER`) and 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from gdn2_oracle.oracle import families
+from gdn2_oracle.oracle import families, family_recipes
 from gdn2_oracle.oracle.family_recipes import FamilyRecipe
 from gdn2_oracle.oracle.generate import round_to
 
+from . import catalogue
 from .catalogue import recipe_checksum
 
 # Bump when anything that determines a family golden's bytes changes outside the recipes (oracle.families_mp,
@@ -155,6 +157,40 @@ CASES: tuple[FamilyGoldenCase, ...] = (
        precision="bfloat16", initial_state=True, seed=1203),
 )
 
+# The mpmath cost a family golden may have (FamilyGoldenCase.cost): a few seconds at 256 bits and its 512-bit
+# estimate, and a file of ~100 KB.
+MAX_COST = 30000
+
+
+def _projected_cases():
+    """The family projections of the GDN-2 dense catalogue (``golden/catalogue.py``;
+    ``oracle.family_recipes.projections``: each gate regime as its beta regime, G cycling over GROUPS per distinct
+    shape), named ``<family>_<GDN-2 name>``, each family in turn. A reduction case (``reduction`` kda or gdn) is
+    projected into its own family only. Left out, so the projections stay at ~4.4 MB of data and their regeneration
+    within minutes: the K = V = 128 ``tpu128_*`` cases, every projection whose cost exceeds :data:`MAX_COST` (the
+    shapes with G = 2 or 4 beyond ~30 tokens: ``decay_resets``, the ``WIDE`` shapes, ``len_c16``,
+    ``len_c16_x3_tail``, ``len_c64_minus1``, ``len_c64_plus1``, ``len_c64_x3_tail``, ``kv_*``, the len65 ones), and a
+    projection that coincides with an earlier one of its family in all but the seed (``gates_erase_zero``,
+    ``gates_erase_one``, ``gdn_moderate``, ``kda_moderate``: the family has one beta for b and w)."""
+    out = []
+    for family in families.MAPPED:
+        recipes = [(c.name, c.recipe) for c in catalogue.CASES
+                   if not c.name.startswith("tpu128_") and c.recipe.reduction in (None, family)]
+        seen = set()
+        for name, r in family_recipes.projections(family, recipes).items():
+            structure = dataclasses.replace(r, seed=0)
+            case = FamilyGoldenCase(name, r, f"projection of GDN-2 golden {name.removeprefix(family + '_')}: "
+                                    f"{catalogue.get(name.removeprefix(family + '_')).purpose}")
+            if case.cost() <= MAX_COST and structure not in seen:
+                seen.add(structure)
+                out.append(case)
+    return tuple(out)
+
+
+# The projections (also in CASES, after the hand-made cases above).
+PROJECTED: tuple[FamilyGoldenCase, ...] = _projected_cases()
+CASES += PROJECTED
+
 _BY_NAME = {c.name: c for c in CASES}
 if len(_BY_NAME) != len(CASES):  # pragma: no cover - guards edits to the table above
     raise AssertionError("duplicate case names in golden.family_catalogue.CASES")
@@ -176,5 +212,5 @@ def get(name: str) -> FamilyGoldenCase:
                          f"golden.family_catalogue.names())") from None
 
 
-__all__ = ["FamilyGoldenCase", "CASES", "GENERATOR_VERSION", "DECAY_FORMS", "RECIPE_FIELDS", "RESULTS", "names",
-           "get"]
+__all__ = ["FamilyGoldenCase", "CASES", "PROJECTED", "GENERATOR_VERSION", "MAX_COST", "DECAY_FORMS", "RECIPE_FIELDS",
+           "RESULTS", "names", "get"]

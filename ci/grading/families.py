@@ -92,8 +92,13 @@ def cases(kind="quick", dtypes=DTYPES, *, seed=0, families_selected=families.MAP
     if plain:
         out += [case_type.named(n, precision=d, seed=seed) for d in dtypes for n in chosen
                 if family_recipes.get(n).mode is None]
+        from gdn2_oracle.golden import family_catalogue  # names only, no data read
+
+        # a projection with a family golden of its name is judged once, as the golden (its 256-bit twin)
+        goldens = set(family_catalogue.names()) if kind in GOLDEN_SETS else set()
         out += [case_type.from_recipe(n, r) for fam in families_selected
-                for n, r in family_recipes.projections(fam, projected, seed).items() if r.precision in dtypes]
+                for n, r in family_recipes.projections(fam, projected, seed).items()
+                if r.precision in dtypes and n not in goldens]
     for n in chosen:
         r = family_recipes.get(n)
         if r.mode is not None and r.precision in dtypes and set(r.modes) <= set(modes_selected):
