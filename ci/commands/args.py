@@ -146,7 +146,7 @@ def prefill(args):
         return None
     from gdn2_oracle.ci.running.families import spec_family  # JAX only once a command runs
 
-    spec = args.prefill[0]
+    spec = specs(args.prefill)[0]
     return build(spec_family(spec)[0]), spec.spec
 
 

@@ -45,8 +45,8 @@ from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict,
 from ..grading.modes import ALL_MODES, MODE_RESULTS
 from ..grading.result import INPUT_ERROR, CaseResult
 from ..running import families as family_running
+from ..running import handoff_sessions, multihost
 from ..running import modes as mode_running
-from ..running import multihost
 from ..running import serving as serving_running
 from ..running.ahead import Ahead, job_key
 from ..running.cases import CallCase, DenseCase, FamilyRunCase
@@ -390,6 +390,7 @@ class ValidateOptions:
     program_cache: bool = True
     show_progress: bool = True
     env: dict | None = None
+    prefill: tuple | None = None  # (kernel, spec) of --prefill: the hand-off sessions' prefill kernel
 
 
 # The time model of the line said before a run: core-seconds per kernel program compiled (a case dtype and shape) and
@@ -469,6 +470,7 @@ class ValidationRun:
         run_families = [f for f in FAMILIES if f in self.families]
         self.case_list = build_cases(options.cases, options.dtypes, seed=options.seed, only=options.only,
                                      modes=self.modes, families=run_families)
+        self.case_list += handoff_sessions.cases(options.prefill, self.modes, options.dtypes, options.seed)
         # Group by shape and dtype so each kernel compiles once per group while the arrays are warm.
         self.case_list.sort(key=lambda c: (c.dtype, c.shape))
         self.kernels_out = [{"name": spec.label(), "spec": spec.spec, "options": spec.options,
@@ -861,7 +863,7 @@ def format_modes(k, selected):
 def modes_arg(text):
     """``--modes`` value: comma-separated names of :data:`VALIDATE_MODES`, in that order."""
     try:
-        return call_modes.parse(text, VALIDATE_MODES)
+        return call_modes.parse(text, VALIDATE_MODES + (handoff_sessions.MODE,))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("modes: ")) from None
 
@@ -907,6 +909,7 @@ def add_parser(sub):
     v.add_argument("--no-reference-cache", action="store_true",
                    help="neither read nor write the references and baselines cached by recipe (default: read them "
                         "from, and store them in, $GDN2_REFERENCE_CACHE or ~/.cache/gdn2-oracle/references)")
+    cli_args.add_prefill(v)
     cli_args.add_run_options(v)
 
 
@@ -931,7 +934,7 @@ def run(args):
         options = ValidateOptions(dtypes=args.dtype, cases=args.cases, seed=args.seed, only=args.case,
                                   modes=args.modes, mesh=cli_args.built_mesh(args), case_timeout=args.case_timeout,
                                   compile_workers=args.compile_workers, program_cache=not args.no_program_cache,
-                                  show_progress=not args.no_progress)
+                                  show_progress=not args.no_progress, prefill=cli_args.prefill(args))
         report = run_validation(specs, options, dump=dumper, on_stop=report_so_far,
                                 on_start=lambda line: print(line, flush=True))
     print(format_validation(report, max_failures=args.max_failures), flush=True)

@@ -29,6 +29,8 @@ from ..grading.tolerance import Report
 from .harness import guarded, to_device
 from .serving import SessionRun, driver
 
+MODE = recipes.MODE  # the registry's mode that selects these sessions (validate --modes)
+
 
 def prefill_states(fn, script, dtype):
     """The final states ``[N, HV, K, V]`` (float32, FLA's layout) of prefill kernel ``fn`` on ``script``'s prefill
