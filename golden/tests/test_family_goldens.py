@@ -93,9 +93,32 @@ def test_the_catalogue_covers_both_families_and_every_flag():
         assert {c.precision for c in mine} == {"float32", "bfloat16"}, family
     assert any(c.family == "gdn" and c.decay_form == "softplus" for c in cases)
     assert any(c.family == "kda" and c.decay_form == "bounded" and c.lower_bound == -5.0 for c in cases)
-    assert all(c.cost() <= 30000 for c in cases)  # a few seconds each at 256 (and 512) bits
+    assert all(c.cost() <= family_catalogue.MAX_COST for c in cases)  # a few seconds each at 256 (and 512) bits
     checksums = [c.checksum() for c in cases]
     assert len(set(checksums)) == len(checksums), "two family cases share a recipe"
+
+
+def test_the_projected_goldens_are_the_family_projections_of_the_gdn2_goldens():
+    """Each case named ``<family>_<GDN-2 golden>`` is that golden's family projection (``family_recipes.projections``
+    over the catalogue less the ``tpu128_*`` cases, a reduction in its own family only), as ``validate``'s quick set
+    projects it; every projection within MAX_COST is one unless an earlier one of its family differs only in seed."""
+    for family in families.MAPPED:
+        recipes = [(c.name, c.recipe) for c in catalogue.CASES
+                   if not c.name.startswith("tpu128_") and c.recipe.reduction in (None, family)]
+        projected = family_recipes.projections(family, recipes)
+        mine = [n for n in family_names(family) if n in projected]
+        assert mine == [c.name for c in family_catalogue.PROJECTED if c.family == family]
+        assert len(mine) >= 20 and {c.precision for c in map(family_catalogue.get, mine)} == {"float32", "bfloat16"}
+        seen = []
+        for name, r in projected.items():
+            if name in mine:
+                assert family_catalogue.get(name).recipe == r and family_catalogue.get(name).decay_form is None
+                seen.append(r.replace(seed=0))
+            else:
+                cost = family_catalogue.FamilyGoldenCase(name, r).cost()
+                assert cost > family_catalogue.MAX_COST or r.replace(seed=0) in seen, name
+        every = family_recipes.projections(family, [(c.name, c.recipe) for c in catalogue.CASES])
+        assert all(every[n] == family_catalogue.get(n).recipe for n in mine)  # validate's full set: judged as goldens
 
 
 def test_a_bad_family_case_names_the_case_and_the_field():
@@ -219,8 +242,13 @@ def test_encoding_round_trips_a_family_golden_and_refuses_an_unpaired_estimate()
 
 # --- regeneration reproduces the committed bytes -------------------------------------------------------------------
 
+HAND_MADE = [n for n in NAMES if family_catalogue.get(n) not in family_catalogue.PROJECTED]
+
+
 def _cheapest_per_family():
-    return [min(family_names(f), key=lambda n: family_catalogue.get(n).cost()) for f in families.MAPPED]
+    """The cheapest hand-made case of each family (one of them has the in-kernel gate's dA_log, ddt_bias)."""
+    return [min(set(family_names(f)) & set(HAND_MADE), key=lambda n: family_catalogue.get(n).cost())
+            for f in families.MAPPED]
 
 
 def test_regenerating_a_family_case_of_each_family_reproduces_its_bytes(tmp_path, capsys):
@@ -249,14 +277,20 @@ def test_regenerating_a_family_case_of_each_family_reproduces_its_bytes(tmp_path
     assert f"{name}: array 'dbeta' differs" in capsys.readouterr().out
 
 
+# The cases the slow check recomputes: the hand-made ones and one projected case per regime group (decay, gates,
+# lengths, bf16), the families in turn (every one of the 49 would take ~2.5 minutes of CPU); the members test
+# rebuilds every case's inputs and the float64 test checks every stored result.
+RECOMPUTED = HAND_MADE + ["gdn_decay_extreme", "kda_gates_zero", "gdn_len_c64_x2_tail_extreme", "kda_bf16_strong_h0"]
+
+
 @pytest.mark.slow
-def test_regenerating_the_family_sections_reproduces_every_committed_file(tmp_path):
-    """Every family case recomputed (13 s of CPU, up to a minute on a loaded machine): the committed files byte
-    for byte."""
+def test_regenerating_a_sample_of_the_family_sections_reproduces_its_committed_files(tmp_path):
+    """A sample of the family cases recomputed (:data:`RECOMPUTED`: ~25 s of CPU, up to a minute on a loaded
+    machine): the committed files byte for byte."""
     root = tmp_path / "golden"
     shutil.copytree(DATA_DIR, root / "data")
     shutil.copy(DATA_DIR.parent / "MANIFEST.json", root / "MANIFEST.json")
-    args = ["--root", str(root), "--check", "--jobs", "2"] + [a for n in NAMES for a in ("--case", n)]
+    args = ["--root", str(root), "--check", "--jobs", "2"] + [a for n in RECOMPUTED for a in ("--case", n)]
     assert regenerate.main(args) == 0
 
 

@@ -33,3 +33,25 @@ def test_a_family_golden_passes_the_float32_pipeline_and_fails_an_error(entry):
     got["dbeta"] = got["dbeta"] * np.float32(1.01)
     report = case.judge(got)
     assert report.grade == "FAIL" and [v.name for v in report.failures()] == ["dbeta"]
+
+
+# A projected golden of GDN-2's (bf16 inputs, a strong decay, an initial state) that gdn-factorized and the bf16-decay
+# mutant run in process (two compiled programs): every golden of our family kernels runs in ``validate --cases
+# golden`` (ci/tests/test_families_validate.py), a sample of them through the plugin
+# (property_tests/tests/test_family_mutants.py).
+SAMPLE = ("gdn_bf16_strong_h0",)
+ENV = {"device_kind": "cpu", "platform": "cpu", "jax_version": "-"}  # the report's environment, not looked up
+
+
+def test_gdn_factorized_passes_projected_goldens_that_a_bf16_decay_fails():
+    """``validate --cases golden --case ...`` in process: our chunked GDN kernel PASSes the sample, the mutant whose
+    cumulative decay runs in bfloat16 for bf16 inputs (kernels/testing_families.py) FAILs its bf16 golden."""
+    from gdn2_oracle.ci.commands import validate
+    from gdn2_oracle.kernels import KernelSpec
+
+    specs = [KernelSpec.parse(s) for s in ("gdn-factorized", "gdn2_oracle.kernels.testing_families:gdn_bf16_decay")]
+    report = validate.run_validation(specs, validate.ValidateOptions(cases="golden", only=SAMPLE, show_progress=False,
+                                                                     env=ENV))
+    ours, mutant = ({c["case"]: c["grade"] for c in k["cases"]} for k in report.kernels)
+    assert set(ours) == set(SAMPLE) and set(ours.values()) == {"PASS"}, validate.format_validation(report)
+    assert mutant["gdn_bf16_strong_h0"] == "FAIL", validate.format_validation(report)
