@@ -14,6 +14,7 @@ with the registry's hand-off mode, ``oracle.handoff_recipes.MODE``); :func:`case
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax.numpy as jnp
@@ -100,7 +101,7 @@ class HandoffRun:
             found += judge.fork_findings(run.judge.changed, [rc.plan for rc in run.judge.ref])
             if not found and not decoding.passed:
                 found += list(decoding.diagnosis)
-            report.diagnosis = found
+            report.diagnosis = [dataclasses.replace(f, primary=k == 0) for k, f in enumerate(found)]
         return report
 
 

@@ -60,3 +60,11 @@ def test_wrong_hand_off_fails_naming_its_cause(scripts, prefill, decoder, name, 
     assert report.grade == "FAIL", report.format()
     first = report.diagnosis[0]
     assert first.kind == kind and text in first.text, report.format()
+
+
+def test_validate_passes_the_correct_pair_and_names_a_transposed_hand_off(cli):
+    argv = ("validate", "--kernel", "gdn-decode", "--modes", recipes.MODE, "--dtype", "float32", "--no-progress")
+    code, out, _ = cli(*argv, "--prefill", "gdn-factorized")
+    assert code == 0 and "gdn-decode: PASS (6/6 cases pass)" in out, out
+    code, out, _ = cli(*argv, "--prefill", "gdn2_oracle.kernels.testing_handoff:transposed_prefill")
+    assert code != 0 and "arrives transposed: [V, K] read as [K, V]" in out, out
