@@ -30,6 +30,9 @@ _OPEN, _CLOSE = "([{", ")]}"
 
 
 FACTORY = "factory"  # the option that calls a ``package.module:attr`` with the options to make the kernel
+# ``family`` / ``flags`` on a ``package.module:attr``: a family kernel and the FLA keywords it takes
+FAMILY_OPTIONS = ("family", "flags")
+FAMILY_FUNCTION = "gdn2_oracle.kernels.family_keywords:family_function"  # resolved by name: it imports this module
 
 
 class Reference(str):
@@ -284,7 +287,7 @@ def accepts(name, option):
     if name.startswith(REPLAYSSM_PREFIX):
         return _takes(resolve(REPLAYSSM_FACTORY), option)
     if ":" in name:
-        return option in adapt.MAPPING or option == FACTORY or _takes(resolve(name), option)
+        return option in (*adapt.MAPPING, *FAMILY_OPTIONS, FACTORY) or _takes(resolve(name), option)
     return _takes(factory(name), option)
 
 
@@ -293,7 +296,8 @@ def get(spec, **options):
     ``"pkg.mod:attr"`` callable gets the mapping options (``order``, ``layout``, ``scale_arg``, ``state_arg``,
     ``decay_base``) applied and the others bound as keyword arguments of every call; ``pad`` and ``o_dtype``
     wrap any kernel (kernels/adapt.py), and ``interpret`` any but a ``torch:`` one, where it is the torch bridge's
-    (Triton's interpreter). A user's kernel function (``pkg.mod:attr``, what a ``factory=1`` or
+    (Triton's interpreter). ``family`` / ``flags`` on a ``pkg.mod:attr``: a family kernel and the FLA keywords it
+    takes (kernels/family_keywords.py), outermost. A user's kernel function (``pkg.mod:attr``, what a ``factory=1`` or
     registered factory makes) is called through kernels/kernel_warnings.py: its warnings are reported at it."""
     name, parsed = parse_spec(spec)
     options = {k: v.load(k) if isinstance(v, Reference) else v for k, v in {**parsed, **options}.items()}
@@ -302,8 +306,10 @@ def get(spec, **options):
            else _declared(resolve(TORCH_FACTORY)) if name.startswith(TORCH_PREFIX) else set())
     wrapping = {k: options.pop(k) for k in adapt.WRAPPING if k in options and k not in own}
     packed = options.get("layout") == adapt.MIXED_QKV and "layout" not in own and options.pop("layout")
-    fn = _build(name, options)
-    return adapt.wrap(adapt.mixed_qkv(fn) if packed else fn, **wrapping)
+    plain = ":" in name and not name.startswith((TORCH_PREFIX, REPLAYSSM_PREFIX))
+    family = {k: options.pop(k) for k in FAMILY_OPTIONS if k in options} if plain else {}
+    fn = adapt.wrap(adapt.mixed_qkv(_build(name, options)) if packed else _build(name, options), **wrapping)
+    return resolve(FAMILY_FUNCTION)(fn, family.get("family"), family.get("flags")) if family else fn
 
 
 def _declared(fn):

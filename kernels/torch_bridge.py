@@ -30,6 +30,7 @@ from . import kernel_warnings, triton_interpret
 from .adapt import LAYOUTS, TENSORS, parse_order
 from .contract import check_finite_values, check_inputs
 from .families import FAMILIES, check_family_call, check_family_values
+from .family_keywords import FAMILY_KEYWORDS, GATE_KEYWORDS, SCALE, declared_flags, hidden_keywords  # noqa: F401
 from .modes import check_cu_seqlens, check_gate, check_state
 from .spec import inner_callable, resolve, signature_of
 
@@ -500,46 +501,10 @@ def _names_keyword(fn, name):
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def _named_keyword(fn, name):
-    """Whether callable ``fn``'s signature (read through pass-through wrappers) names keyword ``name`` (unknown
-    signature: yes)."""
-    try:
-        params = signature_of(fn).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-
-
-def _var_keyword(fn):
-    """Whether callable ``fn``'s signature (read through pass-through wrappers) takes ``**kwargs``."""
-    try:
-        return any(p.kind is p.VAR_KEYWORD for p in signature_of(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-
-
-# FLA's keywords of a family call a torch function may take or not (the ``flags=`` option declares which; the gate
-# parameters A_log, dt_bias and lower_bound come with use_gate_in_kernel).
-FAMILY_KEYWORDS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "use_gate_in_kernel",
-                   "cu_seqlens")
-GATE_KEYWORDS = ("A_log", "dt_bias", "lower_bound")
-SCALE = "scale"  # probed like a flag when the torch function takes it only through **kwargs
+# FLA's family keywords, hidden ones and the ``flags=`` option: kernels/family_keywords.py (shared with JAX kernels)
 GVA_OPTIONS = ("repeat", "none")  # no grouped value heads: q, k repeated to v's heads, or G = 1 only
 _DEFAULT_ARGS = {"scale_arg": "scale", "state_arg": "initial_state"}
 _NO_STATE = "initial_state: the kernel takes no initial state (state_arg=None), but this call has a nonzero one"
-
-
-def declared_flags(value):
-    """The ``flags=`` option as a tuple of :data:`FAMILY_KEYWORDS` (``+``-separated; empty: none); ValueError naming
-    ``flags`` for another name."""
-    if value is None:
-        return None
-    names = tuple(n.strip() for n in str(value).split("+") if n.strip()) if value != () else ()
-    bad = [n for n in names if n not in FAMILY_KEYWORDS]
-    if bad:
-        raise ValueError(f"flags: {bad} not among FLA's family keywords {list(FAMILY_KEYWORDS)} ('+'-separated; "
-                         "'flags=' alone: none)")
-    return names
 
 
 class FamilyTorchKernel(TorchKernel):
@@ -589,11 +554,8 @@ class FamilyTorchKernel(TorchKernel):
         self.no_backward = no_backward
         # FLA's keywords the torch function takes only through **kwargs, unproven (none when declared)
         # (and "scale" when the scale keyword, not given as an option, is not named either)
-        self.hidden_keywords = () if declared is not None or not _var_keyword(fn) else tuple(
-            k for k in FAMILY_KEYWORDS if not _named_keyword(fn, k) and (k != "cu_seqlens" or self.packed))
-        if not scale_given and self.scale_arg is not None and _var_keyword(fn) and not _named_keyword(
-                fn, self.scale_arg):
-            self.hidden_keywords += (SCALE,)
+        self.hidden_keywords = hidden_keywords(fn, declared=declared, packed=self.packed,
+                                               scale_arg=None if scale_given else self.scale_arg)
         # the keywords the wrapper takes: those of the family call the torch function takes too (FLA's flags, the gate
         # parameters, cu_seqlens when packed), so the judge runs it on the cases it can be called on
         sig = inspect.signature(type(self).__call__)

@@ -58,6 +58,7 @@ def kernel_family(fn, option=None, *, label=None):
     if fam is not None:
         if fam not in families.FAMILIES:
             raise ValueError(f"family: {fam!r} not one of {tuple(families.FAMILIES)}")
+        flag_probe.given_family(fn, fam)  # the family its probe calls it in (a spec option is no attribute)
         return fam
     if beta_signature(fn):
         name = label or getattr(fn, "__name__", type(fn).__name__)

@@ -2,19 +2,22 @@
 
 A signature ``fn(q, k, v, g, beta, ..., **kwargs)`` says nothing about which of FLA's keywords the function reads:
 transformers' Gated DeltaNet fallbacks take ``use_beta_sigmoid_in_kernel``, ``allow_neg_eigval`` and
-``use_gate_in_kernel`` through ``**kwargs`` and ignore them. For each such keyword (a kernel's ``hidden_keywords``,
-kernels/torch_bridge.py) the kernel is called twice on one tiny call, with and without the keyword, on inputs where
-the oracle's two results differ; a kernel whose output does not move (less than :data:`MOVED` of the oracle's
-change) ignores it, one that raises refuses it. Either way the judge does not run the cases that set it, and the
-kernel's notes say why (:func:`notes`). Each kernel object is probed once per keyword (a memo by identity).
+``use_gate_in_kernel`` through ``**kwargs`` and ignore them. For each such keyword of a torch or JAX family kernel
+(:func:`hidden_keywords`, kernels/family_keywords.py; none where the spec declares ``flags=``) the kernel is called
+twice on one tiny call, with and without the keyword, on inputs where the oracle's two results differ; a kernel whose
+output does not move (less than :data:`MOVED` of the oracle's change) ignores it, one that raises refuses it. Either way
+the judge does not run the cases that set it, and the kernel's notes say why (:func:`notes`). Each kernel object is
+probed once per keyword (a memo by identity).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 
+from gdn2_oracle.kernels import family_keywords
 from gdn2_oracle.oracle import families
 
 from ..grading.families import GDN2
@@ -23,6 +26,7 @@ MOVED = 1e-3  # a kernel's change below this fraction of the oracle's is no chan
 SHAPE = dict(B=1, T=8, H=1, K=16, V=16)  # the probe call: one head (K, V = 16: Triton's tl.dot needs 16)
 CU_SEQLENS = np.array([0, 3, 8])
 _MEMO: dict = {}  # id(kernel) -> (kernel, {keyword: Verdict}); the kernel is kept so that its id is not reused
+_GIVEN: dict = {}  # id(kernel) -> (kernel, family): the family a spec option gave a kernel without the attribute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +39,12 @@ class Verdict:
 
 
 def hidden_keywords(fn):
-    """The FLA keywords kernel ``fn`` takes only through ``**kwargs`` (its ``hidden_keywords`` attribute)."""
-    return tuple(getattr(fn, "hidden_keywords", ()) or ())
+    """The FLA keywords family kernel ``fn`` takes only through ``**kwargs``: its ``hidden_keywords`` attribute (a
+    torch or ``pkg.mod:attr`` family kernel, none when its ``flags=`` are declared), else those its signature, read
+    through ``__wrapped__``, does not name while it takes ``**kwargs`` (kernels/family_keywords.py)."""
+    if hasattr(fn, "hidden_keywords"):
+        return tuple(fn.hidden_keywords or ())
+    return family_keywords.hidden_keywords(fn)
 
 
 def _inputs(family, seed=0):
@@ -73,12 +81,15 @@ def _oracle_o(family, arrays, keywords):
 
 def _kernel_o(fn, arrays, keywords):
     """Kernel ``fn``'s ``o`` of the probe call, from a zero initial state passed explicitly (as the judge passes one:
-    transformers' recurrent fallbacks require it)."""
+    transformers' recurrent fallbacks require it), on JAX arrays as the judge calls a family kernel
+    (ci/running/modes.py; ``cu_seqlens`` stays on the host)."""
     B, HV, K, V = SHAPE["B"], arrays["v"].shape[2], arrays["k"].shape[3], arrays["v"].shape[3]
     N = len(keywords["cu_seqlens"]) - 1 if "cu_seqlens" in keywords else B
-    h0 = np.zeros((N, HV, K, V), np.float32)
-    o, _ = fn(*(arrays[n] for n in ("q", "k", "v", "g", "beta")), initial_state=h0, output_final_state=True,
-              **keywords)
+    h0 = jnp.zeros((N, HV, K, V), jnp.float32)
+    on_device = {n: x if n == "cu_seqlens" or not isinstance(x, np.ndarray) else jnp.asarray(x)
+                 for n, x in keywords.items()}
+    o, _ = fn(*(jnp.asarray(arrays[n]) for n in ("q", "k", "v", "g", "beta")), initial_state=h0,
+              output_final_state=True, **on_device)
     return np.asarray(o, np.float64)
 
 
@@ -117,9 +128,18 @@ def _probe(fn, family, keyword):
     return Verdict(keyword, True)
 
 
+def given_family(fn, family):
+    """Record that kernel ``fn`` is of ``family`` (its spec's ``family`` option, ``ci.running.families.kernel_family``):
+    a plain ``pkg.mod:fn[family=gdn]`` carries no attribute saying so (a memo by identity)."""
+    if getattr(fn, "family", None) is None:
+        _GIVEN[id(fn)] = (fn, family)
+
+
 def _family(fn, family):
-    """The kernel's family: ``family``, else its ``family`` attribute (None: not a family kernel, nothing probed)."""
-    fam = family or getattr(fn, "family", None)
+    """The kernel's family: ``family``, else its ``family`` attribute, else the one its spec gave it
+    (:func:`given_family`); None: not a family kernel, nothing probed."""
+    given = _GIVEN.get(id(fn))
+    fam = family or getattr(fn, "family", None) or (given[1] if given and given[0] is fn else None)
     return fam if fam in families.FAMILIES and fam != GDN2 else None
 
 
