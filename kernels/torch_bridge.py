@@ -30,7 +30,7 @@ from . import kernel_warnings, triton_interpret
 from .adapt import LAYOUTS, TENSORS, parse_order
 from .contract import check_finite_values, check_inputs
 from .families import FAMILIES, check_family_call, check_family_values
-from .family_keywords import FAMILY_KEYWORDS, GATE_KEYWORDS, SCALE, declared_flags, hidden_keywords  # noqa: F401
+from .family_keywords import FAMILY_KEYWORDS, GATE_KEYWORDS, declared_flags, hidden_keywords  # noqa: F401 - re-export
 from .modes import check_cu_seqlens, check_gate, check_state
 from .spec import inner_callable, resolve, signature_of
 
