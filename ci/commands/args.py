@@ -141,8 +141,13 @@ def add_prefill(p):
 
 
 def prefill(args):
-    """``(kernel, spec text)`` of ``--prefill``, built (its ``family`` option as for ``--kernel``), or None."""
+    """``(kernel, spec text)`` of ``--prefill``, built (its ``family`` option as for ``--kernel``), or None; a
+    UsageError when ``--modes`` names the hand-off mode without it."""
+    from gdn2_oracle.oracle.handoff_recipes import MODE
+
     if not getattr(args, "prefill", None):
+        if MODE in (getattr(args, "modes", None) or ()):
+            raise UsageError(f"--modes {MODE}: needs --prefill NAME (the kernel that prefills the sessions)")
         return None
     from gdn2_oracle.ci.running.families import spec_family  # JAX only once a command runs
 

@@ -68,3 +68,5 @@ def test_validate_passes_the_correct_pair_and_names_a_transposed_hand_off(cli):
     assert code == 0 and "gdn-decode: PASS (6/6 cases pass)" in out, out
     code, out, _ = cli(*argv, "--prefill", "gdn2_oracle.kernels.testing_handoff:transposed_prefill")
     assert code != 0 and "arrives transposed: [V, K] read as [K, V]" in out, out
+    code, _, err = cli(*argv)
+    assert code == 2 and "needs --prefill" in err, err
