@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gdn2_oracle.ci.grading import handoff_judge as judge
 from gdn2_oracle.ci.running.handoff_sessions import HandoffRun
 from gdn2_oracle.kernels import testing_handoff as th
 from gdn2_oracle.kernels.family_decode import gdn_decode
@@ -70,3 +71,25 @@ def test_validate_passes_the_correct_pair_and_names_a_transposed_hand_off(cli):
     assert code != 0 and "arrives transposed: [V, K] read as [K, V]" in out, out
     code, _, err = cli(*argv)
     assert code == 2 and "needs --prefill" in err, err
+
+
+def test_a_wrong_store_is_named_per_slot(scripts):
+    script = scripts["pool"]
+    states = script.prefill_states(np.float32)
+    expected = script.handed_pool(states, "bfloat16")
+    stored = expected.copy()
+    stored[0] = np.swapaxes(expected[0], -1, -2)  # transposed
+    stored[1] = round_state(round_state(script.prefill_states()[1], "float16"), "bfloat16")  # rounded twice
+    verdict = judge.transfer_verdict(stored, expected, [0, 1])
+    found = judge.transfer_findings(verdict, stored, expected, [0, 1])
+    assert not verdict.passed and [f.kind for f in found] == ["hand-off-store"] * 2, found
+    assert "slot 0 holds transposed" in found[0].text and "slot 1 holds not the prefill's state" in found[1].text
+
+
+def test_states_in_each_others_slots_are_named(scripts):
+    script = scripts["pool"]
+    exact, f32 = script.prefill_states(), script.prefill_states(np.float32)
+    verdict = judge.prefill_verdict(f32[::-1], exact, f32)
+    found = judge.prefill_findings(verdict, f32[::-1], exact, script.chunk_early_states(), script.lengths,
+                                   recipes.CHUNK, "float32")
+    assert verdict.grade == "FAIL" and [f.kind for f in found] == ["hand-off-slot"], found
