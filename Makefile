@@ -48,8 +48,9 @@ peers: $(PEER_STAMP)
 # JAX's persistent compilation cache is off in the test processes (GDN2_COMPILE_CACHE=off; tests that check the
 # cache give it their own folder): with both workers writing and reading one shared folder, a worker twice died with
 # a segfault inside JAX's cache read or write (jax/_src/compilation_cache.py) in this suite's fresh-clone runs.
-# A worker that dies all the same (a segfault inside XLA's CPU compiler, after ~800 tests in one worker, at the same
-# test in each of three fresh-clone runs; that test passes alone) has its test run once more on a fresh worker
+# A worker that dies all the same (as workers did inside XLA's CPU compiler once their compiled programs filled the
+# process's memory mappings, vm.max_map_count; conftest.py now clears JAX's caches before that, ci/running/map_guard.py)
+# has its test run once more on a fresh worker
 # (pytest-rerunfailures' crash recovery; the summary shows it as R). Only a crashed worker is rerun: --only-rerun
 # matches no assertion or error text, so a failing test fails at once, and a test that crashes twice fails.
 CRASH_RERUN := --reruns 1 --only-rerun '^$$never a test message$$'

@@ -13,6 +13,8 @@ from fnmatch import fnmatch
 
 import pytest
 
+from gdn2_oracle.ci.running import map_guard
+
 # A test run started in the background by a script (``cmd &`` without job control) inherits SIGINT ignored, and
 # so would every process a test starts: the tests that send Ctrl-C to a command would see it ignored. Ctrl-C is
 # the default here, as in a terminal (a Python handler, unlike SIG_IGN, is not inherited across exec).
@@ -63,3 +65,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slow") or any(fnmatch(item.nodeid, p) for p in RELEASE):
             item.add_marker(pytest.mark.release)
+
+
+def pytest_runtest_teardown(item):
+    """After each test: a worker that has compiled a few hundred programs clears JAX's caches before it reaches the
+    kernel's limit on memory mappings, where XLA's compiler crashes (ci/running/map_guard.py)."""
+    map_guard.relieve()

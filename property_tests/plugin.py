@@ -316,6 +316,15 @@ def pytest_collection_modifyitems(config, items):
         config.stash[UNJUDGED] = [n for n in names if n not in judged]
 
 
+def pytest_runtest_teardown(item):
+    """After each test of the suite: clear JAX's caches once the process holds half its limit of memory mappings, which
+    every compiled program fills and past which XLA's compiler crashes (``ci/running/map_guard.py``)."""
+    if _in_suite(item):
+        from gdn2_oracle.ci.running import map_guard
+
+        map_guard.relieve()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """A run of the suite that would pass but was reached by a Ctrl-C exits 2 (interrupted); one that judged some
     selected kernel on nothing exits 5 (EMPTY, not a pass)."""

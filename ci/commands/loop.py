@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from gdn2_oracle.golden.processes import is_interrupt, signalled
 
-from ..running import supervised
+from ..running import map_guard, supervised
 from ..running.watchdog import Watchdog
 from .output import UsageError, progress, stop_run
 
@@ -97,9 +97,11 @@ class RunLoop:
             self._bar.set_postfix_str(text)
 
     def advance(self, n=1):
-        """``n`` more units are done."""
+        """``n`` more units are done (and JAX's caches cleared if compiled programs near the mapping limit:
+        ``ci/running/map_guard.py``)."""
         if self._bar is not None:
             self._bar.update(n)
+        map_guard.relieve()
 
     def _stop(self, reason, where):
         """The watchdog's stop (on its thread: the main thread is stuck in a kernel): record a timed-out unit, report

@@ -1,0 +1,46 @@
+"""The mapping guard (ci/running/map_guard.py): compiled programs hold memory mappings until JAX's caches let them go;
+past half the process's limit the guard clears the caches, which gives the mappings back."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gdn2_oracle.ci.running import map_guard
+
+
+HELD = []  # the jitted functions, kept as a kernel's runner is: only JAX's caches hold their programs' mappings
+
+
+def _compile_programs(n):
+    """Compile ``n`` distinct small programs (one jitted function each, at its own shape); the mappings they hold."""
+    before = map_guard.mappings()
+    for i in range(n):
+        HELD.append(jax.jit(lambda x: jnp.cumsum(jnp.sin(x) * x, axis=0)))
+        jax.block_until_ready(HELD[-1](np.ones((i + 2, 3), np.float32)))
+    return map_guard.mappings() - before
+
+
+def test_counts_and_limit_are_read_from_proc():
+    held, most = map_guard.mappings(), map_guard.limit()
+    assert held is not None and 0 < held < most, (held, most)
+
+
+def test_relieve_gives_back_the_mappings_of_compiled_programs():
+    assert _compile_programs(8) > 8  # each program maps its code and data
+    held = map_guard.mappings()
+    fraction = 0.5 * held / map_guard.limit()  # this process is above it
+    assert map_guard.relieve(fraction) and map_guard.mappings() < held
+
+
+def test_relieve_leaves_the_caches_below_the_fraction():
+    _compile_programs(2)
+    held = map_guard.mappings()
+    assert not map_guard.relieve(1.0) and map_guard.mappings() >= held - 8  # nothing cleared (a few maps may come, go)
+
+
+def test_a_bad_fraction_names_the_argument():
+    with pytest.raises(ValueError, match="fraction"):
+        map_guard.relieve(0)
