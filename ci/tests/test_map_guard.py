@@ -10,7 +10,6 @@ import pytest
 
 from gdn2_oracle.ci.running import map_guard
 
-
 HELD = []  # the jitted functions, kept as a kernel's runner is: only JAX's caches hold their programs' mappings
 
 
