@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-release test-all bench check clean test-oldest peers
+.PHONY: test test-fast test-release test-all bench check clean test-oldest peers
 REPORTS := reports
 
 $(PY):
@@ -77,6 +77,14 @@ PYTEST := XDG_CACHE_HOME=$(CURDIR)/.test-cache-home \
 test: $(STAMP) $(PEER_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PYTEST) -m "not release" $(PYTEST_ARGS)
+
+# The loop before every commit: ruff, then the oracle's, goldens', kernels' and repository rules' tests and the
+# conformance suite on the default kernels, in the Hypothesis dev profile; not the judge's end-to-end command runs
+# (ci/tests) nor the plugin's own subprocess runs (property_tests/tests), which make test runs.
+FAST := oracle/tests golden/tests kernels/tests property_tests ci/tests/repository --ignore=property_tests/tests
+test-fast: $(STAMP) $(PEER_STAMP)
+	$(VENV)/bin/ruff check .
+	$(PYTEST) -m "not release" --gdn2-profile dev $(FAST) $(PYTEST_ARGS)
 
 test-release: $(STAMP) $(PEER_STAMP)
 	$(PYTEST) -m release $(PYTEST_ARGS)
