@@ -39,6 +39,7 @@ from gdn2_oracle.oracle.family_recipes import FamilyRecipe
 from gdn2_oracle.oracle.generate import round_to
 from gdn2_oracle.property_tests import family_strategies, grading
 from gdn2_oracle.property_tests.strategies import seeds
+from gdn2_oracle.property_tests.test_modes import others_unchanged
 
 # FLA's families: a GDN-2 kernel is skipped with the reason (conftest.py).
 pytestmark = pytest.mark.gdn2_family(*MAPPED)
@@ -183,14 +184,7 @@ def check_perturbation(fn, recipe: FamilyRecipe, victim, seed=0) -> Report:
     h0[victim] = round_to(rng.standard_normal(h0[victim].shape), "float32")
     a = results(fn, fcall, do, dfs, case.dtype)
     b = results(fn, rebuilt(fcall, **arrays, initial_state=h0), do, dfs, case.dtype)
-    names = [n for n in case.names() if n not in ("dA_log", "ddt_bias", "intermediate_states")]
-    for name in names:  # the victim's own results: taken from a (not compared)
-        b[name] = np.array(b[name])
-        if name in ("final_state", "dh0"):
-            b[name][victim] = a[name][victim]
-        else:
-            b[name][:, t0:t1] = a[name][:, t0:t1]
-    return case.agreement(a, b, what="others unchanged", names=names)
+    return others_unchanged(case, a, b, victim, t0, t1)
 
 
 def _gate_view(fcall, x):

@@ -198,8 +198,14 @@ def check_perturbation(fn, recipe, victim, seed=0) -> Report:
     other = dataclasses.replace(call, **arrays, initial_state=h0)
     a = running.mode_results(fn, call, do, dfs, dtype=case.dtype)
     b = running.mode_results(fn, other, do, dfs, dtype=case.dtype)
+    return others_unchanged(case, a, b, victim, t0, t1)
+
+
+def others_unchanged(case, a, b, victim, t0, t1):
+    """The tight agreement of runs ``a`` and ``b`` on every result but the perturbed sequence's own (its tokens
+    ``t0:t1``, its row ``victim`` of ``final_state`` and ``dh0``: taken from ``a``, not compared)."""
     names = [n for n in case.names() if n not in ("dA_log", "ddt_bias", "intermediate_states")]
-    for name in names:  # the victim's own results: taken from a (not compared)
+    for name in names:
         b[name] = np.array(b[name])
         if name in ("final_state", "dh0"):
             b[name][victim] = a[name][victim]
