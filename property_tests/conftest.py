@@ -23,11 +23,14 @@ from gdn2_oracle.ci.running import families as family_running
 from gdn2_oracle.kernels.spec import KernelSpec
 from gdn2_oracle.property_tests import grading, profiles
 from gdn2_oracle.property_tests.plugin import (
+    KERNEL_LABEL,
     OTHER_FAMILY,
+    PREFILL_LABEL,
     XFAILS,
     kernel_names,
     mesh_spec,
     no_compile_cache,
+    prefill_names,
     selected_modes,
     strict,
 )
@@ -51,6 +54,8 @@ def pytest_configure(config):
     config._gdn2_kernel_names = _selected_names(config)
     # a bad kernel (or a beta-signature one without its family): one line, before collection
     config._gdn2_kernels, config._gdn2_families = _built(config._gdn2_kernel_names)
+    # the hand-off sessions' prefill kernels (--gdn2-prefill), built the same way
+    config._gdn2_prefills, config._gdn2_prefill_families = _built(prefill_names(config), PREFILL_LABEL)
     grading.STRICT = strict(config)
     config._gdn2_modes = selected_modes(config)  # checked by the plugin when pytest started
     config._gdn2_compile_cache = _enable_compile_cache(config)
@@ -88,10 +93,9 @@ def _modes_missing(item, kernel, config):
         return []
     from gdn2_oracle.ci.running.modes import accepted_modes, chosen_modes  # only when a mode test is collected
     from gdn2_oracle.ci.running.serving import accepts_serving
-    from gdn2_oracle.oracle import call_modes
 
     family = kernel_family(config, kernel.name)
-    serving = set(call_modes.names("serving")) if accepts_serving(kernel.fn) else set()
+    serving = _pool_modes() if accepts_serving(kernel.fn) else set()
     if family == family_running.GDN2:
         accepted = set(accepted_modes(kernel.fn)) | serving
     else:  # those its family has (FLA's entry point) and its signature takes
@@ -99,6 +103,13 @@ def _modes_missing(item, kernel, config):
     accepted = set(chosen_modes(kernel.fn, sorted(accepted)))  # less those its spec option modes= leaves out
     ok = accepted & set(config._gdn2_modes)
     return [m for m in needed if m not in ok]
+
+
+def _pool_modes():
+    """The modes a kernel on a state pool takes part in: the registry's serving modes and the hand-off sessions'."""
+    from gdn2_oracle.oracle import call_modes, handoff_recipes
+
+    return set(call_modes.names("serving")) | {handoff_recipes.MODE}
 
 
 def pytest_unconfigure(config):
@@ -115,7 +126,7 @@ IMPORT_HINT = ("is its module installed in this environment, or on PYTHONPATH? p
                "directory to sys.path: from your repository's root, PYTHONPATH=. pytest --pyargs ...")
 
 
-def _built(names):
+def _built(names, label=KERNEL_LABEL):
     """``(kernels, {name: family})``: the selected kernels, built once, and the family of each (the spec option
     ``family``, taken out of the spec, else the kernel's attribute: ``ci/running/families.py``, as ``validate``);
     a usage error (one line, exit 4) naming the kernel and what to do."""
@@ -129,7 +140,7 @@ def _built(names):
         except ValueError as exc:
             why = str(exc).removeprefix("name: ")
             hint = f"; {IMPORT_HINT}" if "cannot import module" in why else ""
-            raise pytest.UsageError(f"--gdn2-kernel / GDN2_KERNEL {name!r}: {why}{hint}") from None
+            raise pytest.UsageError(f"{label} {name!r}: {why}{hint}") from None
     return out, fams
 
 
@@ -179,10 +190,8 @@ def _serving_only(item, kernel):
     why = getattr(kernel.fn, "serving_only", None)
     if not why:
         return None
-    from gdn2_oracle.oracle import call_modes  # only when such a kernel is selected
-
     needed = {m for mark in item.iter_markers("gdn2_modes") for m in mark.args}
-    if needed and needed <= set(call_modes.names("serving")):
+    if needed and needed <= _pool_modes():
         return None
     return f"kernel {kernel.name!r} runs serving sessions only ({why}): judged by the serving properties"
 

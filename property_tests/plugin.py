@@ -27,6 +27,9 @@ what acts on them::
 * ``--gdn2-no-reference-cache`` (or env ``GDN2_REFERENCE_CACHE=0``): the references and baselines of cases built
   from a recipe are neither read from nor stored in the reference cache (``ci/grading/reference_cache.py``; by
   default ``$GDN2_REFERENCE_CACHE``, else ``~/.cache/gdn2-oracle/references``);
+* ``--gdn2-prefill NAME`` (repeatable; or env ``GDN2_PREFILL=a,b``): a Gated DeltaNet training-call kernel whose
+  final states the hand-off sessions (``test_handoff_sessions.py``) hand into each decode kernel under test; without
+  it those sessions are skipped with the reason;
 * ``--gdn2-no-compile-cache`` (or env ``GDN2_COMPILE_CACHE=off``): the suite's compiled programs are not kept in
   JAX's persistent compilation cache (by default they are, as the CLI's: ``ci/running/compile_cache.py``, unless
   JAX already has a cache directory of its own).
@@ -94,15 +97,16 @@ def profile_name(config):
             or ("ci" if _truthy(os.environ.get("CI", "")) else "dev"))
 
 
-def kernel_names(config):
-    """The kernel specs named by --gdn2-kernel or env GDN2_KERNEL, split by the one spec grammar
-    (``kernels.split_specs``: commas inside ``[...]`` separate options); empty: the suite's default."""
-    given = config.getoption("gdn2_kernel", default=None)
+def _spec_list(config, option, env, label, unnamed):
+    """The kernel specs named by ``option`` (repeatable) or env ``env``, split by the one spec grammar
+    (``kernels.split_specs``: commas inside ``[...]`` separate options); a usage error names ``label``, and what
+    leaving the option out means (``unnamed``) for a name left empty."""
+    given = config.getoption(option, default=None)
     blank = [v for v in given or () if not v.strip()]
     if blank:  # as the CLI's --kernel '': a name left empty is a mistake, not the suite's default
-        raise pytest.UsageError(f"--gdn2-kernel {blank[0]!r}: an empty kernel name (leave the option out for the "
-                                "suite's default kernels)")
-    values = [v for v in given or [os.environ.get("GDN2_KERNEL", "")] if v.strip()]
+        raise pytest.UsageError(f"--{option.replace('_', '-')} {blank[0]!r}: an empty kernel name (leave the option "
+                                f"out for {unnamed})")
+    values = [v for v in given or [os.environ.get(env, "")] if v.strip()]
     if not values:
         return []
     from gdn2_oracle.kernels import split_specs  # the grammar only (no JAX), when a kernel is named
@@ -113,8 +117,23 @@ def kernel_names(config):
             names += split_specs(value)
         except ValueError as exc:
             why = str(exc).removeprefix("name: ")
-            raise pytest.UsageError(f"--gdn2-kernel / GDN2_KERNEL {value!r}: {why}") from None
+            raise pytest.UsageError(f"{label} {value!r}: {why}") from None
     return list(dict.fromkeys(names))
+
+
+KERNEL_LABEL = "--gdn2-kernel / GDN2_KERNEL"
+PREFILL_LABEL = "--gdn2-prefill / GDN2_PREFILL"
+
+
+def kernel_names(config):
+    """The kernel specs named by --gdn2-kernel or env GDN2_KERNEL; empty: the suite's default."""
+    return _spec_list(config, "gdn2_kernel", "GDN2_KERNEL", KERNEL_LABEL, "the suite's default kernels")
+
+
+def prefill_names(config):
+    """The prefill kernel specs named by --gdn2-prefill or env GDN2_PREFILL (the training-call kernels whose final
+    states the hand-off sessions hand to each decode kernel under test); empty: no hand-off session runs."""
+    return _spec_list(config, "gdn2_prefill", "GDN2_PREFILL", PREFILL_LABEL, "no prefill")
 
 
 def mesh_spec(config):
@@ -175,7 +194,7 @@ def _asked(config):
     return bool(kernel_names(config) or config.getoption("gdn2_profile", default=None)
                 or config.getoption("gdn2_xfails", default=None) or strict(config) or mesh_spec(config)
                 or config.getoption("gdn2_modes", default=None) or no_reference_cache(config)
-                or no_compile_cache(config))
+                or no_compile_cache(config) or prefill_names(config))
 
 
 def pytest_addoption(parser):
@@ -206,6 +225,10 @@ def pytest_addoption(parser):
                     help="do not keep the suite's compiled programs in JAX's persistent compilation cache (default: "
                          "env GDN2_COMPILE_CACHE, a directory or off; else JAX's own cache directory if set; else "
                          "~/.cache/gdn2-oracle/jax)")
+    group.addoption("--gdn2-prefill", action="append", default=None, metavar="NAME",
+                    help="a Gated DeltaNet training-call kernel (a spec as for --gdn2-kernel) whose final states the "
+                         "hand-off sessions hand into each kernel under test that keeps a state pool, which continues "
+                         "the request (repeatable; default: env GDN2_PREFILL, else none: those sessions are skipped)")
 
 
 # The entries of --gdn2-xfails, read (and checked) when pytest starts.
@@ -220,7 +243,7 @@ def _read_xfails(path):
     return [e for e in (ln.split("#", 1)[0].strip() for ln in lines) if e]
 
 
-def _check_importable(spec):
+def _check_importable(spec, label=KERNEL_LABEL):
     """A ``pkg.mod:attr`` (or ``torch:pkg.mod:attr``, ``replayssm:PACKAGE``) kernel whose module cannot be found is a
     usage error naming the module and PYTHONPATH (looked up with importlib.util.find_spec: nothing is imported)."""
     import importlib.util
@@ -238,7 +261,7 @@ def _check_importable(spec):
         found = False
     if not found:
         raise pytest.UsageError(
-            f"--gdn2-kernel / GDN2_KERNEL {spec!r}: cannot import module {module!r}: is it installed in this "
+            f"{label} {spec!r}: cannot import module {module!r}: is it installed in this "
             "environment, or on PYTHONPATH? pytest does not add the working directory to sys.path: from your "
             "repository's root, PYTHONPATH=. pytest --pyargs ...")
 
@@ -274,6 +297,8 @@ def pytest_configure(config):
     config.stash[XFAILS] = _read_xfails(path) if path else []
     for name in kernel_names(config):  # a malformed list or a missing module: a usage error before collection
         _check_importable(name)
+    for name in prefill_names(config):
+        _check_importable(name, PREFILL_LABEL)
     _check_modes(config)
     if no_reference_cache(config):  # NumPy only: the cache module imports no JAX
         from gdn2_oracle.ci.grading import reference_cache
@@ -359,5 +384,6 @@ def pytest_report_header(config):
                 + (f"; mesh {mesh_spec(config)}" if mesh_spec(config) else "")
                 + (f"; modes {','.join(modes_option(config))}" if modes_option(config) else "")
                 + ("; reference cache off" if no_reference_cache(config) else "")
-                + ("; compile cache off" if no_compile_cache(config) else ""))
+                + ("; compile cache off" if no_compile_cache(config) else "")
+                + (f"; prefill {', '.join(prefill_names(config))}" if prefill_names(config) else ""))
     return None
