@@ -36,14 +36,15 @@ from .serving_recipes import family_expressed, pool_values, tokens
 
 MODE = call_modes.get("handoff").name  # the registry's name of hand-off sessions (``--modes``)
 FAMILY = "gdn"
+FAMILIES = ("gdn", "kda")  # FLA's families a session is written in (the prefill's and the decode kernel's)
 CHUNK = call_modes.FLA_CHUNK  # the prefill's chunk: "one chunk early" is the state at the last edge before the end
 H, K, V, G = 2, 16, 16, 2  # square heads: a [V, K] state passes every shape check
 LENGTHS = (100, 128)  # a prefill ending inside a chunk, one ending on a chunk edge
 
 
-def _inputs(B, T, dtype, seed):
-    """Six GDN-2 inputs ``[B, T, ...]`` the gdn family expresses (``oracle.serving_recipes.family_expressed``)."""
-    return family_expressed(tokens(B, T, dtype, seed, h=H, k=K, v=V, hv=G * H), FAMILY)
+def _inputs(B, T, dtype, seed, family=FAMILY):
+    """Six GDN-2 inputs ``[B, T, ...]`` ``family`` expresses (``oracle.serving_recipes.family_expressed``)."""
+    return family_expressed(tokens(B, T, dtype, seed, h=H, k=K, v=V, hv=G * H), family)
 
 
 def _call(xs, idx, cu=None, acc=None):
@@ -135,57 +136,61 @@ def request_chain(script, states, dtype=np.float64, storage=None):
     return out
 
 
-def _prefill(dtype, seed):
+def _prefill(dtype, seed, family=FAMILY):
     """The packed prefill of :data:`LENGTHS` on slots ``0..N-1``."""
     cu = np.concatenate([[0], np.cumsum(LENGTHS)])
-    return _call(_inputs(1, int(cu[-1]), dtype, seed), np.arange(len(LENGTHS)), cu)
+    return _call(_inputs(1, int(cu[-1]), dtype, seed, family), np.arange(len(LENGTHS)), cu)
 
 
 def _suffix(dtype):
     return "" if dtype == "float32" else "_bf16"
 
 
-def pool_session(dtype="float32", seed=0):
+def pool_session(dtype="float32", seed=0, family=FAMILY):
     """Two prefills continued on their own slots (0, 1; slots 2-4 other sequences' states, never addressed): a
     decode step, a packed call of 2 and 1 tokens, a speculative window of 3 drafts and a call whose accept count
     (2, 1) commits part of it."""
-    calls = [_call(_inputs(2, 1, dtype, seed + 1), [0, 1]),
-             _call(_inputs(1, 3, dtype, seed + 2), [1, 0], cu=[0, 2, 3]),
-             _call(_inputs(2, 3, dtype, seed + 3), [[0, 2, 3], [1, 4, 5]]),
-             _call(_inputs(2, 1, dtype, seed + 4), [[0, 2, 3], [1, 4, 5]], acc=[2, 1])]
+    calls = [_call(_inputs(2, 1, dtype, seed + 1, family), [0, 1]),
+             _call(_inputs(1, 3, dtype, seed + 2, family), [1, 0], cu=[0, 2, 3]),
+             _call(_inputs(2, 3, dtype, seed + 3, family), [[0, 2, 3], [1, 4, 5]]),
+             _call(_inputs(2, 1, dtype, seed + 4, family), [[0, 2, 3], [1, 4, 5]], acc=[2, 1])]
     # the window's draft slots 2..5 start as copies of other sequences' states (never read before written)
-    return HandoffScript(f"handoff_gdn_pool{_suffix(dtype)}", _prefill(dtype, seed), ((0,), (1,)),
+    return HandoffScript(f"handoff_{family}_pool{_suffix(dtype)}", _prefill(dtype, seed, family), ((0,), (1,)),
                          pool_values(7, G * H, K, V, seed + 5), tuple(calls), dtype, SPECULATIVE_MODE,
                          purpose="two prefilled sequences (100 and 128 tokens) continued on their slots: steps, a "
-                                 "packed call, a speculative window and its accept count")
+                                 "packed call, a speculative window and its accept count", family=family)
 
 
-def fork_session(dtype="float32", seed=0):
+def fork_session(dtype="float32", seed=0, family=FAMILY):
     """One prefilled state (sequence 0) copied into slots 0 and 2 and continued by two continuations, a third reading
     the shared slot 0 through a draft column (accept count 2: reads slot 0, writes slot 3) before sequence 0 writes
     it; sequence 1 on slot 1; a window on slots 2, 4 and its
     accept count; slot 5 never addressed."""
-    calls = [_call(_inputs(3, 1, dtype, seed + 11), [[3, 0], [2, -1], [1, -1]], acc=[2, 1, 1]),
-             _call(_inputs(3, 2, dtype, seed + 12), [[0, -1], [2, 4], [3, -1]]),
-             _call(_inputs(2, 1, dtype, seed + 13), [[2, 4], [0, -1]], acc=[2, 1])]
-    return HandoffScript(f"handoff_gdn_fork{_suffix(dtype)}", _prefill(dtype, seed), ((0, 2), (1,)),
+    calls = [_call(_inputs(3, 1, dtype, seed + 11, family), [[3, 0], [2, -1], [1, -1]], acc=[2, 1, 1]),
+             _call(_inputs(3, 2, dtype, seed + 12, family), [[0, -1], [2, 4], [3, -1]]),
+             _call(_inputs(2, 1, dtype, seed + 13, family), [[2, 4], [0, -1]], acc=[2, 1])]
+    return HandoffScript(f"handoff_{family}_fork{_suffix(dtype)}", _prefill(dtype, seed, family), ((0, 2), (1,)),
                          pool_values(6, G * H, K, V, seed + 14), tuple(calls), dtype, SPECULATIVE_MODE,
                          purpose="a prefilled state copied into two slots and continued twice, a third "
-                                 "continuation reading the shared slot; it stays bit-identical until written")
+                                 "continuation reading the shared slot; it stays bit-identical until written",
+                         family=family)
 
 
-def installed_session(dtype="float32", seed=0):
+def installed_session(dtype="float32", seed=0, family=FAMILY):
     """The pool session started from given states: the prefill kernel's final states rounded to bfloat16 (another
     kernel's run in another storage dtype), judged against the oracle continuing from those states."""
-    base = pool_session(dtype, seed)
-    return HandoffScript(f"handoff_gdn_installed{_suffix(dtype)}", base.prefill, base.slots, base.pool, base.calls,
+    base = pool_session(dtype, seed, family)
+    return HandoffScript(f"handoff_{family}_installed{_suffix(dtype)}", base.prefill, base.slots, base.pool, base.calls,
                          dtype, base.mode, installed="bfloat16",
-                         purpose="a session from installed states (another kernel's final states in bfloat16)")
+                         purpose="a session from installed states (another kernel's final states in bfloat16)",
+                         family=family)
 
 
 RECIPES = {"pool": pool_session, "fork": fork_session, "installed": installed_session}
 
 
-def scripts(dtypes=("float32",), seed=0):
-    """Every hand-off script (:data:`RECIPES`) for each input dtype."""
-    return [build(dtype, seed) for dtype in dtypes for build in RECIPES.values()]
+def scripts(dtypes=("float32",), seed=0, family=FAMILY):
+    """Every hand-off script (:data:`RECIPES`) in ``family`` (one of :data:`FAMILIES`) for each input dtype."""
+    if family not in FAMILIES:
+        raise ValueError(f"family: {family!r} not one of {FAMILIES}")
+    return [build(dtype, seed, family) for dtype in dtypes for build in RECIPES.values()]

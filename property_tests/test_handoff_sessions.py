@@ -9,7 +9,7 @@ FAIL shows the verdict table, the diagnosis (which side is off, and why) and the
 
 Without ``--gdn2-prefill`` each selected kernel gets one skipped test whose reason names the option; a kernel that
 takes no state is skipped (every selected kernel without one: each a skip with the reason) as the serving properties
-do; a decode kernel or a prefill kernel of another family than the sessions' is skipped with the reason.
+do; a pair whose kernels are not of one family among ``gdn`` and ``kda`` is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -33,13 +33,15 @@ def _skip(kernel, reason):
     return pytest.param(kernel, None, id=kernel.name, marks=pytest.mark.skip(reason=reason))
 
 
-def _other_family(kernel, families, role):
-    """The skip reason when ``kernel`` (a ``role`` kernel) is not of the sessions' family, else None."""
-    family = families.get(kernel.name)
-    if family == recipes.FAMILY:
-        return None
-    return (f"{role} kernel {kernel.name!r} is a {family} family kernel: the {MODE} sessions are {recipes.FAMILY} "
-            "family sessions")
+def _other_family(family, prefill_family, kernel, prefill):
+    """The skip reason when a ``family`` kernel cannot continue a ``prefill_family`` prefill's sessions, else None."""
+    if family not in recipes.FAMILIES:
+        return (f"kernel {kernel.name!r} is a {family} family kernel: the {MODE} sessions are written in FLA's "
+                f"families ({', '.join(recipes.FAMILIES)})")
+    if prefill_family != family:
+        return (f"prefill kernel {prefill.name!r} is a {prefill_family} family kernel and {kernel.name!r} a {family} "
+                "one: a session hands a state over within one family")
+    return None
 
 
 def session_params(config):
@@ -56,12 +58,12 @@ def session_params(config):
     out = []
     for k in decoders:
         for p in prefills:
-            why = (_other_family(k, config._gdn2_families, "serving")
-                   or _other_family(p, config._gdn2_prefill_families, "prefill"))
+            family = config._gdn2_families.get(k.name)
+            why = _other_family(family, config._gdn2_prefill_families.get(p.name), k, p)
             if why:
                 out.append(_skip(k, why))
                 continue
-            cases = handoff_sessions.cases((p.fn, p.name), (MODE,), DTYPES)
+            cases = handoff_sessions.cases((p.fn, p.name), (MODE,), DTYPES, family=family)
             out += [pytest.param(k, c, id=f"{k.name}-{p.name}-{c.name}-{c.dtype}") for c in cases
                     if not c.v_first or layout_flags(k.fn)]
     return out

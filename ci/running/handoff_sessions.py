@@ -27,6 +27,7 @@ from ..grading import handoff_judge as judge
 from ..grading.result import CaseResult
 from ..grading.serving import Session
 from ..grading.tolerance import Report
+from . import families
 from .harness import guarded, to_device
 from .serving import SessionRun, driver
 
@@ -141,11 +142,24 @@ class HandoffCase:
         pass
 
 
-def cases(prefill, modes, dtypes=("float32",), seed=0, only=None):
+def session_family(prefill, family=None):
+    """The family the sessions are written in: ``family`` when given, else the prefill kernel's (``prefill`` ``(kernel,
+    spec text)``; its ``family`` attribute), else Gated DeltaNet's (a prefill of no FLA family fails its verdicts)."""
+    if family is None:
+        try:
+            family = families.kernel_family(prefill[0], label=prefill[1])
+        except ValueError:
+            family = None
+    return family if family in recipes.FAMILIES else recipes.FAMILY
+
+
+def cases(prefill, modes, dtypes=("float32",), seed=0, only=None, family=None):
     """The hand-off cases (each script in both pool layouts; of the names in ``only`` when given) when ``modes``
-    selects the registry's hand-off mode and ``prefill`` ``(kernel, spec text)`` is given; else none."""
+    selects the registry's hand-off mode and ``prefill`` ``(kernel, spec text)`` is given, in
+    :func:`session_family`; else none."""
     if prefill is None or recipes.MODE not in modes:
         return []
-    out = [HandoffCase(s, *prefill, v) for s in recipes.scripts(tuple(dtypes), seed) for v in (False, True)]
+    scripts = recipes.scripts(tuple(dtypes), seed, session_family(prefill, family))
+    out = [HandoffCase(s, *prefill, v) for s in scripts for v in (False, True)]
     return [c for c in out if only is None or c.name in only]
 
