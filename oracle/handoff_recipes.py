@@ -1,10 +1,11 @@
 """Hand-off sessions: a request prefilled by one kernel, its final states handed into another kernel's pool, decoded.
 
-A :class:`HandoffScript` is a Gated DeltaNet request (FLA's ``gdn`` family, ``G = 2`` value heads per key head,
-square heads ``K = V`` so that a transposed state has the right shape): a packed prefill of a few sequences (lengths
-100 and 128: one that ends inside a 64-token chunk, one on its edge), the slots each sequence's final state is
-written to (a fork: several), and the decode calls (steps, a packed call, a speculative window with an accept count)
-that continue on those slots (docs/DESIGN.md §2, "Hand-off sessions"). The oracle's pieces:
+A :class:`HandoffScript` is a Gated DeltaNet or KDA request (FLA's ``gdn`` or ``kda`` family, :data:`FAMILIES`; ``G
+= 2`` value heads per key head, square heads ``K = V`` so that a transposed state has the right shape): a packed
+prefill of a few sequences (lengths 100 and 128: one that ends inside a 64-token chunk, one on its edge), the slots
+each sequence's final state is written to (a fork: several), and the decode calls (steps, a packed call, a
+speculative window with an accept count) that continue on those slots (docs/DESIGN.md §2, "Hand-off sessions"). The
+oracle's pieces:
 
 * :meth:`HandoffScript.prefill_states` -- the final state of every prefilled sequence, ``[N, HV, K, V]`` (float64,
   or float32 for the baseline), the token-by-token recurrence from a zero state;
@@ -88,7 +89,7 @@ class HandoffScript:
         return tuple(int(n) for n in np.diff(self.prefill.cu_seqlens))
 
     def prefill_inputs(self):
-        """FLA's inputs ``{q, k, v, g, beta}`` of the prefill (gdn family) and its ``cu_seqlens``."""
+        """FLA's inputs ``{q, k, v, g, beta}`` of the prefill (in :attr:`family`) and its ``cu_seqlens``."""
         return self.prefill.family_inputs(self.family), self.prefill.cu_seqlens
 
     def prefill_states(self, dtype=np.float64, lengths=None):
