@@ -1,7 +1,7 @@
 """Hand-off sessions: a request prefilled by one kernel, its final states handed into another kernel's pool, decoded.
 
-A :class:`HandoffScript` is a Gated DeltaNet or KDA request (FLA's ``gdn`` or ``kda`` family, :data:`FAMILIES`; ``G
-= 2`` value heads per key head, square heads ``K = V`` so that a transposed state has the right shape): a packed
+A :class:`HandoffScript` is a Gated DeltaNet or KDA request (FLA's ``gdn`` or ``kda`` family, :data:`FAMILIES`;
+``G = 2`` value heads per key head, square heads ``K = V`` so that a transposed state has the right shape): a packed
 prefill of a few sequences (lengths 100 and 128: one that ends inside a 64-token chunk, one on its edge), the slots
 each sequence's final state is written to (a fork: several), and the decode calls (steps, a packed call, a
 speculative window with an accept count) that continue on those slots (docs/DESIGN.md §2, "Hand-off sessions"). The
