@@ -158,32 +158,52 @@ CASES: tuple[FamilyGoldenCase, ...] = (
 )
 
 # The mpmath cost a family golden may have (FamilyGoldenCase.cost): a few seconds at 256 bits and its 512-bit
-# estimate, and a file of ~100 KB.
-MAX_COST = 30000
+# estimate, and a file of ~100-200 KB; the GDN-2 corpus's 96-token ``decay_resets`` (H = 2) fits at G = 1.
+MAX_COST = 56000
+
+
+def _within_budget(name, r):
+    """``(name, recipe)`` of the family golden projecting ``r``: ``r`` itself when its cost is within
+    :data:`MAX_COST`, else ``r`` at the largest smaller G of ``family_recipes.GROUPS`` that is, named
+    ``<name>_g<G>`` (its projection at the original G stays a float64-judged case of ``validate``'s sets); None
+    when no G fits."""
+    H, G = r.H, r.HV // r.H
+    for g in [G] + sorted((x for x in family_recipes.GROUPS if x < G), reverse=True):
+        candidate = r if g == G else r.replace(HV=H * g)
+        if FamilyGoldenCase(name, candidate, "").cost() <= MAX_COST:
+            return (name if g == G else f"{name}_g{g}"), candidate
+    return None
 
 
 def _projected_cases():
     """The family projections of the GDN-2 dense catalogue (``golden/catalogue.py``;
     ``oracle.family_recipes.projections``: each gate regime as its beta regime, G cycling over GROUPS per distinct
     shape), named ``<family>_<GDN-2 name>``, each family in turn. A reduction case (``reduction`` kda or gdn) is
-    projected into its own family only. Left out, so the projections stay at ~4.4 MB of data and their regeneration
-    within minutes: the K = V = 128 ``tpu128_*`` cases, every projection whose cost exceeds :data:`MAX_COST` (the
-    shapes with G = 2 or 4 beyond ~30 tokens: ``decay_resets``, the ``WIDE`` shapes, ``len_c16``,
-    ``len_c16_x3_tail``, ``len_c64_minus1``, ``len_c64_plus1``, ``len_c64_x3_tail``, ``kv_*``, the len65 ones), and a
-    projection that coincides with an earlier one of its family in all but the seed (``gates_erase_zero``,
-    ``gates_erase_one``, ``gdn_moderate``, ``kda_moderate``: the family has one beta for b and w)."""
+    projected into its own family only. A projection over :data:`MAX_COST` (the shapes with G = 2 or 4 beyond ~30
+    tokens: ``decay_resets``, the ``WIDE`` shapes, ``len_c16``, ``len_c16_x3_tail``, ``len_c64_minus1``,
+    ``len_c64_plus1``, ``len_c64_x3_tail``, ``kv_*``, the len65 ones) is kept at the largest smaller G within it
+    (``<family>_<GDN-2 name>_g<G>``), so every GDN-2 golden has a family golden but two: the K = V = 128
+    ``tpu128_moderate`` and ``tpu128_bf16_strong``, over it at G = 1 (``tpu128_len1`` is in: the ``tpu128_*`` cases
+    are projected apart, so the other shapes' G stay as validate's sets cycle them). Left out as well: a projection
+    that coincides with an earlier one of its family in all but the seed (``gates_erase_zero``, ``gates_erase_one``,
+    ``gdn_moderate``, ``kda_moderate``: the family has one beta for b and w)."""
     out = []
     for family in families.MAPPED:
-        recipes = [(c.name, c.recipe) for c in catalogue.CASES
-                   if not c.name.startswith("tpu128_") and c.recipe.reduction in (None, family)]
+        mine = [(c.name, c.recipe) for c in catalogue.CASES if c.recipe.reduction in (None, family)]
+        recipes = [(n, r) for n, r in mine if not n.startswith("tpu128_")]
+        wide = [(n, r) for n, r in mine if n.startswith("tpu128_")]  # projected apart (the docstring)
         seen = set()
-        for name, r in family_recipes.projections(family, recipes).items():
+        for name, r in {**family_recipes.projections(family, recipes),
+                        **family_recipes.projections(family, wide)}.items():
             structure = dataclasses.replace(r, seed=0)
-            case = FamilyGoldenCase(name, r, f"projection of GDN-2 golden {name.removeprefix(family + '_')}: "
-                                    f"{catalogue.get(name.removeprefix(family + '_')).purpose}")
-            if case.cost() <= MAX_COST and structure not in seen:
-                seen.add(structure)
-                out.append(case)
+            kept = None if structure in seen else _within_budget(name, r)
+            if kept is None:
+                continue
+            seen.add(structure)
+            gdn2_name = name.removeprefix(family + "_")
+            out.append(FamilyGoldenCase(kept[0], kept[1], f"projection of GDN-2 golden {gdn2_name}"
+                                        f"{'' if kept[1] is r else f' at G = {kept[1].HV // kept[1].H}'}: "
+                                        f"{catalogue.get(gdn2_name).purpose}"))
     return tuple(out)
 
 

@@ -101,24 +101,37 @@ def test_the_catalogue_covers_both_families_and_every_flag():
 def test_the_projected_goldens_are_the_family_projections_of_the_gdn2_goldens():
     """Each case named ``<family>_<GDN-2 golden>`` is that golden's family projection (``family_recipes.projections``
     over the catalogue less the ``tpu128_*`` cases, a reduction in its own family only), as ``validate``'s quick set
-    projects it; every projection within MAX_COST is one unless an earlier one of its family differs only in seed."""
+    projects it (the ``tpu128_*`` cases projected apart); one over MAX_COST is ``<family>_<GDN-2 golden>_g<G>``, the
+    same recipe at the largest smaller G of GROUPS within MAX_COST; every projection is one of the two unless an
+    earlier one of its family differs only in seed or it is over MAX_COST even at G = 1."""
     for family in families.MAPPED:
-        recipes = [(c.name, c.recipe) for c in catalogue.CASES
-                   if not c.name.startswith("tpu128_") and c.recipe.reduction in (None, family)]
-        projected = family_recipes.projections(family, recipes)
-        mine = [n for n in family_names(family) if n in projected]
-        assert mine == [c.name for c in family_catalogue.PROJECTED if c.family == family]
-        assert len(mine) >= 20 and {c.precision for c in map(family_catalogue.get, mine)} == {"float32", "bfloat16"}
+        recipes = [(c.name, c.recipe) for c in catalogue.CASES if c.recipe.reduction in (None, family)]
+        projected = {**family_recipes.projections(family, [x for x in recipes if not x[0].startswith("tpu128_")]),
+                     **family_recipes.projections(family, [x for x in recipes if x[0].startswith("tpu128_")])}
+        mine = [c.name for c in family_catalogue.PROJECTED if c.family == family]
+        assert set(mine) <= set(family_names(family)) and len(mine) >= 30
+        assert {family_catalogue.get(n).precision for n in mine} == {"float32", "bfloat16"}
         seen = []
         for name, r in projected.items():
+            reduced = [n for n in mine if n.startswith(name + "_g") and n[len(name) + 2:].isdigit()]
             if name in mine:
                 assert family_catalogue.get(name).recipe == r and family_catalogue.get(name).decay_form is None
+                assert not reduced, name
                 seen.append(r.replace(seed=0))
-            else:
-                cost = family_catalogue.FamilyGoldenCase(name, r).cost()
-                assert cost > family_catalogue.MAX_COST or r.replace(seed=0) in seen, name
+            elif reduced:
+                (case,) = map(family_catalogue.get, reduced)
+                g, G = case.recipe.HV // r.H, r.HV // r.H
+                assert case.recipe == r.replace(HV=r.H * g) and case.decay_form is None, name
+                assert family_catalogue.FamilyGoldenCase(name, r).cost() > family_catalogue.MAX_COST, name
+                larger = [x for x in family_recipes.GROUPS if g < x < G]  # each over MAX_COST: g is the largest
+                assert all(family_catalogue.FamilyGoldenCase(name, r.replace(HV=r.H * x)).cost()
+                           > family_catalogue.MAX_COST for x in larger), name
+                seen.append(r.replace(seed=0))
+            else:  # a seed's twin, or over MAX_COST even at G = 1 (two K = V = 128 cases)
+                at_one = family_catalogue.FamilyGoldenCase(name, r.replace(HV=r.H)).cost()
+                assert r.replace(seed=0) in seen or at_one > family_catalogue.MAX_COST, name
         every = family_recipes.projections(family, [(c.name, c.recipe) for c in catalogue.CASES])
-        assert all(every[n] == family_catalogue.get(n).recipe for n in mine)  # validate's full set: judged as goldens
+        assert all(every[n] == family_catalogue.get(n).recipe for n in mine if n in every)  # judged as goldens
 
 
 def test_a_bad_family_case_names_the_case_and_the_field():
@@ -278,7 +291,7 @@ def test_regenerating_a_family_case_of_each_family_reproduces_its_bytes(tmp_path
 
 
 # The cases the slow check recomputes: the hand-made ones and one projected case per regime group (decay, gates,
-# lengths, bf16), the families in turn (every one of the 49 would take ~2.5 minutes of CPU); the members test
+# lengths, bf16), the families in turn (every one of the 78 would take ~5 minutes of CPU); the members test
 # rebuilds every case's inputs and the float64 test checks every stored result.
 RECOMPUTED = HAND_MADE + ["gdn_decay_extreme", "kda_gates_zero", "gdn_len_c64_x2_tail_extreme", "kda_bf16_strong_h0"]
 
