@@ -140,16 +140,27 @@ def drawn_recipes(family, accepted, *, thorough=False):
 
 def mode_recipes(thorough=False):
     """The catalogued family recipes in a training-call recipe's structure (``oracle.family_recipes``) the family
-    properties run: per family, the first float32 recipe of each call mode alone, with and without
-    ``lower_bound`` (so both of KDA's in-kernel gate forms); ``thorough``: every one of the ``full`` set."""
+    properties run: per family, the first recipe of each call mode alone in each dtype and each in-kernel gate form
+    (softplus or bounded, with or without ``A_log`` / ``dt_bias``), its float32 twin at whole chunks where it has one
+    (``_T128``: a bug in the tail of T fails one of the pair only), and the first float32 one of each combination of
+    modes together; ``thorough``: every one of the ``full`` set."""
+    names = [n for n in family_recipes.names("full") if family_recipes.get(n).mode is not None]
+    if thorough:
+        return names
     chosen, seen = [], set()
-    for name in family_recipes.names("full"):
+    for name in names:
         r = family_recipes.get(name)
-        if r.mode is None:
-            continue
         s = r.structure()
-        key = (r.family, s.modes, s.lower_bound is None)  # KDA's two gate forms: bounded (lower_bound) or not
-        if thorough or (len(s.modes) == 1 and r.precision == "float32" and key not in seen):
+        whole = all(n % family_recipes.C == 0 for n in s.lengths)
+        if len(s.modes) > 1:  # modes together: float32, with a tail
+            key = (r.family, s.modes)
+            if r.precision != "float32" or whole:
+                continue
+        else:
+            key = (r.family, s.modes, s.lower_bound is None, s.A_log, s.dt_bias, r.precision, whole)
+            if whole and r.precision != "float32":
+                continue
+        if key not in seen:
             seen.add(key)
             chosen.append(name)
     return chosen

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from gdn2_oracle.ci.running import families as family_running
 from gdn2_oracle.ci.running.cases import FamilyRunCase
 from gdn2_oracle.kernels.spec import python_c, runnable
-from gdn2_oracle.oracle import families
+from gdn2_oracle.oracle import families, family_recipes
 from gdn2_oracle.oracle.families import FAMILY_RESULTS, MAPPED
 from gdn2_oracle.oracle.family_recipes import FamilyRecipe
 from gdn2_oracle.property_tests import family_strategies, grading
@@ -217,33 +217,73 @@ def check_permutations(fn, recipe: FamilyRecipe):
     return out
 
 
+# key channels: the decay of GDN is shared by every key channel, KDA's is per channel and moves with it
+
+KEYED = {"gdn": ("q", "k"), "kda": ("q", "k", "g")}  # the inputs with a key-channel last axis
+KEYED_RESULTS = {"gdn": ("dq", "dk"), "kda": ("dq", "dk", "dg")}
+
+
+def check_key_channel_permutation(fn, recipe: FamilyRecipe, perm):
+    """``[(what, report)]``: permuting the key channels of q, k (KDA: and g) and the K rows of h0 and of the
+    final-state cotangent by ``perm`` permutes dq, dk (dg), the final state and dh0 the same way and leaves o, dv,
+    dbeta (GDN: dg) unchanged (the permuted call's results put back, against the call's: tight agreement)."""
+    perm = np.asarray(perm)
+    fcall, do, dfs = recipe.build()
+    case = case_of(fcall, do, dfs, recipe.precision)
+    family, h0 = recipe.family, fcall.initial_state
+    moved = rebuilt(fcall, **{n: getattr(fcall, n)[..., perm] for n in KEYED[family]},
+                    initial_state=None if h0 is None else h0[:, :, perm])
+    got = results(fn, moved, do, dfs[:, :, perm], recipe.precision)
+    inv = np.argsort(perm)
+    back = {n: x[..., inv] if n in KEYED_RESULTS[family] else x[:, :, inv] if n in ("final_state", "dh0") else x
+            for n, x in got.items()}
+    return [(f"key channels permuted by {list(map(int, perm))}: results put back vs the original (tight agreement)",
+             case.agreement(back, results(fn, fcall, do, dfs, recipe.precision), what="permuted~original"))]
+
+
 # --------------------------------------------------------------------------------------------
 # reductions: beta = 0 (gated linear attention), no decay (the delta rule), G = 1 with q, k repeated
 
 
-def check_reductions(fn, recipe: FamilyRecipe):
-    """``[(what, report)]``: ``beta = 0`` and ``g = 0`` calls against the float64 family oracle; with G > 1, the call
-    against the G = 1 call on q and k repeated per value head (dq, dk summed over each group; tight agreement)."""
+def check_gated_linear_attention(fn, recipe: FamilyRecipe):
+    """``[(what, report)]``: the ``beta = 0`` call (gated linear attention) against the float64 family oracle; none
+    for beta logits (a logit of 0 is beta = 1/2, not 0)."""
+    fcall, do, dfs = recipe.build()
+    if fcall.use_beta_sigmoid_in_kernel:
+        return []
+    return check_matches(fn, rebuilt(fcall, beta=np.zeros_like(fcall.beta)), do, dfs, recipe.precision,
+                         "beta = 0 (gated linear attention) vs the float64 family oracle")
+
+
+def check_delta_rule(fn, recipe: FamilyRecipe):
+    """``[(what, report)]``: the ``g = 0`` call (no decay: the delta rule) against the float64 family oracle."""
+    fcall, do, dfs = recipe.build()
+    return check_matches(fn, rebuilt(fcall, g=np.zeros_like(fcall.g)), do, dfs, recipe.precision,
+                         "g = 0 (no decay: the delta rule) vs the float64 family oracle")
+
+
+def check_grouped_heads(fn, recipe: FamilyRecipe):
+    """``[(what, report)]``: with G > 1, the call against the G = 1 call on q and k repeated per value head (dq, dk
+    summed over each group; tight agreement); none when G = 1."""
     fcall, do, dfs = recipe.build()
     dtype = recipe.precision
-    out = []
-    if not fcall.use_beta_sigmoid_in_kernel:  # a logit of 0 is beta = 1/2, not 0
-        out += check_matches(fn, rebuilt(fcall, beta=np.zeros_like(fcall.beta)), do, dfs, dtype,
-                             "beta = 0 (gated linear attention) vs the float64 family oracle")
-    out += check_matches(fn, rebuilt(fcall, g=np.zeros_like(fcall.g)), do, dfs, dtype,
-                         "g = 0 (no decay: the delta rule) vs the float64 family oracle")
     B, T, H, HV, K, V = fcall.shape
     G = HV // H
-    if G > 1:
-        grouped = results(fn, fcall, do, dfs, dtype)
-        repeated = rebuilt(fcall, q=np.repeat(fcall.q, G, axis=2), k=np.repeat(fcall.k, G, axis=2))
-        flat = results(fn, repeated, do, dfs, dtype)
-        for n in ("dq", "dk"):  # summed in float64, then rounded to the kernel's result dtype
-            flat[n] = flat[n].astype(np.float64).reshape(B, T, H, G, K).sum(axis=3).astype(grouped[n].dtype)
-        case = case_of(fcall, do, dfs, dtype)
-        out.append((f"G = {G} vs G = 1 on q, k repeated per value head (tight agreement)",
-                    case.agreement(grouped, flat, what="grouped~repeated")))
-    return out
+    if G == 1:
+        return []
+    grouped = results(fn, fcall, do, dfs, dtype)
+    repeated = rebuilt(fcall, q=np.repeat(fcall.q, G, axis=2), k=np.repeat(fcall.k, G, axis=2))
+    flat = results(fn, repeated, do, dfs, dtype)
+    for n in ("dq", "dk"):  # summed in float64, then rounded to the kernel's result dtype
+        flat[n] = flat[n].astype(np.float64).reshape(B, T, H, G, K).sum(axis=3).astype(grouped[n].dtype)
+    case = case_of(fcall, do, dfs, dtype)
+    return [(f"G = {G} vs G = 1 on q, k repeated per value head (tight agreement)",
+             case.agreement(grouped, flat, what="grouped~repeated"))]
+
+
+# reduction -> its check
+REDUCTIONS = {"gated_linear_attention": check_gated_linear_attention, "delta_rule": check_delta_rule,
+              "grouped_heads": check_grouped_heads}
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,18 +348,21 @@ def _first_example(family, accepted, config, **fields):
     return r.replace(**fields)
 
 
-CARRY_CONFIGS = (CORE[3],)  # T = C + 1, H = 2, G = 2, K != V, float32
-CARRY_SPLITS = (CHUNK - 1, 2)
+# split -> the configuration it splits: inside the first chunk (T = C + 1, H = 2, G = 2, K != V, float32), and on
+# FLA's 64-token chunk edge itself (T = 2 C + 2: the second call starts on a chunk boundary, one whole chunk then a
+# tail of two tokens)
+CARRIES = {CHUNK - 1: CORE[3], 2: CORE[3], family_recipes.C: FamilyConfig(1, 2 * family_recipes.C + 2, 1, 2, 16, 8,
+                                                                         "float32")}
 
 
-@pytest.mark.parametrize("t", CARRY_SPLITS, ids=[f"split{t}" for t in CARRY_SPLITS])
+@pytest.mark.parametrize("t", list(CARRIES), ids=[f"split{t}" for t in CARRIES])
 def test_family_state_carry(kernel, kernel_families, t):
     """[0, t) then [t, T) with the carried final state equals one call: forward, and every gradient by chaining the
     two calls' VJPs (the second call's dh0 is the first call's final-state cotangent)."""
     family, accepted = _accepted(kernel, kernel_families)
 
-    @given(recipe=_drawn(family, accepted, CARRY_CONFIGS))
-    @example(recipe=_first_example(family, accepted, CARRY_CONFIGS[0], decay="weak"))
+    @given(recipe=_drawn(family, accepted, (CARRIES[t],)))
+    @example(recipe=_first_example(family, accepted, CARRIES[t], decay="weak"))
     def carries(recipe):
         enforce(check_state_carry(kernel.fn, recipe, t), recipe, kernel.name,
                 f"t.check_state_carry(fn, {recipe.call_source()}, {t})")
@@ -407,19 +450,37 @@ def test_family_batch_and_head_permutation(kernel, kernel_families):
     equivariant()
 
 
+def test_family_key_channel_permutation(kernel, kernel_families):
+    """Permuting the key channels of q, k (KDA: and of g, its decay being per key channel) and the K rows of h0
+    permutes dq, dk (dg), the final state and dh0 the same way and leaves o, dv, dbeta unchanged."""
+    family, accepted = _accepted(kernel, kernel_families)
+
+    @given(recipe=_drawn(family, accepted, CORE), seed=st.integers(0, 2**16))
+    @example(recipe=_first_example(family, accepted, CORE[3]), seed=1)
+    @settings(max_examples=max(1, settings().max_examples // 2))  # two kernel calls an example
+    def equivariant(recipe, seed):
+        perm = np.random.default_rng(seed).permutation(recipe.K)
+        enforce(check_key_channel_permutation(kernel.fn, recipe, perm), recipe, kernel.name,
+                f"t.check_key_channel_permutation(fn, {recipe.call_source()}, {perm.tolist()})")
+
+    equivariant()
+
+
 GROUPED = tuple(c for c in CORE if c.G > 1)
 
 
-def test_family_reductions(kernel, kernel_families):
+@pytest.mark.parametrize("reduction", list(REDUCTIONS))
+def test_family_reductions(kernel, kernel_families, reduction):
     """beta = 0 (gated linear attention) and g = 0 (the delta rule) match the float64 family oracle; G > 1 equals
     G = 1 with q, k repeated per value head (their gradients summed over each group)."""
     family, accepted = _accepted(kernel, kernel_families)
+    check_reduction = REDUCTIONS[reduction]
 
     @given(recipe=_drawn(family, accepted, GROUPED))
     @example(recipe=_first_example(family, accepted, CORE[3]))
-    @settings(max_examples=max(1, settings().max_examples // 2))  # four kernel calls an example
+    @settings(max_examples=max(1, settings().max_examples // 3))
     def reduces(recipe):
-        enforce(check_reductions(kernel.fn, recipe), recipe, kernel.name,
-                f"t.check_reductions(fn, {recipe.call_source()})")
+        enforce(check_reduction(kernel.fn, recipe), recipe, kernel.name,
+                f"t.{check_reduction.__name__}(fn, {recipe.call_source()})")
 
     reduces()

@@ -86,8 +86,9 @@ def pytest_generate_tests(metafunc):
         ks = [pytest.param(k, id=k.name) for k in family_serving_kernels(config)]
         if not ks:  # every named kernel takes no state: each a skip with the reason, never an empty run
             ks = [pytest.param(FamilyServingKernel(k.name, k.fn, config._gdn2_families.get(k.name, GDN2)), id=k.name,
-                               marks=pytest.mark.skip(reason=f"kernel {k.name} takes no state (no pool, no replay "
-                                                             "states): the serving properties are not run on it"))
+                               marks=pytest.mark.skip(reason=f"kernel {k.name} takes no state (no pool: FLA's "
+                                                             "ssm_state_indices; no replay states): the serving "
+                                                             "properties are not run on it"))
                   for k in config._gdn2_kernels]
         metafunc.parametrize("serving_kernel", ks, scope="session")
 
