@@ -354,9 +354,9 @@ def test_family_goldens_are_in_the_golden_set():
 def test_our_family_kernels_pass_every_mode_and_the_goldens(tmp_path, kernel):
     """Our chunked GDN / KDA kernels on the quick set in every mode their family takes and on their goldens, through
     the console script: a run of ~100 programs in its own process, as a user runs it, with the suite's shared caches
-    (in a test worker that had loaded torch, JAX's compilation-cache write once ended the worker with a segfault)."""
-    shared = {n: os.environ[n] for n in ("GDN2_COMPILE_CACHE", "GDN2_REFERENCE_CACHE", "GDN2_PROGRAM_CACHE")
-              if os.environ.get(n)}
+    and the compilation cache the commands of the suite share (ci.testing.console_env; in a test worker that had loaded
+    torch, JAX's compilation-cache write once ended the worker with a segfault: the commands are separate processes)."""
+    shared = {n: os.environ[n] for n in ("GDN2_REFERENCE_CACHE", "GDN2_PROGRAM_CACHE") if os.environ.get(n)}
     for cases in ("quick", "golden"):
         path = tmp_path / f"{cases}.json"
         run = console(tmp_path, "validate", "--kernel", kernel, "--cases", cases, "--no-progress", "--json", path,
