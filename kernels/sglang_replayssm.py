@@ -64,6 +64,7 @@ class SglangReplaySSMKernel:
     session_driver = "replay"
     family = "gdn"
     serving_only = "SGLang's GDN ReplaySSM runs on its ring caches only: no call without a session"
+    interpreted = True  # in Triton's interpreter: validate's time estimate counts its work
     state_dtype = cache_dtype = "float32"
 
     def __init__(self, capacity=16, spec_len=4, session_size=SESSION_SIZE, strict_drafts=False, mutant=None):

@@ -398,26 +398,75 @@ class ValidateOptions:
 # compilation cache takes most of the first away. A guess, never a measurement: docs/commands.md.
 CORE_SECONDS_PER_PROGRAM = 16.0
 CORE_SECONDS_PER_CALL = 3.0
+# A kernel run in an interpreter (Triton's, for FLA's and the engines' Triton kernels; Pallas's interpret=1) compiles
+# nothing; its call costs grow with the problem: seconds per token-head (B * T * HV over the case's calls; the oracle,
+# grading and start-up included) on one core, by the kernel's kind (:func:`interpreted_kind`). Fitted as whole-run wall
+# / the run's token-heads (10,432 in the float32 smoke set, either family) to cold smoke runs on this repository's
+# 2-core CPU host, the geometric mean where two were measured (ci/benchmarks/bench_estimates.py; under load average
+# ~7-8, niced, and the earlier runs a session reported): fla-gdn-chunk[interpret=1] 131 s and 207 s,
+# fla-gdn-fused-recurrent[interpret=1] 139 s, fla-kda-chunk[interpret=1,signature=kda] 1,199 s and 532 s
+# (docs/performance.md#the-estimate-line).
+INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0158, "recurrent": 0.0133, "kda-chunk": 0.0766}
+
+
+def interpreted_kind(spec, fn):
+    """The kind (a key of :data:`INTERPRETED_SECONDS_PER_TOKEN_HEAD`) of kernel ``fn``, built from ``spec``, when it
+    runs in an interpreter (the spec's ``interpret`` option, or the kernel's ``interpreted`` attribute: the engines'
+    peers), else None."""
+    if not (spec.options.get("interpret") in (1, True, "1") or getattr(fn, "interpreted", False)):
+        return None
+    if "chunk" not in spec.name:
+        return "recurrent"
+    return "kda-chunk" if "kda" in spec.name else "chunk"
+
+
+def token_heads(case):
+    """``B * T * HV`` of a case: its calls' token positions times the value heads (the key heads where the shape does
+    not name value heads; a serving session's tokens over all its calls)."""
+    shape = tuple(case.shape)
+    if hasattr(case, "tokens"):  # a serving session: (P, HV, K, V) of the pool
+        return case.tokens() * shape[1]
+    if len(shape) == 6:  # (B, T, H, HV, K, V)
+        return shape[0] * shape[1] * shape[3]
+    return shape[0] * shape[1] * shape[2]  # (B, T, H, K, V)
+
+
+def estimate_cores():
+    """The cores the time model counts on this machine (at most 8)."""
+    import os
+
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def estimate_seconds(run):
+    """``(seconds, calls, compiles)``: how long a cold run of ``run`` takes on this machine by the model above, its
+    kernel calls, and whether any of its kernels is compiled (not interpreted: a warm cache then saves time)."""
+    cores = estimate_cores()
+    calls, core_seconds, seconds = 0, 0.0, 0.0
+    for (spec, fn), kout, flags in zip(run.built, run.kernels_out, run.flags):
+        mine = [c for c in run.case_list
+                if takes_part(c, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))]
+        calls += len(mine)
+        kind = interpreted_kind(spec, fn)
+        if kind is None:
+            programs = len({(c.dtype, c.shape, type(c).__name__, c.modes) for c in mine})
+            core_seconds += CORE_SECONDS_PER_PROGRAM * programs + CORE_SECONDS_PER_CALL * len(mine)
+        else:  # one core runs the interpreter
+            seconds += INTERPRETED_SECONDS_PER_TOKEN_HEAD[kind] * sum(token_heads(c) for c in mine)
+    return core_seconds / cores + seconds, calls, core_seconds > 0
 
 
 def estimate_line(run):
     """The line said before a run: how many cases for how many kernels, and about how long cold on this machine (None
     when it cannot be said: an estimate never fails a run)."""
     try:
-        import os
-
-        cores = max(1, min(os.cpu_count() or 1, 8))
-        calls = programs = 0
-        for (_, fn), kout, flags in zip(run.built, run.kernels_out, run.flags):
-            mine = [c for c in run.case_list
-                    if takes_part(c, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))]
-            calls += len(mine)
-            programs += len({(c.dtype, c.shape, type(c).__name__, c.modes) for c in mine})
-        seconds = (CORE_SECONDS_PER_PROGRAM * programs + CORE_SECONDS_PER_CALL * calls) / cores
+        cores = estimate_cores()
+        seconds, calls, compiles = estimate_seconds(run)
         span = f"about {round(seconds / 60)} min" if seconds >= 90 else f"about {max(10, round(seconds, -1)):.0f} s"
+        warm = (", less with a warm compilation cache" if compiles
+                else " (interpreted: a warm compilation cache saves nothing)")
         return (f"gdn2-oracle validate: starting {len(run.case_list)} cases x {len(run.built)} kernel(s) (set "
-                f"{run.options.cases!r}): {calls} kernel calls; {span} on this machine cold ({cores} cores), less with "
-                "a warm compilation cache")
+                f"{run.options.cases!r}): {calls} kernel calls; {span} on this machine cold ({cores} cores){warm}")
     except Exception:  # noqa: BLE001 - the estimate is a courtesy: whatever goes wrong, the run goes on
         return None
 

@@ -1,0 +1,71 @@
+"""The time model of validate's estimate line: interpreted kernels are costed by their work, compiled ones by their
+programs and calls (``ci/commands/validate.py``: ``estimate_seconds``)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from gdn2_oracle.ci.commands import validate
+from gdn2_oracle.kernels.spec import KernelSpec
+
+SMALL, LARGE = "gdn_gva2_moderate_h0", "gdn_gen_weak_erase_zero_T1024"  # smoke cases: 800 and 2,048 token-heads
+
+
+def estimate(spec, case):
+    """The seconds the model says for kernel ``spec`` on the float32 smoke case ``case`` alone."""
+    run = validate.ValidationRun([KernelSpec.parse(spec)],
+                                 validate.ValidateOptions(dtypes=("float32",), cases="smoke", only=(case,)))
+    seconds, calls, compiles = validate.estimate_seconds(run)
+    assert calls == 1 and compiles == ("interpret" not in spec)
+    return seconds
+
+
+@pytest.fixture(scope="module")
+def seconds():
+    """{(kernel, case): estimated seconds} for an interpreted and a compiled kernel on a small and a large case."""
+    return {(spec, case): estimate(spec, case)
+            for spec in ("gdn-factorized[interpret=1]", "gdn-factorized") for case in (SMALL, LARGE)}
+
+
+def test_interpreted_estimate_grows_with_the_problem(seconds):
+    assert seconds["gdn-factorized[interpret=1]", LARGE] > 2 * seconds["gdn-factorized[interpret=1]", SMALL]
+
+
+def test_compiled_estimate_does_not_count_tokens(seconds):
+    assert seconds["gdn-factorized", LARGE] == seconds["gdn-factorized", SMALL]
+
+
+@pytest.mark.parametrize("case", [SMALL, LARGE])
+def test_interpreted_estimate_exceeds_the_compiled_one(seconds, case):
+    assert seconds["gdn-factorized[interpret=1]", case] > seconds["gdn-factorized", case]
+
+
+def test_interpreted_constants_are_read_from_one_place(monkeypatch, seconds):
+    doubled = {k: 2 * v for k, v in validate.INTERPRETED_SECONDS_PER_TOKEN_HEAD.items()}
+    monkeypatch.setattr(validate, "INTERPRETED_SECONDS_PER_TOKEN_HEAD", doubled)
+    assert estimate("gdn-factorized[interpret=1]", LARGE) == pytest.approx(
+        2 * seconds["gdn-factorized[interpret=1]", LARGE])
+
+
+@pytest.mark.parametrize("name, options, attribute, kind", [
+    ("fla-gdn-chunk", {"interpret": 1}, False, "chunk"),
+    ("fla-kda-chunk", {"interpret": 1, "signature": "kda"}, False, "kda-chunk"),
+    ("fla-gdn-fused-recurrent", {"interpret": 1}, False, "recurrent"),
+    ("vllm-gdn-chunk", {}, True, "chunk"),
+    ("sglang-gdn-replayssm", {}, True, "recurrent"),
+    ("fla-gdn-naive-recurrent", {}, False, None),
+    ("fla-gdn-chunk", {"interpret": 0}, False, None),
+])
+def test_interpreted_kind(name, options, attribute, kind):
+    spec = KernelSpec(name, name, options)
+    assert validate.interpreted_kind(spec, SimpleNamespace(interpreted=attribute)) == kind
+
+
+@pytest.mark.parametrize("shape, tokens, heads", [
+    ((2, 100, 2, 4, 16, 32), None, 800),  # family call (B, T, H, HV, K, V)
+    ((1, 64, 3, 16, 16), None, 192),  # GDN-2 call (B, T, H, K, V)
+    ((5, 4, 16, 16), 12, 48),  # serving session: pool (P, HV, K, V), 12 tokens over its calls
+])
+def test_token_heads(shape, tokens, heads):
+    case = SimpleNamespace(shape=shape) if tokens is None else SimpleNamespace(shape=shape, tokens=lambda: tokens)
+    assert validate.token_heads(case) == heads
