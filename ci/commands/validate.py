@@ -35,6 +35,7 @@ from itertools import repeat
 
 from gdn2_oracle import oracle
 from gdn2_oracle.kernels.spec import accepts_keywords
+from gdn2_oracle.kernels.torch_bridge import TorchKernel
 from gdn2_oracle.oracle import KERNEL_DTYPES, Recipe, call_modes, serving_recipes
 
 from ..grading import families as family_grading
@@ -394,30 +395,37 @@ class ValidateOptions:
 
 
 # The time model of the line said before a run: core-seconds per kernel program compiled (a case dtype and shape) and
-# per kernel call judged, fitted to cold runs (empty compilation and reference caches) on a 2-core CPU; a warm
-# compilation cache takes most of the first away. A guess, never a measurement: docs/commands.md.
+# per kernel call judged, fitted to cold runs (empty compilation and reference caches) on a 2-core CPU; a warm run
+# (compilation, program and reference caches filled) costs CORE_SECONDS_PER_CALL_WARM a call instead: gdn-factorized
+# smoke, float32 and bfloat16 (13 calls), 11.5 s warm against 70 s cold on this repository's 2-core host under load
+# average ~8, niced. A guess, never a measurement: docs/commands.md.
 CORE_SECONDS_PER_PROGRAM = 16.0
 CORE_SECONDS_PER_CALL = 3.0
-# A kernel run in an interpreter (Triton's, for FLA's and the engines' Triton kernels; Pallas's interpret=1) compiles
-# nothing; its call costs grow with the problem: seconds per token-head (B * T * HV over the case's calls; the oracle,
-# grading and start-up included) on one core, by the kernel's kind (:func:`interpreted_kind`). Fitted as whole-run wall
-# / the run's token-heads (10,432 in the float32 smoke set, either family) to cold smoke runs on this repository's
-# 2-core CPU host, the geometric mean where two were measured (ci/benchmarks/bench_estimates.py; under load average
-# ~7-8, niced, and the earlier runs a session reported): fla-gdn-chunk[interpret=1] 131 s and 207 s,
-# fla-gdn-fused-recurrent[interpret=1] 139 s, fla-kda-chunk[interpret=1,signature=kda] 1,199 s and 532 s
-# (docs/performance.md#the-estimate-line).
-INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0158, "recurrent": 0.0133, "kda-chunk": 0.0766}
+CORE_SECONDS_PER_CALL_WARM = 1.8
+# A kernel run in an interpreter (Triton's, for FLA's and the engines' Triton kernels; Pallas's interpret=1), or a
+# torch kernel (no XLA program of its own), compiles nothing: its call costs grow with the problem, seconds per
+# token-head (B * T * HV over the case's calls; the oracle, grading and start-up included) on one core, by the
+# kernel's kind (:func:`interpreted_kind`), warm or cold alike. Fitted as whole-run wall / the run's token-heads to cold
+# smoke float32 runs (10,432 token-heads; 7,568 for vllm-gdn-chunk, 12,832 for fla-gdn-naive-recurrent in both dtypes)
+# on this repository's 2-core CPU host, the geometric mean where two were measured (ci/benchmarks/bench_estimates.py;
+# under load average ~7-9, niced, and the earlier runs a session reported): fla-gdn-chunk[interpret=1] 131 s and
+# 207 s, fla-gdn-fused-recurrent[interpret=1] 139 s, fla-kda-chunk[interpret=1,signature=kda] 1,199 s and 532 s,
+# vllm-gdn-chunk 59.5 s (forward only), fla-gdn-naive-recurrent 29.3 s (docs/performance.md#the-estimate-line).
+INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0158, "chunk-forward": 0.0079, "recurrent": 0.0133,
+                                      "kda-chunk": 0.0766, "torch": 0.0023}
 
 
 def interpreted_kind(spec, fn):
     """The kind (a key of :data:`INTERPRETED_SECONDS_PER_TOKEN_HEAD`) of kernel ``fn``, built from ``spec``, when it
     runs in an interpreter (the spec's ``interpret`` option, or the kernel's ``interpreted`` attribute: the engines'
-    peers), else None."""
+    peers) or is a torch kernel, else None (a compiled kernel)."""
     if not (spec.options.get("interpret") in (1, True, "1") or getattr(fn, "interpreted", False)):
-        return None
+        return "torch" if isinstance(fn, TorchKernel) else None
     if "chunk" not in spec.name:
         return "recurrent"
-    return "kda-chunk" if "kda" in spec.name else "chunk"
+    if "kda" in spec.name:
+        return "kda-chunk"
+    return "chunk-forward" if getattr(fn, "no_backward", None) else "chunk"
 
 
 def token_heads(case):
@@ -438,9 +446,9 @@ def estimate_cores():
     return max(1, min(os.cpu_count() or 1, 8))
 
 
-def estimate_seconds(run):
-    """``(seconds, calls, compiles)``: how long a cold run of ``run`` takes on this machine by the model above, its
-    kernel calls, and whether any of its kernels is compiled (not interpreted: a warm cache then saves time)."""
+def estimate_seconds(run, warm=False):
+    """``(seconds, calls, compiles)``: how long a run of ``run`` takes on this machine by the model above, cold (or
+    ``warm``: every cache filled by an earlier run), its kernel calls, and whether any of its kernels is compiled."""
     cores = estimate_cores()
     calls, core_seconds, seconds = 0, 0.0, 0.0
     for (spec, fn), kout, flags in zip(run.built, run.kernels_out, run.flags):
@@ -448,25 +456,32 @@ def estimate_seconds(run):
                 if takes_part(c, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))]
         calls += len(mine)
         kind = interpreted_kind(spec, fn)
-        if kind is None:
+        if kind is not None:  # one core runs the interpreter
+            seconds += INTERPRETED_SECONDS_PER_TOKEN_HEAD[kind] * sum(token_heads(c) for c in mine)
+        elif warm:
+            core_seconds += CORE_SECONDS_PER_CALL_WARM * len(mine)
+        else:
             programs = len({(c.dtype, c.shape, type(c).__name__, c.modes) for c in mine})
             core_seconds += CORE_SECONDS_PER_PROGRAM * programs + CORE_SECONDS_PER_CALL * len(mine)
-        else:  # one core runs the interpreter
-            seconds += INTERPRETED_SECONDS_PER_TOKEN_HEAD[kind] * sum(token_heads(c) for c in mine)
     return core_seconds / cores + seconds, calls, core_seconds > 0
 
 
+def about(seconds):
+    """``about N s`` / ``about N min``."""
+    return f"about {round(seconds / 60)} min" if seconds >= 90 else f"about {max(10, round(seconds, -1)):.0f} s"
+
+
 def estimate_line(run):
-    """The line said before a run: how many cases for how many kernels, and about how long cold on this machine (None
-    when it cannot be said: an estimate never fails a run)."""
+    """The line said before a run: how many cases for how many kernels, and about how long cold on this machine, and
+    warm where a kernel is compiled (None when it cannot be said: an estimate never fails a run)."""
     try:
         cores = estimate_cores()
         seconds, calls, compiles = estimate_seconds(run)
-        span = f"about {round(seconds / 60)} min" if seconds >= 90 else f"about {max(10, round(seconds, -1)):.0f} s"
-        warm = (", less with a warm compilation cache" if compiles
-                else " (interpreted: a warm compilation cache saves nothing)")
+        warm = (f", {about(estimate_seconds(run, warm=True)[0])} with a warm compilation cache" if compiles
+                else " (interpreted or torch: a warm compilation cache saves nothing)")
         return (f"gdn2-oracle validate: starting {len(run.case_list)} cases x {len(run.built)} kernel(s) (set "
-                f"{run.options.cases!r}): {calls} kernel calls; {span} on this machine cold ({cores} cores){warm}")
+                f"{run.options.cases!r}): {calls} kernel calls; {about(seconds)} on this machine cold ({cores} "
+                f"cores){warm}")
     except Exception:  # noqa: BLE001 - the estimate is a courtesy: whatever goes wrong, the run goes on
         return None
 

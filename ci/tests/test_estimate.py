@@ -53,12 +53,28 @@ def test_interpreted_constants_are_read_from_one_place(monkeypatch, seconds):
     ("fla-gdn-fused-recurrent", {"interpret": 1}, False, "recurrent"),
     ("vllm-gdn-chunk", {}, True, "chunk"),
     ("sglang-gdn-replayssm", {}, True, "recurrent"),
-    ("fla-gdn-naive-recurrent", {}, False, None),
+    ("vllm-gdn-fused-recurrent", {}, True, "recurrent"),
+    ("gdn-factorized", {}, False, None),
     ("fla-gdn-chunk", {"interpret": 0}, False, None),
 ])
 def test_interpreted_kind(name, options, attribute, kind):
     spec = KernelSpec(name, name, options)
     assert validate.interpreted_kind(spec, SimpleNamespace(interpreted=attribute)) == kind
+
+
+def test_forward_only_chunk_and_torch_kinds():
+    forward_only = SimpleNamespace(interpreted=True, no_backward="forward only")
+    spec = KernelSpec("vllm-gdn-chunk", "vllm-gdn-chunk", {})
+    assert validate.interpreted_kind(spec, forward_only) == "chunk-forward"
+    torch = KernelSpec.parse("torch:gdn2_oracle.kernels.testing_torch:recurrent")
+    assert validate.interpreted_kind(torch, torch.build()) == "torch"
+
+
+def test_a_warm_run_of_a_compiled_kernel_is_said_to_be_shorter():
+    run = validate.ValidationRun([KernelSpec.parse("gdn-factorized")],
+                                 validate.ValidateOptions(dtypes=("float32",), cases="smoke"))
+    assert validate.estimate_seconds(run, warm=True)[0] < validate.estimate_seconds(run)[0]
+    assert "with a warm compilation cache" in validate.estimate_line(run)
 
 
 @pytest.mark.parametrize("shape, tokens, heads", [
