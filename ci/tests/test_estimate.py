@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gdn2_oracle.ci.benchmarks import bench_estimates
 from gdn2_oracle.ci.commands import validate
 from gdn2_oracle.kernels.spec import KernelSpec
 
@@ -85,3 +86,13 @@ def test_a_warm_run_of_a_compiled_kernel_is_said_to_be_shorter():
 def test_token_heads(shape, tokens, heads):
     case = SimpleNamespace(shape=shape) if tokens is None else SimpleNamespace(shape=shape, tokens=lambda: tokens)
     assert validate.token_heads(case) == heads
+
+
+@pytest.mark.parametrize("line, warm, seconds", [
+    ("...; about 70 s on this machine cold (2 cores), about 10 s with a warm compilation cache", False, 70),
+    ("...; about 70 s on this machine cold (2 cores), about 10 s with a warm compilation cache", True, 10),
+    ("...; about 13 min on this machine cold (2 cores) (interpreted or torch: ...)", True, 780),
+    (None, False, None),
+])
+def test_the_benchmark_reads_the_figures_the_line_says(line, warm, seconds):
+    assert bench_estimates.said_seconds(line, warm=warm) == seconds
