@@ -196,8 +196,8 @@ def gdn2_chunk(interpret=False, **options):
     """``fla-gdn2-chunk``: FLA's Triton chunk kernel for GDN-2 (CUDA; ``interpret=1``: Triton's interpreter on
     the CPU, float32 only, device ``cpu`` unless given)."""
     fn, options, note, modules = _triton_peer("gdn2", "chunk_gdn2", "fla-gdn2-chunk", interpret, options)
-    return TorchKernel(fn, name="fla-gdn2-chunk", options={"output_final_state": True, **options}, note=note,
-                       modules=modules or None)
+    return interpreted_float32(TorchKernel(fn, name="fla-gdn2-chunk", options={"output_final_state": True, **options},
+                                           note=note, modules=modules or None), interpret)
 
 
 def _triton_peer(model, attr, name, interpret, options):
@@ -210,6 +210,14 @@ def _triton_peer(model, attr, name, interpret, options):
     modules = (getattr(fn, "__module__", None), __name__, triton_interpret.__name__)
     return (float32_only(fn, name), {"device": "cpu", **options}, INTERPRET_NOTE,
             tuple(m for m in modules if isinstance(m, str) and m in sys.modules))
+
+
+def interpreted_float32(kernel, interpret):
+    """``kernel`` declaring its input dtypes when ``interpret`` runs it in Triton's interpreter: float32 only, the
+    reason the interpreter's bf16 ``tl.dot`` (validate lists a bfloat16 case as outside its domain, not run)."""
+    if _interpret_flag(interpret):
+        kernel.input_dtypes, kernel.input_dtypes_reason = ("float32",), triton_interpret.BF16_DOT_NOTE
+    return kernel
 
 
 def _signature_option(signature, name):
@@ -247,8 +255,10 @@ def kda_chunk(interpret=False, signature="kda", **options):
     if _signature_option(signature, "fla-kda-chunk") == "kda":
         return _family_triton("kda", "chunk_kda", "fla-kda-chunk", "kda", interpret, options)
     fn, options, note, modules = _triton_peer("kda", "chunk_kda", "fla-kda-chunk", interpret, options)
-    return TorchKernel(kda_as_gdn2(fn), name="fla-kda-chunk", options={"output_final_state": True, **options},
-                       note=KDA_NOTE + (f"; {note}" if note else ""), modules=modules or (__name__,))
+    return interpreted_float32(TorchKernel(kda_as_gdn2(fn), name="fla-kda-chunk",
+                                           options={"output_final_state": True, **options},
+                                           note=KDA_NOTE + (f"; {note}" if note else ""),
+                                           modules=modules or (__name__,)), interpret)
 
 
 # --- FLA's naive references in their families' signatures (kernels/families.py) ------------------------------
@@ -354,8 +364,9 @@ def _family_triton(model, attr, name, family, interpret, options, *, adapt=None,
     if adapt is not None:
         fn = adapt(fn)
     notes = "; ".join(n for n in (TRITON_FAMILY_NOTE, NO_BACKWARD if forward_only else None, note) if n)
-    return FamilyTorchKernel(fn, name=name, family=family, options=options, note=notes, modules=modules or None,
-                             packed=True, no_backward=f"{name}: {NO_BACKWARD}" if forward_only else None)
+    return interpreted_float32(
+        FamilyTorchKernel(fn, name=name, family=family, options=options, note=notes, modules=modules or None,
+                          packed=True, no_backward=f"{name}: {NO_BACKWARD}" if forward_only else None), interpret)
 
 
 def beta_by_keyword(fused_recurrent):

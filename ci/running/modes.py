@@ -251,9 +251,22 @@ def refusal(fn, call: Call):
     return refuses(dict(zip(call.input_names, call.inputs())), Static.of(call).keywords()) or None
 
 
+def dtype_refusal(fn, case):
+    """Why kernel ``fn`` refuses ``case``'s input dtype (its ``input_dtypes``, the dtypes it takes, and
+    ``input_dtypes_reason``), or None: a kernel without ``input_dtypes`` takes every dtype."""
+    taken = getattr(fn, "input_dtypes", None)
+    if taken is None or case.dtype in taken:
+        return None
+    why = getattr(fn, "input_dtypes_reason", None)
+    return f"{case.dtype} inputs: the kernel takes {', '.join(taken)} only" + (f" ({why})" if why else "")
+
+
 def case_refusal(fn, case):
-    """Why kernel ``fn`` refuses a training-call or family ``case`` (:func:`refusal`), or None (any other case, a
-    kernel without ``refuses``, or a case whose data cannot be built: its run reports the input error)."""
+    """Why kernel ``fn`` refuses ``case``: its input dtype (:func:`dtype_refusal`, any case), or, for a
+    training-call or family case, its own domain (:func:`refusal`); None otherwise (a kernel without either, or a
+    case whose data cannot be built: its run reports the input error)."""
+    if reason := dtype_refusal(fn, case):
+        return reason
     if not callable(getattr(fn, "refuses", None)) or not isinstance(case, ModeCase):
         return None
     try:

@@ -150,6 +150,9 @@ except ValueError as exc:
     out["bf16"] = str(exc)
 gdn2_kda = kernels.get("fla-kda-chunk[interpret=1,signature=gdn2]")
 out["gdn2_signature"] = {"type": type(gdn2_kda).__name__, "family": getattr(gdn2_kda, "family", None)}
+from gdn2_oracle.ci.running.modes import case_refusal
+out["bf16_case"] = [case_refusal(k, FamilyCase.named(recipe, precision=p))
+                    for k in (gdn, gdn2_kda) for p in ("float32", "bfloat16")]
 print("RESULT " + json.dumps(out))
 """
 
@@ -213,6 +216,15 @@ def test_interpreted_family_peer_refuses_bfloat16_with_the_reason(interpreted):
     refusal = interpreted[0]["bf16"]
     assert refusal is not None and "fla-gdn-chunk[interpret=1] refuses bfloat16" in refusal, refusal
     assert "tl.dot on bfloat16 operands" in refusal, refusal
+
+
+def test_validate_lists_an_interpreted_peers_bfloat16_case_as_outside_its_domain(interpreted):
+    """The interpreted peers declare float32 inputs only (``input_dtypes``): validate lists a bfloat16 case as
+    refused with the interpreter's reason (not run), a float32 one is run."""
+    f32, bf16, f32_gdn2, bf16_gdn2 = interpreted[0]["bf16_case"]
+    assert f32 is None and f32_gdn2 is None
+    for reason in (bf16, bf16_gdn2):
+        assert reason.startswith("bfloat16 inputs: the kernel takes float32 only") and "tl.dot" in reason, reason
 
 
 def test_interpreted_fla_kda_chunk_keeps_the_gdn2_contract_under_an_option(interpreted):
