@@ -148,16 +148,16 @@ COLD = [
 @pytest.mark.slow
 @pytest.mark.parametrize("name, argv", COLD, ids=[c[0] for c in COLD])
 def test_cold_runs_of_the_console_script_end_in_a_verdict(tmp_path, name, argv):
-    """Three cold runs in a row, each with fresh cache folders (the fingerprint of the oracle's sources is computed
-    while the compile threads trace), each ends in its verdict table and its JSON. Before: 2 of 4 pairwise runs and
-    3 of 3 torch runs died of ``SystemError: AST constructor recursion depth mismatch`` (exit 1 or 134), and 2 of 3
-    with a parsing thread."""
+    """Three cold runs in a row, each with fresh cache folders, JAX's compilation cache too (the fingerprint of the
+    oracle's sources is computed while the compile threads trace), each ends in its verdict table and its JSON.
+    Before: 2 of 4 pairwise runs and 3 of 3 torch runs died of ``SystemError: AST constructor recursion depth
+    mismatch`` (exit 1 or 134), and 2 of 3 with a parsing thread."""
     (tmp_path / "parsing_thread.py").write_text(PARSING_THREAD)
     for i in range(3):
         run_dir = tmp_path / f"run{i}"
         run_dir.mkdir()
         proc = console(run_dir, "validate", *argv, "--dtype", "float32", "--no-progress", "--json", "r.json",
-                       PYTHONPATH=str(tmp_path))
+                       PYTHONPATH=str(tmp_path), GDN2_COMPILE_CACHE=str(run_dir / "jax"))  # not make test's shared one
         assert proc.returncode == 0, f"run {i}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         assert "overall: PASS" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
         assert json.loads((run_dir / "r.json").read_text())["passed"] is True
