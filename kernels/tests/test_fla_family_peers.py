@@ -218,7 +218,7 @@ def test_interpreted_family_peer_refuses_bfloat16_with_the_reason(interpreted):
     assert "tl.dot on bfloat16 operands" in refusal, refusal
 
 
-def test_validate_lists_an_interpreted_peers_bfloat16_case_as_outside_its_domain(interpreted):
+def test_interpreted_peers_bfloat16_case_is_listed_by_validate_as_outside_its_domain(interpreted):
     """The interpreted peers declare float32 inputs only (``input_dtypes``): validate lists a bfloat16 case as
     refused with the interpreter's reason (not run), a float32 one is run."""
     f32, bf16, f32_gdn2, bf16_gdn2 = interpreted[0]["bf16_case"]
