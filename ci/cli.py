@@ -24,7 +24,7 @@ from gdn2_oracle.golden.processes import TERMINATED, is_interrupt, signal_status
 
 from .commands.output import EXIT, PROG, UsageError
 from .grading.grades import INTERRUPTED
-from .running import ast_guard, supervised
+from .running import ast_guard, supervised, xla_cpu
 
 # The subcommands (modules of ci/commands, imported when the parser is built), in the order ``--help`` lists them.
 COMMANDS = ("validate", "bench", "golden", "domain", "hunt", "cost")
@@ -108,6 +108,7 @@ def main(argv=None):
     output is flushed, and a supervised one tells its parent the status once its report is complete."""
     if argv is None:
         supervised.start()
+        _quick_compile(sys.argv[1:])
     ast_guard.install()  # before any thread: CPython's ast.parse is not thread-safe (ci/running/ast_guard.py)
     supervised.guard_exit()  # a kernel calling os._exit fails its case instead of ending the run
     with terminate_as_interrupt() as received:  # SIGTERM: the same partial report as Ctrl-C, then exit 143
@@ -121,6 +122,13 @@ def main(argv=None):
                 pass
         supervised.exit_process(code)  # no interpreter teardown: JAX/XLA threads can crash it after an interrupt
     return code
+
+
+def _quick_compile(argv):
+    """A fresh process of a judging command compiles with XLA's quick-compiling CPU settings, before JAX starts
+    (``ci/running/xla_cpu.py``); a bad ``GDN2_XLA_CPU`` is left to :func:`_main`, which says so."""
+    with contextlib.suppress(ValueError):
+        xla_cpu.apply(next((a for a in argv if a in COMMANDS), None))
 
 
 def _interrupted(code):
@@ -239,6 +247,10 @@ def _main(argv):
     try:
         args = build_parser().parse_args(argv)
         _check_paths(args)
+        try:
+            xla_cpu.mode()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         _start_distributed(args)
         if not args.no_compile_cache and args.command in COMPILING:
             from .running.compile_cache import enable  # imports JAX

@@ -104,7 +104,11 @@ class Sampler:
 
 
 def inner(argv, out):
-    """Run one command in this process (``validate ...`` through the CLI, ``pytest ...``) and write its profile."""
+    """Run one command in this process (``validate ...`` through the CLI, ``pytest ...``) and write its profile; the
+    process is fresh, so a judging command compiles as the console script's would (``ci/running/xla_cpu.py``)."""
+    from gdn2_oracle.ci.running import xla_cpu
+
+    xla_cpu.apply(argv[0])
     import jax.monitoring as monitoring
 
     events = Counter()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jax
 
-from ..running import flag_probe
+from ..running import flag_probe, xla_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,6 +49,7 @@ def environment():
         "device_count": jax.device_count(),
         "jax_version": jax.__version__,
         "jaxlib_version": jaxlib_version,
+        "xla_flags": xla_cpu.in_force(),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "git": git_commit(),

@@ -46,7 +46,7 @@ from ..grading.grades import EMPTY, FAIL, INTERRUPTED, PASS, PRECISION, Verdict,
 from ..grading.modes import ALL_MODES, MODE_RESULTS
 from ..grading.result import INPUT_ERROR, CaseResult
 from ..running import families as family_running
-from ..running import handoff_sessions, multihost
+from ..running import handoff_sessions, multihost, xla_cpu
 from ..running import modes as mode_running
 from ..running import serving as serving_running
 from ..running.ahead import Ahead, job_key
@@ -402,6 +402,9 @@ class ValidateOptions:
 CORE_SECONDS_PER_PROGRAM = 16.0
 CORE_SECONDS_PER_CALL = 3.0
 CORE_SECONDS_PER_CALL_WARM = 1.8
+# With XLA's quick-compiling CPU flags in force (ci/running/xla_cpu.py, the judging commands' default) a program
+# costs less to compile: (per program, per call), fitted the same way.
+QUICK_COMPILE_CORE_SECONDS = (6.0, 3.0)
 # A kernel run in an interpreter (Triton's, for FLA's and the engines' Triton kernels; Pallas's interpret=1), or a
 # torch kernel (no XLA program of its own), compiles nothing: its call costs grow with the problem, seconds per
 # token-head (B * T * HV over the case's calls; the oracle, grading and start-up included) on one core, by the
@@ -446,14 +449,38 @@ def estimate_cores():
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+def cold_constants():
+    """``(core seconds a program, core seconds a call)`` of a cold run: :data:`QUICK_COMPILE_CORE_SECONDS` when XLA's
+    quick-compiling CPU flags are in force, else :data:`CORE_SECONDS_PER_PROGRAM` and :data:`CORE_SECONDS_PER_CALL`."""
+    if set(xla_cpu.FLAGS) <= set(xla_cpu.in_force().split()):
+        return QUICK_COMPILE_CORE_SECONDS
+    return CORE_SECONDS_PER_PROGRAM, CORE_SECONDS_PER_CALL
+
+
+def kernel_cases(run):
+    """``[(spec, fn, cases)]``: each kernel of ``run`` with the cases it takes part in."""
+    return [(spec, fn, [c for c in run.case_list
+                        if takes_part(c, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))])
+            for (spec, fn), kout, flags in zip(run.built, run.kernels_out, run.flags)]
+
+
+def case_programs(cases):
+    """How many programs a compiled kernel compiles for ``cases``: one per case dtype, shape, kind and modes."""
+    return len({(c.dtype, c.shape, type(c).__name__, c.modes) for c in cases})
+
+
+def estimate_programs(run):
+    """The programs the compiled kernels of ``run`` compile (:func:`case_programs`; 0 for interpreted ones)."""
+    return sum(case_programs(mine) for spec, fn, mine in kernel_cases(run) if interpreted_kind(spec, fn) is None)
+
+
 def estimate_seconds(run, warm=False):
     """``(seconds, calls, compiles)``: how long a run of ``run`` takes on this machine by the model above, cold (or
     ``warm``: every cache filled by an earlier run), its kernel calls, and whether any of its kernels is compiled."""
     cores = estimate_cores()
+    per_program, per_call = cold_constants()
     calls, core_seconds, seconds = 0, 0.0, 0.0
-    for (spec, fn), kout, flags in zip(run.built, run.kernels_out, run.flags):
-        mine = [c for c in run.case_list
-                if takes_part(c, kout["accepted_modes"], kout["family"], flags, not serving_only(fn))]
+    for spec, fn, mine in kernel_cases(run):
         calls += len(mine)
         kind = interpreted_kind(spec, fn)
         if kind is not None:  # one core runs the interpreter
@@ -461,8 +488,7 @@ def estimate_seconds(run, warm=False):
         elif warm:
             core_seconds += CORE_SECONDS_PER_CALL_WARM * len(mine)
         else:
-            programs = len({(c.dtype, c.shape, type(c).__name__, c.modes) for c in mine})
-            core_seconds += CORE_SECONDS_PER_PROGRAM * programs + CORE_SECONDS_PER_CALL * len(mine)
+            core_seconds += per_program * case_programs(mine) + per_call * len(mine)
     return core_seconds / cores + seconds, calls, core_seconds > 0
 
 
@@ -479,9 +505,11 @@ def estimate_line(run):
         seconds, calls, compiles = estimate_seconds(run)
         warm = (f", {about(estimate_seconds(run, warm=True)[0])} with a warm compilation cache" if compiles
                 else " (interpreted or torch: a warm compilation cache saves nothing)")
+        programs = estimate_programs(run)
         return (f"gdn2-oracle validate: starting {len(run.case_list)} cases x {len(run.built)} kernel(s) (set "
-                f"{run.options.cases!r}): {calls} kernel calls; {about(seconds)} on this machine cold ({cores} "
-                f"cores){warm}")
+                f"{run.options.cases!r}): {calls} kernel calls"
+                + (f", {programs} programs to compile" if programs else "")
+                + f"; {about(seconds)} on this machine cold ({cores} cores){warm}")
     except Exception:  # noqa: BLE001 - the estimate is a courtesy: whatever goes wrong, the run goes on
         return None
 
@@ -737,6 +765,7 @@ def header_lines(report, modes):
             f"set {report.cases!r}), dtypes {','.join(run_dtypes(report))}; device {env['device_kind']} "
             f"({env['platform']}), jax {env['jax_version']}"
             + (f"; mesh {report.mesh}" if report.mesh else "")
+            + (f"; XLA_FLAGS {env['xla_flags']}" if env.get("xla_flags") else "")
             + (f"; modes {','.join(modes)}" if list(modes) != list(VALIDATE_MODES) else ""),
             *judged_lines(report), *source_lines(report.kernels)]
 

@@ -96,3 +96,25 @@ def test_token_heads(shape, tokens, heads):
 ])
 def test_the_benchmark_reads_the_figures_the_line_says(line, warm, seconds):
     assert bench_estimates.said_seconds(line, warm=warm) == seconds
+
+
+def test_the_line_says_how_many_programs_the_compiled_kernels_compile():
+    """The estimate line names the programs: one per distinct case dtype, shape, kind and modes of a compiled kernel
+    (none for an interpreted one), fewer than its calls where cases share a program."""
+    specs = [KernelSpec.parse(s) for s in ("gdn-factorized", "gdn-factorized[interpret=1]")]
+    run = validate.ValidationRun(specs, validate.ValidateOptions(cases="smoke"))
+    [(_, _, mine), _] = validate.kernel_cases(run)
+    programs = len({(c.dtype, c.shape, type(c).__name__, c.modes) for c in mine})
+    assert validate.estimate_programs(run) == programs and 0 < programs <= len(mine)
+    assert f", {programs} programs to compile; " in validate.estimate_line(run)
+
+
+def test_quick_compile_flags_cost_a_program_less(monkeypatch):
+    from gdn2_oracle.ci.running import xla_cpu
+
+    monkeypatch.setenv("XLA_FLAGS", " ".join(xla_cpu.FLAGS))
+    quick = validate.cold_constants()
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+    assert quick == validate.QUICK_COMPILE_CORE_SECONDS
+    assert validate.cold_constants() == (validate.CORE_SECONDS_PER_PROGRAM, validate.CORE_SECONDS_PER_CALL)
+    assert quick[0] < validate.CORE_SECONDS_PER_PROGRAM

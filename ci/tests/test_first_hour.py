@@ -52,8 +52,8 @@ def test_validate_cases_smoke_runs_says_its_estimate_first_and_catches_a_wrong_k
                        "--case", "scale_custom", "--dtype", "float32", "--no-progress")
     first = out.splitlines()[0]
     assert code == 1 and "FAIL" in out, out
-    assert first.startswith("gdn2-oracle validate: starting 1 cases x 1 kernel(s) (set 'smoke'): 1 kernel calls; "
-                            "about ")
+    assert first.startswith("gdn2-oracle validate: starting 1 cases x 1 kernel(s) (set 'smoke'): 1 kernel calls, "
+                            "1 programs to compile; about ")
     assert "on this machine cold" in first and "warm compilation cache" in first, first
 
 
