@@ -394,17 +394,18 @@ class ValidateOptions:
     prefill: tuple | None = None  # (kernel, spec) of --prefill: the hand-off sessions' prefill kernel
 
 
-# The time model of the line said before a run: core-seconds per kernel program compiled (a case dtype and shape) and
-# per kernel call judged, fitted to cold runs (empty compilation and reference caches) on a 2-core CPU; a warm run
-# (compilation, program and reference caches filled) costs CORE_SECONDS_PER_CALL_WARM a call instead: gdn-factorized
-# smoke, float32 and bfloat16 (13 calls), 11.5 s warm against 70 s cold on this repository's 2-core host under load
-# average ~8, niced. A guess, never a measurement: docs/commands.md.
-CORE_SECONDS_PER_PROGRAM = 16.0
-CORE_SECONDS_PER_CALL = 3.0
-CORE_SECONDS_PER_CALL_WARM = 1.8
-# With XLA's quick-compiling CPU flags in force (ci/running/xla_cpu.py, the judging commands' default) a program
-# costs less to compile: (per program, per call), fitted the same way.
-QUICK_COMPILE_CORE_SECONDS = (6.0, 3.0)
+# The time model of the line said before a run: a compiled kernel costs core-seconds per program compiled (a case
+# dtype, shape, kind and modes) and per kernel call judged, cold (empty compilation, program and reference caches),
+# and per call warm (every cache filled by an earlier run), divided by the cores, plus START_SECONDS (the process
+# starting, the cases built). One set of constants per way XLA compiles (ci/running/xla_cpu.py), fitted to
+# `bench_verdict` runs of `factorized` (smoke: 6 programs, 12 calls; quick: 31 programs, 62 calls) on this
+# repository's 2-core host, otherwise idle: quick-compile cold 11.0 s / 31.6 s, warm 7.6 s / 18.5 s; default cold
+# 27.9 s / 116.4 s, warm 8.5 s / 18.5 s. A guess, never a measurement: docs/performance.md#the-estimate-line.
+START_SECONDS = 4.0
+COMPILED_CORE_SECONDS = {  # (a program cold, a call cold, a call warm)
+    "quick-compile": (1.0, 0.45, 0.55),
+    "default": (5.5, 1.2, 0.55),
+}
 # A kernel run in an interpreter (Triton's, for FLA's and the engines' Triton kernels; Pallas's interpret=1), or a
 # torch kernel (no XLA program of its own), compiles nothing: its call costs grow with the problem, seconds per
 # token-head (B * T * HV over the case's calls; the oracle, grading and start-up included) on one core, by the
@@ -449,12 +450,11 @@ def estimate_cores():
     return max(1, min(os.cpu_count() or 1, 8))
 
 
-def cold_constants():
-    """``(core seconds a program, core seconds a call)`` of a cold run: :data:`QUICK_COMPILE_CORE_SECONDS` when XLA's
-    quick-compiling CPU flags are in force, else :data:`CORE_SECONDS_PER_PROGRAM` and :data:`CORE_SECONDS_PER_CALL`."""
-    if set(xla_cpu.FLAGS) <= set(xla_cpu.in_force().split()):
-        return QUICK_COMPILE_CORE_SECONDS
-    return CORE_SECONDS_PER_PROGRAM, CORE_SECONDS_PER_CALL
+def compiled_constants():
+    """:data:`COMPILED_CORE_SECONDS` of the way this process compiles: ``quick-compile`` when both of XLA's
+    quick-compiling CPU flags are in force (``ci/running/xla_cpu.py``), else ``default``."""
+    quick = set(xla_cpu.FLAGS) <= set(xla_cpu.in_force().split())
+    return COMPILED_CORE_SECONDS["quick-compile" if quick else "default"]
 
 
 def kernel_cases(run):
@@ -478,7 +478,7 @@ def estimate_seconds(run, warm=False):
     """``(seconds, calls, compiles)``: how long a run of ``run`` takes on this machine by the model above, cold (or
     ``warm``: every cache filled by an earlier run), its kernel calls, and whether any of its kernels is compiled."""
     cores = estimate_cores()
-    per_program, per_call = cold_constants()
+    per_program, per_call, per_call_warm = compiled_constants()
     calls, core_seconds, seconds = 0, 0.0, 0.0
     for spec, fn, mine in kernel_cases(run):
         calls += len(mine)
@@ -486,10 +486,10 @@ def estimate_seconds(run, warm=False):
         if kind is not None:  # one core runs the interpreter
             seconds += INTERPRETED_SECONDS_PER_TOKEN_HEAD[kind] * sum(token_heads(c) for c in mine)
         elif warm:
-            core_seconds += CORE_SECONDS_PER_CALL_WARM * len(mine)
+            core_seconds += per_call_warm * len(mine)
         else:
             core_seconds += per_program * case_programs(mine) + per_call * len(mine)
-    return core_seconds / cores + seconds, calls, core_seconds > 0
+    return START_SECONDS + core_seconds / cores + seconds, calls, core_seconds > 0
 
 
 def about(seconds):
