@@ -62,3 +62,13 @@ def test_validate_through_the_console_script_records_the_flags_it_compiled_with(
     assert grades["quick-compile"] == grades["default"] == [("len_1", "PASS")], grades
     run = console(tmp_path, *argv, GDN2_XLA_CPU="fastest")
     assert run.returncode == 2 and "GDN2_XLA_CPU" in run.stderr and "PASS" not in run.stdout, run.stderr
+
+
+def test_the_test_processes_compile_with_the_same_flags():
+    """The Makefile's TEST_XLA_FLAGS are the judging commands' flags (one list in two places, kept equal here), so a
+    test process and the console runs it starts compile alike."""
+    from pathlib import Path
+
+    makefile = Path(__file__).resolve().parents[2] / "Makefile"
+    line = next(ln for ln in makefile.read_text().splitlines() if ln.startswith("TEST_XLA_FLAGS :="))
+    assert line.split(":=", 1)[1].split() == list(xla_cpu.FLAGS), line
