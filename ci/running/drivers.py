@@ -64,6 +64,18 @@ class PoolDriver:
         return o, self.pool
 
 
+def replay_slots(session):
+    """The replay slots (the null slot included) the slot map uses over ``session``: its plans, run ahead on zero
+    states (which slot a call reads or loads never depends on the values). A backend holds exactly these; sizing it
+    by the bound, one fresh slot per sequence and call, made a 4,096-call session's every step copy 4,097 slots."""
+    probe = SlotMap(session.initial_pool())
+    zero = np.zeros(probe.pool.shape[1:])
+    for call in session.calls:
+        probe.plan(call, lambda p, ahead: zero)
+        probe.finish(lambda p, ahead: zero)
+    return probe.slots
+
+
 class ReplayDriver:
     """A replay representation (module docstring) over ``backend``: ``capacity``, ``state_dtype``, ``family``,
     ``setup(slots, HV, H, K, V, window)``, ``run(plan, call, dtype) -> o`` and ``state(p, ahead)`` (float64 ``[HV, K,
@@ -88,8 +100,7 @@ class ReplayDriver:
         P, HV, K, V = self.slots.pool.shape
         calls = session.calls
         window = max((c.state_indices.shape[1] for c in calls if np.ndim(c.state_indices) == 2), default=0)
-        n = 1 + sum(len(c.plan(P).sequences) for c in calls)  # at most one fresh slot per sequence and call
-        self.backend.setup(n, HV, calls[0].q.shape[2], K, V, window)
+        self.backend.setup(replay_slots(session), HV, calls[0].q.shape[2], K, V, window)
         return self.slots.pool.copy()
 
     def step(self, call, dtype):

@@ -17,15 +17,16 @@ import numpy as np
 from gdn2_oracle.oracle.replay import fold
 from gdn2_oracle.oracle.replay_slots import NULL_SLOT
 
-from .harness import to_device
+from .harness import host_cast
 
 FAMILY = "gdn"  # the replay kernels' family: one log-decay and one beta per value head and token
+HOST_FIELDS = ("checkpoint", "d", "k", "g", "write_pos", "cache_base", "is_flush")  # what ``state`` reads
 
 
 def gdn_inputs(call, dtype):
     """``(q, k, v, g, beta)`` of a session call in the gdn family's signature, NumPy in ``dtype`` (exact)."""
     fam = call.family_inputs(FAMILY)
-    return tuple(np.asarray(to_device(fam[n], dtype)) for n in ("q", "k", "v", "g", "beta"))
+    return tuple(host_cast(fam[n], dtype) for n in ("q", "k", "v", "g", "beta"))
 
 
 def encode(checkpoint, d, k, g, base, n):
@@ -74,6 +75,7 @@ class JaxReplayBackend:
         self.storage = (kernel.state_dtype, kernel.cache_dtype)  # (checkpoint, d and k caches)
         self.state_dtype = coarser(*self.storage)
         self.cache = None
+        self._host_of = self._host_arrays = None
         self.traffic = Traffic()
 
     def setup(self, slots, HV, H, K, V, window):
@@ -155,13 +157,21 @@ class JaxReplayBackend:
             self.traffic.written += r.length * self.entry_bytes + (self.checkpoint_bytes if flush else 0)
             self.traffic.tokens += r.length
 
+    def _host(self):
+        """The cache's arrays on the host, copied once per cache the kernel returned (``state`` reads many slots)."""
+        if self._host_of is not self.cache:
+            c = self.cache
+            self._host_of = c
+            self._host_arrays = {n: np.asarray(getattr(c, n)) for n in HOST_FIELDS}
+        return self._host_arrays
+
     def state(self, p, ahead):
-        c = self.cache
-        raw = [np.asarray(x[p]) for x in (c.checkpoint, c.d, c.k, c.g)]
+        c = self._host()
+        raw = [c[n][p] for n in ("checkpoint", "d", "k", "g")]
         if not self.windowed[p]:
             return encode(*raw, 0, self.decoded[p] % self.capacity + ahead)
-        wp, base = int(np.asarray(c.write_pos)[p]), int(np.asarray(c.cache_base)[p])
-        if self.verified[p] and int(np.asarray(c.is_flush)[p]):  # the window's flush folded the history already
+        wp, base = int(c["write_pos"][p]), int(c["cache_base"][p])
+        if self.verified[p] and int(c["is_flush"][p]):  # the window's flush folded the history already
             return encode(*raw, base + wp, ahead)
         return encode(*raw, base, wp + ahead)
 

@@ -30,11 +30,14 @@ CAUGHT_BY = {
     "read_before_decay": (ORACLE, "a decaying state", FAMILY_PROPERTIES),
     "sigmoid_twice": (ORACLE, "beta logits", FAMILY_PROPERTIES),
     "no_neg_eigval": (ORACLE, "beta logits with negative eigenvalues", FAMILY_PROPERTIES),
-    # the softplus gate's dt_bias: the recipe in the structure of the softplus gate's training-call recipe
-    "dt_bias_after_softplus": (f"{MODE_CALL} and softplus and not no_dt_bias and not T128 and not bf16",
-                               "the in-kernel softplus gate", FAMILY_PROPERTIES),
+    # the softplus gate's dt_bias: the recipe in the structure of the softplus gate's training-call recipe. A test
+    # id ends in "-<recipe>]" and holds the kernel's spec too (whose name says "softplus" or "bf16"), so each -k
+    # expression names the ids' recipe part ("_gate_softplus]"; "-gdn_bf16", "-kda_bf16", "bf16]"): the other
+    # recipes are not run.
+    "dt_bias_after_softplus": (f"{MODE_CALL} and _gate_softplus]", "the in-kernel softplus gate", FAMILY_PROPERTIES),
     # the cumulative decay in bf16: the bfloat16 goldens (GDN's hard resets, KDA's softplus gate)
-    "bf16_decay": (f"{GOLDEN} and bf16", "a bfloat16 call with a strong decay", FAMILY_GOLDENS),
+    "bf16_decay": (f"{GOLDEN} and (-gdn_bf16 or -kda_bf16 or bf16])", "a bfloat16 call with a strong decay",
+                   FAMILY_GOLDENS),
     # the gate on the zero tokens padding T to 64: the gated goldens are the hand-made ones (GVA in their names), each
     # with T % 64 != 0 (its final state is off)
     "padded_tail_gate": (f"{GOLDEN} and gva", "the in-kernel gate with T not a multiple of 64", FAMILY_GOLDENS),
