@@ -16,10 +16,13 @@ $(PY):
 # (fla-gdn2-chunk[interpret=1]). --no-deps keeps pip from resolving fla-core's and torch's own requirements
 # (a CUDA torch); their small pure-Python dependencies follow on the next line. sympy (autograd
 # imports it) caps mpmath < 1.4; sympy 1.14 runs with the mpmath 1.4 installed here (pip warns only).
+# ml_dtypes 0.6.0 (JAX asks for >= 0.5): 0.7.0's import takes 0.83 s here against 0.10 s, in every process that
+# imports JAX -- a third of a console command's start-up, and the suite starts hundreds of them
+# (docs/performance.md, "Start-up").
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps torch==2.13.0 sympy==1.14.0 fla-core==0.6.0 triton==3.9.0
+	$(PY) -m pip install -q --no-deps torch==2.13.0 sympy==1.14.0 fla-core==0.6.0 triton==3.9.0 ml_dtypes==0.6.0
 	$(PY) -m pip install -q filelock 'typing-extensions>=4.10' networkx jinja2 fsspec 'einops>=0.8'
 	touch $(STAMP)
 
