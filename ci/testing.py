@@ -4,8 +4,11 @@ recipe."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gdn2_oracle.kernels.triton_interpret import ENV as INTERPRET_ENV
 from gdn2_oracle.oracle import Recipe
 
 from .cli import main
@@ -77,6 +81,40 @@ def pytest_run(cwd, *args, timeout=600, env=None):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def once_per_run(tmp_path_factory, name, compute):
+    """``(compute(folder), folder)``: work done once per pytest run however xdist deals out the tests that use it (a
+    module's tests may go to both workers, and each would build its module fixtures). The first worker to get here
+    runs ``compute`` (its JSON result and any files it writes in ``folder``) under a lock in the run's shared
+    temporary folder; the others wait for it and read what it left. A ``compute`` that failed left nothing: the next
+    one tries again."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder: its workers' base folders are in it
+    folder, lock = root / f"once-{name}", root / f"once-{name}.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = folder / "result.json"
+        if done.is_file():
+            return json.loads(done.read_text(encoding="utf-8")), folder
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        result = compute(folder)
+        done.write_text(json.dumps(result), encoding="utf-8")
+        return result, folder
+
+
+def interpreted_script(script, spec, timeout):
+    """The JSON a script prints on its ``RESULT`` line, the script run as ``python -c SCRIPT SPEC`` (``spec`` as
+    JSON) in a fresh interpreter without ``TRITON_INTERPRET`` (a kernel factory must set Triton's interpreter up
+    itself, before Triton is imported). A failed run fails the caller with its output."""
+    env = {k: v for k, v in os.environ.items() if k != INTERPRET_ENV}
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 @functools.cache

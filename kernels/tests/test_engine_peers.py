@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import zipfile
 
 import ml_dtypes
@@ -24,11 +22,10 @@ import numpy as np
 import pytest
 
 from gdn2_oracle.ci.grading.grades import PASS
-from gdn2_oracle.ci.testing import console
+from gdn2_oracle.ci.testing import console, interpreted_script, once_per_run
 from gdn2_oracle.kernels import third_party
 from gdn2_oracle.kernels.engine_peers import PEERS
 from gdn2_oracle.kernels.tests.test_fla_family_peers import judged, make_case
-from gdn2_oracle.kernels.triton_interpret import ENV
 from gdn2_oracle.oracle import call_modes
 
 CASES = ("gva", "packed")
@@ -144,24 +141,24 @@ def _runs():
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    """``(findings, {key: results})`` of every engine kernel on its small calls, run in one subprocess."""
+    """``(findings, {key: results})`` of every engine kernel on its small calls, run in one subprocess once per pytest
+    run (ci.testing.once_per_run)."""
     wheels_or_skip()
-    root = tmp_path_factory.mktemp("engine_peers")
-    runs = {}
-    for i, (key, (name, case, bf16)) in enumerate(_runs().items()):
-        x, _, cu, _, _ = make_case(PEERS[name][3], case, seed=40 + i)
-        if bf16:  # the values the kernel sees: q, k, v, g, beta rounded to bfloat16
-            x = {n: (a if n == "initial_state" else np.asarray(a, ml_dtypes.bfloat16).astype(np.float64))
-                 for n, a in x.items()}
-        np.savez(root / f"in{i}.npz", **{n: np.asarray(a, np.float32) for n, a in x.items()})
-        runs[key] = dict(kernel=name, inputs=str(root / f"in{i}.npz"), out=str(root / f"out{i}.npz"), cu_seqlens=cu,
-                         bf16=bf16)
-    env = {k: v for k, v in os.environ.items() if k != ENV}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps({"runs": runs})], capture_output=True, text=True,
-                          env=env, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(lines[-1][len("RESULT "):]), {key: dict(np.load(run["out"])) for key, run in runs.items()}
+
+    def run(root):
+        runs = {}
+        for i, (key, (name, case, bf16)) in enumerate(_runs().items()):
+            x, _, cu, _, _ = make_case(PEERS[name][3], case, seed=40 + i)
+            if bf16:  # the values the kernel sees: q, k, v, g, beta rounded to bfloat16
+                x = {n: (a if n == "initial_state" else np.asarray(a, ml_dtypes.bfloat16).astype(np.float64))
+                     for n, a in x.items()}
+            np.savez(root / f"in{i}.npz", **{n: np.asarray(a, np.float32) for n, a in x.items()})
+            runs[key] = dict(kernel=name, inputs=str(root / f"in{i}.npz"), out=str(root / f"out{i}.npz"),
+                             cu_seqlens=cu, bf16=bf16)
+        return interpreted_script(SCRIPT, {"runs": runs}, timeout=900)
+
+    findings, root = once_per_run(tmp_path_factory, "engine_peers", run)
+    return findings, {key: dict(np.load(root / f"out{i}.npz")) for i, key in enumerate(_runs())}
 
 
 @pytest.mark.parametrize("key", list(_runs()))

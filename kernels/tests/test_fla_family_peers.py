@@ -20,10 +20,7 @@ one fails these tests with the reason, it does not skip them. In the release gro
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -32,6 +29,7 @@ from gdn2_oracle import kernels
 from gdn2_oracle.ci.grading.families import FamilyCase
 from gdn2_oracle.ci.grading.grades import PASS
 from gdn2_oracle.ci.grading.modes import compare
+from gdn2_oracle.ci.testing import interpreted_script, once_per_run
 from gdn2_oracle.kernels.triton_interpret import ENV
 from gdn2_oracle.oracle import families as oracle_families
 
@@ -165,27 +163,27 @@ def _runs():
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory):
-    """``(findings, {key: results}, judged results)`` of the interpreted peers, run in one subprocess."""
+    """``(findings, {key: results}, judged results)`` of the interpreted peers, run in one subprocess once per pytest
+    run (ci.testing.once_per_run)."""
     missing = [m for m in ("triton", "fla", "torch") if importlib.util.find_spec(m) is None]
     assert not missing, f"{missing} not installed: these tests need Triton, FLA and torch (make test installs them)"
-    root = tmp_path_factory.mktemp("fla_family_peers")
-    runs = {}
-    for i, (key, (peer, case)) in enumerate(_runs().items()):
-        family, forward_only = PEERS[peer]
-        x, flags, cu, do, dfs = make_case(family, case, seed=10 + i)
-        inputs = root / f"in{i}.npz"
-        np.savez(inputs, **{n: np.asarray(a, np.float32) for n, a in x.items()}, do=np.float32(do),
-                 dfs=np.float32(dfs))
-        runs[key] = dict(kernel=f"{peer}[interpret=1]", inputs=str(inputs), out=str(root / f"out{i}.npz"),
-                         flags=flags, cu_seqlens=cu, forward_only=forward_only)
-    spec = dict(runs=runs, judged=JUDGED, judged_out=str(root / "judged.npz"))
-    env = {k: v for k, v in os.environ.items() if k != ENV}  # the factory must set it itself
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(spec)], capture_output=True, text=True, env=env,
-                          timeout=1500)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    results = {key: dict(np.load(run["out"])) for key, run in runs.items()}
-    return json.loads(lines[-1][len("RESULT "):]), results, dict(np.load(spec["judged_out"]))
+
+    def run(root):
+        runs = {}
+        for i, (key, (peer, case)) in enumerate(_runs().items()):
+            family, forward_only = PEERS[peer]
+            x, flags, cu, do, dfs = make_case(family, case, seed=10 + i)
+            inputs = root / f"in{i}.npz"
+            np.savez(inputs, **{n: np.asarray(a, np.float32) for n, a in x.items()}, do=np.float32(do),
+                     dfs=np.float32(dfs))
+            runs[key] = dict(kernel=f"{peer}[interpret=1]", inputs=str(inputs), out=str(root / f"out{i}.npz"),
+                             flags=flags, cu_seqlens=cu, forward_only=forward_only)
+        spec = dict(runs=runs, judged=JUDGED, judged_out=str(root / "judged.npz"))
+        return interpreted_script(SCRIPT, spec, timeout=1500)
+
+    findings, root = once_per_run(tmp_path_factory, "fla_family_peers", run)
+    results = {key: dict(np.load(root / f"out{i}.npz")) for i, key in enumerate(_runs())}
+    return findings, results, dict(np.load(root / "judged.npz"))
 
 
 @pytest.mark.parametrize("key", list(_runs()))

@@ -12,9 +12,7 @@ Small problems only: the interpreter runs the kernels as NumPy, program by progr
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
 import sys
 import types
 
@@ -22,6 +20,7 @@ import pytest
 
 from gdn2_oracle import kernels
 from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION
+from gdn2_oracle.ci.testing import interpreted_script, once_per_run
 from gdn2_oracle.kernels import triton_interpret
 from gdn2_oracle.kernels.triton_interpret import ENV, LoopIndex
 
@@ -88,16 +87,12 @@ def _triton_installed():
 
 
 @pytest.fixture(scope="module")
-def interpreted():
-    """The subprocess's findings: grades of the interpreted kernels, the bf16 refusal, the compiled name's."""
+def interpreted(tmp_path_factory):
+    """The subprocess's findings: grades of the interpreted kernels, the bf16 refusal, the compiled name's (one run
+    per pytest run: ci.testing.once_per_run)."""
     assert _triton_installed(), f"Triton is not installed: these tests need it; {INSTALL}"
     spec = {"gdn2": GDN2, "kda": KDA, "golden": GOLDEN, "generated": GENERATED, "kda_golden": KDA_GOLDEN}
-    env = {k: v for k, v in os.environ.items() if k != ENV}  # the factory must set it itself
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(spec)], capture_output=True, text=True,
-                          env=env, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return once_per_run(tmp_path_factory, "fla_interpret", lambda _: interpreted_script(SCRIPT, spec, 900))[0]
 
 
 def test_triton_is_installed():

@@ -16,10 +16,6 @@ cases of ``oracle/mode_recipes.py``:
 from __future__ import annotations
 
 import inspect
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -31,8 +27,8 @@ torch = pytest.importorskip("torch")
 from gdn2_oracle.ci.grading.grades import FAIL, PASS, PRECISION  # noqa: E402 - after importorskip
 from gdn2_oracle.ci.grading.modes import MODES, ModeCase  # noqa: E402 - after importorskip
 from gdn2_oracle.ci.running import modes as running  # noqa: E402 - after importorskip
+from gdn2_oracle.ci.testing import interpreted_script, once_per_run  # noqa: E402 - after importorskip
 from gdn2_oracle.kernels.torch_bridge import MODE_KEYWORDS, TorchKernel  # noqa: E402 - after importorskip
-from gdn2_oracle.kernels.triton_interpret import ENV  # noqa: E402 - after importorskip
 
 C = 64  # the chunk the states at chunk starts are taken at (a TorchKernel has no chunk_size: FLA's 64)
 EPS = 1e-6  # FLA's l2norm eps, added in float32 inside the square root
@@ -268,20 +264,16 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def interpreted():
-    """Grades of the interpreted FLA chunk kernel on the mode recipes (one subprocess)."""
+def interpreted(tmp_path_factory):
+    """Grades of the interpreted FLA chunk kernel on the mode recipes (one subprocess, once per pytest run:
+    ci.testing.once_per_run)."""
     pytest.importorskip("gdn2_oracle.kernels.fla_peers")
     import importlib.util
 
     if importlib.util.find_spec("triton") is None or importlib.util.find_spec("fla") is None:
         pytest.fail("Triton and FLA are needed (make test installs them)")
-    env = {k: v for k, v in os.environ.items() if k != ENV}
     spec = {"kernel": FLA, "recipes": FLA_RECIPES}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(spec)], capture_output=True, text=True,
-                          env=env, timeout=1200)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return once_per_run(tmp_path_factory, "torch_modes", lambda _: interpreted_script(SCRIPT, spec, 1200))[0]
 
 
 def test_interpreted_fla_chunk_accepts_every_mode(interpreted):
