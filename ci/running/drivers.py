@@ -89,6 +89,7 @@ class ReplayDriver:
         self.replay_storage = getattr(backend, "storage", None)  # (checkpoint dtype, cache dtype)
         self.family = backend.family
         self.slots = None
+        self.held = 0  # replay slots the backend holds (start)
 
     @property
     def traffic(self):
@@ -100,10 +101,13 @@ class ReplayDriver:
         P, HV, K, V = self.slots.pool.shape
         calls = session.calls
         window = max((c.state_indices.shape[1] for c in calls if np.ndim(c.state_indices) == 2), default=0)
-        self.backend.setup(replay_slots(session), HV, calls[0].q.shape[2], K, V, window)
+        self.held = replay_slots(session)
+        self.backend.setup(self.held, HV, calls[0].q.shape[2], K, V, window)
         return self.slots.pool.copy()
 
     def step(self, call, dtype):
         plan = self.slots.plan(call, self.backend.state)
+        if self.slots.slots > self.held:  # a kernel would clamp the slot id and read or write another slot
+            raise RuntimeError(f"replay slots: the slot map uses {self.slots.slots}, the backend holds {self.held}")
         o = self.backend.run(plan, call, dtype)
         return o, self.slots.finish(self.backend.state)

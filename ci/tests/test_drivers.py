@@ -90,7 +90,8 @@ def test_a_users_driver_is_judged_like_any_kernel():
 @pytest.mark.parametrize("capacity", [1, 6, 16])
 def test_replay_kernel_passes_every_gdn_session(capacity):
     """Rings of 1 (every token a flush), 6 (the smallest that holds two windows of 3: flushes and circular wraps in
-    the long sessions) and 16; a window of 4 needs 8, so the 4-draft session runs with the rings that hold it."""
+    the long sessions) and 16; a window of 4 needs 8, so the 4-draft session runs with the rings that hold it. The
+    backend holds as many replay slots as the session uses, and not one fewer (a kernel would clamp the slot id)."""
     fn = kernels.get(f"replay-recurrent[capacity={capacity}]")
     driver = running.driver(fn)
     assert isinstance(driver, ReplayDriver) and driver.replay_capacity == capacity
@@ -100,8 +101,22 @@ def test_replay_kernel_passes_every_gdn_session(capacity):
             with pytest.raises(ValueError, match="capacity"):
                 running.run_session(fn, session)
             continue
-        report = running.run_session(fn, session)
+        d = running.driver(fn)
+        report = running.run_session(d, session)
         assert report.passed and all(v.grade == PASS for v in report.verdicts), (session.name, str(report))
+        # the backend holds exactly the replay slots the session used (drivers.replay_slots, its plans run ahead)
+        assert d.held == d.slots.slots, (session.name, d.held, d.slots.slots)
+
+
+def test_a_backend_holding_too_few_replay_slots_is_refused(monkeypatch):
+    """Were the slot count run ahead ever short, the call that needs one more slot stops the session with the reason
+    instead of letting the kernel clamp the slot id onto another sequence's slot."""
+    from gdn2_oracle.ci.running import drivers
+
+    session = next(s for s in _sessions() if drivers.replay_slots(s) > 2)
+    monkeypatch.setattr(drivers, "replay_slots", lambda s: 2)
+    with pytest.raises(RuntimeError, match=r"replay slots: the slot map uses \d+, the backend holds 2"):
+        running.run_session(kernels.get("replay-recurrent"), session)
 
 
 def test_bf16_storage_is_graded_by_its_stored_state_bound():
