@@ -102,8 +102,7 @@ test-release: $(STAMP) $(PEER_STAMP)
 	$(PYTEST) -m release $(PYTEST_ARGS)
 
 # Both groups in one pytest run (what .ci/run runs): one start-up and one tail instead of two, and the release
-# group's heavy modules (each worker's slice of the collection begins with its share of them, conftest.py) overlap
-# the short tests.
+# group's minutes-long tests (sorted first, conftest.py) overlap the short ones on the other worker.
 test-all: $(STAMP) $(PEER_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PYTEST) $(PYTEST_ARGS)

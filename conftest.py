@@ -60,48 +60,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "release: the release group (make test-release; conftest.py says which)")
 
 
-@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark the release group (tests marked slow and those :data:`RELEASE` matches) before ``-m`` selects; then, once
-    every other plugin has selected, deal the tests out to the workers (:func:`dealt`)."""
+    """Mark the release group: tests marked slow and those :data:`RELEASE` matches. Then the modules with a test
+    marked slow go first (otherwise in collection order, a module's tests together for its fixtures): a run on several
+    workers starts its minutes-long tests while the short ones can still fill the other workers, instead of ending
+    on one of them alone."""
     for item in items:
         if item.get_closest_marker("slow") or any(fnmatch(item.nodeid, p) for p in RELEASE):
             item.add_marker(pytest.mark.release)
-    yield
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    items[:] = dealt(items, workers)
-
-
-def dealt(items, workers):
-    """The tests in the order that gives each of ``workers`` workers its share of the heavy modules first.
-
-    pytest-xdist's ``worksteal`` hands worker i the i-th of ``workers`` contiguous, equal slices of the collection
-    and then lets an idle worker take half of a busy one's queue from its end. A heavy module (one with a test of the
-    release group: minutes-long runs, interpreters, many processes) placed first in the collection all went to the
-    first worker, which then ran them one after another: in a fresh-clone ``.ci/run`` the family plugin runs started
-    24 minutes in and ended the run alone. So the heavy modules are split between the slices, the most release
-    tests first, each to the slice with the fewest so far, and each slice begins with its heavy modules; the other
-    modules fill the slices in collection order. A module's tests stay together (for its fixtures). One worker: the
-    heavy modules first, as they were."""
-    modules = {}
-    for item in items:
-        modules.setdefault(item.path, []).append(item)
-    weight = {path: sum(1 for i in tests if i.get_closest_marker("release")) for path, tests in modules.items()}
-    heavy = sorted((p for p in modules if weight[p]), key=lambda p: -weight[p])
-    light = [t for p, tests in modules.items() if not weight[p] for t in tests]
-    if workers <= 1:
-        return [t for p in heavy for t in modules[p]] + light
-    shares, load = [[] for _ in range(workers)], [0] * workers
-    for p in heavy:
-        i = load.index(min(load))
-        shares[i] += modules[p]
-        load[i] += weight[p]
-    out, size = [], len(items) // workers  # worksteal's slices: len // workers each, the last one the remainder
-    for i, share in enumerate(shares):
-        fill = len(light) if i == workers - 1 else max(0, size - len(share))
-        out += share + light[:fill]
-        light = light[fill:]
-    return out
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_modules)
 
 
 def pytest_runtest_teardown(item):
