@@ -36,9 +36,10 @@ def cli(capsys):
     return run
 
 
-# The console script of the environment under test, and the variables of this session that never reach it.
+# The console script of the environment under test, and the variables of this session that never reach it
+# (TRITON_INTERPRET: a test that ran an interpreted kernel in this process set it, and it cannot be unset there).
 CONSOLE_SCRIPT = Path(sys.executable).with_name("gdn2-oracle")
-DROPPED = ("GDN2_", "PYTEST_", "JAX_", "XLA_")
+DROPPED = ("GDN2_", "PYTEST_", "JAX_", "XLA_", INTERPRET_ENV)
 
 
 SHARED_COMPILE_CACHE = "GDN2_TEST_COMPILE_CACHE"  # make test: one folder for the commands the tests start
@@ -73,11 +74,11 @@ def console(tmp_path, *argv, timeout=600, **env):
 
 
 def pytest_run(cwd, *args, timeout=600, env=None):
-    """``(exit code, stdout + stderr)`` of ``pytest ARGS`` run from ``cwd`` in a fresh interpreter, without
-    this session's ``PYTEST_*`` and ``GDN2_*`` environment (as a kernel author runs it from their repository) but
-    its ``GDN2_REFERENCE_CACHE`` (where a cache may be written), plus ``env``."""
+    """``(exit code, stdout + stderr)`` of ``pytest ARGS`` run from ``cwd`` in a fresh interpreter, without this
+    session's ``PYTEST_*``, ``GDN2_*`` and ``TRITON_INTERPRET`` environment (as a kernel author runs it from their
+    repository) but its ``GDN2_REFERENCE_CACHE`` (where a cache may be written), plus ``env``."""
     env = {**{k: v for k, v in os.environ.items()
-              if not k.startswith(("PYTEST_", "GDN2_")) or k == "GDN2_REFERENCE_CACHE"}, **(env or {})}
+              if not k.startswith(("PYTEST_", "GDN2_", INTERPRET_ENV)) or k == "GDN2_REFERENCE_CACHE"}, **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
