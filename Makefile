@@ -69,7 +69,8 @@ CRASH_RERUN := --reruns 1 --only-rerun '^$$never a test message$$'
 # tolerances, and every run a test compares (two calls, a cache's two runs) compiles alike. The judging commands
 # (validate, domain, hunt) add the same flags (ci/running/xla_cpu.py FLAGS; a test keeps the two lists equal) in their
 # own process unless GDN2_XLA_CPU=default, so the console runs the tests start compile alike too. The CPU backend's
-# fusion emitters are off as well (XLA's older elemental emitter instead): a family kernel's forward and VJP compiles in 0.4 s instead of 1.5 s at level 0, and its results
+# fusion emitters are off as well (XLA's older elemental emitter instead): a family kernel's forward and VJP
+# compiles in 0.4 s instead of 1.5 s at level 0, and its results
 # are bit-identical to level 0's (o, final state and the six gradients of gdn- and kda-factorized, measured);
 # `validate --kernel gdn-factorized --cases golden`, cold: 49 s -> 28 s, side by side.
 TEST_XLA_FLAGS := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false

@@ -106,13 +106,18 @@ def once_per_run(tmp_path_factory, name, compute):
         return result, folder
 
 
+def without_interpreter_env():
+    """This process's environment without ``TRITON_INTERPRET``, for a Python process a test starts that must set
+    Triton's interpreter up itself (an earlier test of this worker may have set it for good)."""
+    return {k: v for k, v in os.environ.items() if k != INTERPRET_ENV}
+
+
 def interpreted_script(script, spec, timeout):
     """The JSON a script prints on its ``RESULT`` line, the script run as ``python -c SCRIPT SPEC`` (``spec`` as
     JSON) in a fresh interpreter without ``TRITON_INTERPRET`` (a kernel factory must set Triton's interpreter up
     itself, before Triton is imported). A failed run fails the caller with its output."""
-    env = {k: v for k, v in os.environ.items() if k != INTERPRET_ENV}
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], capture_output=True, text=True,
+                          env=without_interpreter_env(), timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads(lines[-1][len("RESULT "):])

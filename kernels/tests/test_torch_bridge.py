@@ -8,7 +8,6 @@ right and wrong, are in ``gdn2_oracle.kernels.testing_torch``.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 
@@ -18,9 +17,9 @@ import torch  # the test environment installs it (Makefile): these tests never s
 
 from gdn2_oracle import golden, kernels
 from gdn2_oracle.ci.running import harness
+from gdn2_oracle.ci.testing import without_interpreter_env
 from gdn2_oracle.kernels import torch_bridge
 from gdn2_oracle.kernels.torch_bridge import TorchContractError
-from gdn2_oracle.kernels.triton_interpret import ENV as INTERPRET_ENV
 from gdn2_oracle.oracle import RESULTS, Recipe
 
 T = "torch:gdn2_oracle.kernels.testing_torch"
@@ -410,9 +409,8 @@ def test_interpret_on_a_torch_spec_is_tritons_interpreter_before_or_after_triton
     and in one where FLA and Triton were imported (compiled) before: the same bits, matching the family oracle, and
     the note says which."""
     outs = {}
-    # not this worker's TRITON_INTERPRET: an earlier test of this process that ran an interpreted kernel set it, and
-    # a process that inherits it imports Triton interpreted from the start (nothing would be switched)
-    env = {k: v for k, v in os.environ.items() if k != INTERPRET_ENV}
+    # not this worker's TRITON_INTERPRET: a process that inherits it imports Triton interpreted from the start
+    env = without_interpreter_env()
     for order in ("before", "after"):
         proc = subprocess.run([sys.executable, "-c", _INTERPRETED_RUN, order, tmp_path / f"{order}.npy",
                                INTERPRETED_FLA], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
