@@ -130,6 +130,7 @@ def supervise(run, argv):
                 if data:
                     run.take(data)
                     continue
+                break  # EOF: every write end is closed (the child said its exit, or died), nothing more can come
             if run.child.poll() is not None:
                 break
         os.set_blocking(read, False)
