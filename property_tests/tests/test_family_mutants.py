@@ -10,9 +10,12 @@ Each test runs pytest in a subprocess from a temporary directory outside the rep
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 import pytest
 
-from gdn2_oracle.ci.testing import pytest_run
+from gdn2_oracle.ci.testing import once_per_run, pytest_run
 from gdn2_oracle.kernels.testing_families import MUTANTS
 
 SUITE = "gdn2_oracle.property_tests"
@@ -73,37 +76,80 @@ def _mutant_params(caught_by):
             yield pytest.param(family, name, marks=marks, id=f"{family}_{name}")
 
 
-def _failed(tmp_path, module, spec, prop):
-    """``(exit code, the FAILED lines, output)`` of the plugin's property ``prop`` of ``module`` on kernel ``spec``."""
-    code, out = pytest_run(tmp_path, "--pyargs", module, "--gdn2-kernel", spec, "-k", prop, "-q")
-    return code, [line for line in out.splitlines() if line.startswith("FAILED")], out
+def _spec(family, name):
+    return f"gdn2_oracle.kernels.testing_families:{family}_{name}"
+
+
+def _batch(request, tmp_path_factory, module, clause):
+    """``(exit code, output, specs)`` of one plugin run of ``module`` on the mutants of the selected tests of this
+    test's function that ``module`` judges (``specs``), each on its own property (``clause(name)``, one ``-k`` clause
+    with its spec's name): one pytest start-up and collection for them all, once per pytest run."""
+    test = request.node.originalname
+    mutants = sorted({(i.callspec.params["family"], i.callspec.params["name"]) for i in request.session.items
+                      if getattr(i, "originalname", None) == test and i.module is request.module})
+    mutants = [(family, name) for family, name in mutants if _module(test, name) == module]
+    specs = [_spec(family, name) for family, name in mutants]
+    chosen = " or ".join(f"({clause(name)} and {family}_{name})" for family, name in mutants)
+    key = hashlib.sha256(f"{module}|{','.join(specs)}|{chosen}".encode()).hexdigest()[:16]
+
+    def run(folder):
+        return pytest_run(folder, "--pyargs", module, "--gdn2-kernel", ",".join(specs), "-k", chosen, "-q",
+                          timeout=1800)
+
+    (code, out), _ = once_per_run(tmp_path_factory, f"family-mutants-{key}", run)
+    return code, out, specs
+
+
+def _module(test, name):
+    """The property module that ``test`` runs on mutant ``name``."""
+    return FAMILY_LENS if test == "test_the_family_lens_fails_the_family_mutant" else CAUGHT_BY[name][2]
+
+
+def _id_of(spec):
+    """A pattern of ``spec``'s test ids: the spec, then the id's end or its recipe part."""
+    return re.escape(spec) + r"[\]-]"
+
+
+def _judged(code, out, specs, spec):
+    """The FAILED lines of ``spec`` in a batched run's output ``out`` and the failure sections of its tests; the run
+    failed (exit 1) and only on the batch's mutants."""
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert code == 1 and all(any(re.search(_id_of(s), line) for s in specs) for line in failed), out
+    body = re.split(r"^=+ short test summary info =+$", out, flags=re.M)[0]
+    parts = re.split(r"^_+ (\S+) _+$", body, flags=re.M)  # a long id gets one underscore each side
+    sections = [head + "\n" + text for head, text in zip(parts[1::2], parts[2::2]) if re.search(_id_of(spec), head)]
+    return [line for line in failed if re.search(_id_of(spec), line)], "\n".join(sections)
 
 
 @pytest.mark.parametrize("family,name", list(_mutant_params(CAUGHT_BY)))
-def test_the_plugin_fails_the_family_mutant(tmp_path, family, name, record_property):
+def test_the_plugin_fails_the_family_mutant(request, tmp_path_factory, family, name, record_property):
     """``pytest --pyargs gdn2_oracle.property_tests.<module> --gdn2-kernel gdn2_oracle.kernels.testing_families:
     <family>_<mutant>``: the property that reaches the bug fails (graded FAIL, with the recipe and a reproduction, or
-    the golden's name); the mutant's family is its attribute, so the spec needs no option."""
-    spec = f"gdn2_oracle.kernels.testing_families:{family}_{name}"
+    the golden's name); the mutant's family is its attribute, so the spec needs no option. The selected mutants of one
+    module share one plugin run (``_batch``), each judged on its own property's tests and failure sections."""
+    spec = _spec(family, name)
     prop, reached_by, module = CAUGHT_BY[name]
-    code, failed, out = _failed(tmp_path, module, spec, prop)
+    failed, section = _judged(*_batch(request, tmp_path_factory, module, lambda n: CAUGHT_BY[n][0]), spec)
     record_property("family_mutant", {"property": prop, "reached_by": reached_by, "failed": failed})
-    assert code == 1 and failed and all(spec in line for line in failed), out
+    function = prop.split(" and ")[0]
+    assert failed and all(f"::{function}[" in line for line in failed), failed
     if module == FAMILY_GOLDENS:
-        assert "graded FAIL" in out and f"on family golden '{family}_" in out, out
+        assert "graded FAIL" in section and f"on family golden '{family}_" in section, section
     else:
-        assert "graded FAIL" in out and f"FamilyRecipe(family={family!r}" in out and "reproduce: python -c" in out, out
+        assert ("graded FAIL" in section and f"FamilyRecipe(family={family!r}" in section
+                and "reproduce: python -c" in section), section
 
 
 @pytest.mark.parametrize("family,name", list(_mutant_params(LENS_CAUGHT_BY)))
-def test_the_family_lens_fails_the_family_mutant(tmp_path, family, name):
+def test_the_family_lens_fails_the_family_mutant(request, tmp_path_factory, family, name):
     """The GDN-2 properties through the family lens catch a head-map mutant too: each listed property fails it, graded
     FAIL against the kernel's own results on the transformed call, with the recipe and a reproduction."""
-    spec = f"gdn2_oracle.kernels.testing_families:{family}_{name}"
-    code, failed, out = _failed(tmp_path, FAMILY_LENS, spec, LENS_CAUGHT_BY[name])
+    spec = _spec(family, name)
+    failed, section = _judged(*_batch(request, tmp_path_factory, FAMILY_LENS, lambda n: f"({LENS_CAUGHT_BY[n]})"),
+                              spec)
     props = LENS_CAUGHT_BY[name].split(" or ")
-    assert code == 1 and all(any(f"::{p}[" in line for line in failed) for p in props), out
-    assert "graded FAIL" in out and "(tight agreement)" in out and "reproduce: python -c" in out, out
+    assert all(any(f"::{p}[" in line for line in failed) for p in props), failed
+    assert "graded FAIL" in section and "(tight agreement)" in section and "reproduce: python -c" in section, section
 
 
 @pytest.mark.slow
