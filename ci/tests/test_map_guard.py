@@ -31,15 +31,43 @@ def test_relieve_gives_back_the_mappings_of_compiled_programs():
     assert _compile_programs(8) > 8  # each program maps its code and data
     held = map_guard.mappings()
     fraction = 0.5 * held / map_guard.limit()  # this process is above it
-    assert map_guard.relieve(fraction) and map_guard.mappings() < held
+    assert map_guard.relieve(fraction, every=0) and map_guard.mappings() < held
 
 
 def test_relieve_leaves_the_caches_below_the_fraction():
     _compile_programs(2)
     held = map_guard.mappings()
-    assert not map_guard.relieve(1.0) and map_guard.mappings() >= held - 8  # nothing cleared (a few maps may come, go)
+    # nothing cleared (a few maps may come, go)
+    assert not map_guard.relieve(1.0, every=0) and map_guard.mappings() >= held - 8
 
 
 def test_a_bad_fraction_names_the_argument():
     with pytest.raises(ValueError, match="fraction"):
         map_guard.relieve(0)
+
+
+@pytest.mark.parametrize("every", [-1, 1.5])
+def test_a_bad_count_of_programs_names_the_argument(every):
+    with pytest.raises(ValueError, match="every"):
+        map_guard.relieve(every=every)
+
+
+def test_the_mappings_are_counted_again_only_after_every_programs(monkeypatch):
+    """Between two counts ``every`` programs are built (JAX's backend-compile event): a process above the fraction is
+    relieved at once, then not counted again until three more programs exist, then relieved again."""
+    counted = []
+    count = map_guard.mappings
+    monkeypatch.setattr(map_guard, "mappings", lambda: counted.append(1) or 10 ** 9)  # always above the fraction
+    map_guard.relieve(every=0)  # a count now, whatever came before in this process
+    assert len(counted) == 1
+    with monkeypatch.context() as m:
+        m.setattr(map_guard, "mappings", count)
+        _compile_programs(2)
+    assert not map_guard.relieve(every=3) and len(counted) == 1  # two programs since: not counted
+    with monkeypatch.context() as m:
+        m.setattr(map_guard, "mappings", count)
+        _compile_programs(1)
+    assert map_guard.relieve(every=3) and len(counted) == 2  # the third: counted, and cleared
+    for _ in range(map_guard.CALLS):  # no program built: counted again only after CALLS calls
+        assert not map_guard.relieve(every=3)
+    assert len(counted) == 2 and map_guard.relieve(every=3) and len(counted) == 3
