@@ -266,16 +266,10 @@ def test_ctrl_c_stops_a_torch_kernel_hung_in_its_callback_with_the_partial_repor
     watchdog sees the signal the main thread cannot take, reports what was finished and exits 130."""
     proc = _validate_hanging(tmp_path, "torch:hanging_kernels:torch_hangs[output_final_state=True]",
                              "--case-timeout", "0")
-    try:
-        time.sleep(25)  # past the first cases and into the hung callback
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:  # it ignored the signal: never leave a kernel looping after the test
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130, out + err
+    sent = []
+    status, out, err = _signal_at(proc, "gdn2-test: hanging", signal.SIGINT, sent=sent)  # in the hung callback
+    assert status == 130, out + err
+    t0 = sent[0]
     assert time.monotonic() - t0 < 30 and "the kernel call in progress did not stop" in err, err
     assert json.loads((tmp_path / "v.json").read_text())["interrupted"] is True
 
@@ -426,13 +420,16 @@ time.sleep(60)
 """
 
 
-def _signal_at(proc, marker, sig, timeout=240):
-    """Send ``sig`` to ``proc`` once a line of its stderr contains ``marker``; ``(exit status, stdout, stderr)``."""
+def _signal_at(proc, marker, sig, timeout=240, sent=None):
+    """Send ``sig`` to ``proc`` once a line of its stderr contains ``marker``; ``(exit status, stdout, stderr)``.
+    ``sent``: a list the time of the signal is appended to (``time.monotonic``)."""
     lines, deadline = [], time.monotonic() + timeout
     try:
         for line in proc.stderr:
             lines.append(line)
             if marker in line:
+                if sent is not None:
+                    sent.append(time.monotonic())
                 proc.send_signal(sig)
                 break
             assert time.monotonic() < deadline, "".join(lines)
