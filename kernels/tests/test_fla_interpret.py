@@ -11,6 +11,7 @@ Small problems only: the interpreter runs the kernels as NumPy, program by progr
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import os
 import sys
@@ -186,3 +187,14 @@ def test_loop_index_shim_changes_nothing_but_adds_to():
     assert type(i * 64) is int and type(i + 1) is int and list(range(i)) == [0, 1, 2, 3, 4]
     items = list(triton_interpret._loop_indices([0, 3, True, "x"]))
     assert [type(x) for x in items] == [LoopIndex, LoopIndex, bool, str] and items == [0, 3, True, "x"]
+
+
+def test_autotuner_shim_keeps_the_config_with_the_largest_blocks():
+    """Shim 1: the first config whose integer meta-parameters have the largest product; launch settings and flags
+    (``num_warps``, a bool) do not count; no config left, none kept."""
+    config = collections.namedtuple("Config", "kwargs num_warps")
+    heads = [config({"BH": 1}, 1), config({"BH": 8}, 1), config({"BH": 8}, 4), config({"BH": 2}, 8)]
+    assert triton_interpret.largest_blocks(heads) == [heads[1]]
+    tiles = [config({"BK": 32, "BV": 16, "USE_G": True}, 8), config({"BK": 16, "BV": 64}, 1)]
+    assert triton_interpret.largest_blocks(tiles) == [tiles[1]]
+    assert triton_interpret.largest_blocks(iter(tiles[:1])) == tiles[:1] and triton_interpret.largest_blocks([]) == []
