@@ -15,8 +15,9 @@ compiler, a few seconds for a small problem. It is how a kernel author runs FLA'
   (:func:`interpret_loaded`: each gets the interpreter's methods, which Triton's knobs read at call time as
   well), so a kernel loaded before gives bit for bit what it gives when the variable was set first. The
   variable stays set for the process: every Triton kernel decorated afterwards is interpreted too.
-* **Two shims** (:func:`install_shims`), each a workaround for the interpreter, not for the kernel:
-  :func:`_largest_blocks_when_interpreting` (the autotuner) and :func:`_loop_indices` (loop indices).
+* **Three shims** (:func:`install_shims`), each a workaround for the interpreter, not for the kernel:
+  :func:`_largest_blocks_when_interpreting` (the autotuner), :func:`_loop_indices` (loop indices) and
+  :func:`_one_launch_at_a_time` (launches from two threads).
 * **float32 only** (:data:`BF16_DOT_NOTE`): the interpreter's ``tl.dot`` on bfloat16 operands is wrong.
 
 Nothing here imports Triton at module import; the functions do, when asked.
@@ -31,6 +32,7 @@ import importlib.util
 import math
 import os
 import sys
+import threading
 
 ENV = "TRITON_INTERPRET"
 TRITON_PIN = "triton==3.9.0"  # the version these shims were written and checked against
@@ -231,8 +233,34 @@ def _with_loop_helper(compile_and_exec):
     return run
 
 
+# --- shim 3: one interpreted launch at a time ------------------------------------------------------------
+
+_LAUNCH = threading.RLock()
+
+
+def _one_launch_at_a_time(call):
+    """Shim 3, for ``triton.runtime.interpreter.GridExecutor.__call__`` (triton 3.9.0).
+
+    Works around: the interpreter keeps a launch's state in globals (the grid and program index in
+    ``interpreter_builder``, ``triton.language``'s builtins re-bound to itself and restored when the launch ends),
+    so two launches in two threads corrupt each other: "ValueError('x >= grid_dim[0]')", or "Did you forget to add
+    @triton.jit ?" once the other launch restored the builtins. validate traces the next case on a lookahead
+    thread (ci/running/ahead.py), and tracing a torch kernel runs it once on zeros (kernels/torch_bridge.py's
+    probe) while the main thread runs the current case: 45 of 49 cases of ``validate --kernel
+    'fla-gdn2-chunk[interpret=1]' --cases quick`` ended in those errors. Each launch now holds one process-wide lock
+    (reentrant); launches never waited on each other before either, as the interpreter runs on the host's GIL.
+    """
+
+    def run(self, *args, **kwargs):
+        with _LAUNCH:
+            return call(self, *args, **kwargs)
+
+    run.__wrapped__ = call
+    return run
+
+
 def install_shims():
-    """Install both shims into the imported Triton (idempotent). Triton must be imported in interpreter mode."""
+    """Install the three shims into the imported Triton (idempotent). Triton must be imported in interpreter mode."""
     from triton.runtime import autotuner, interpreter
 
     if getattr(autotuner.Autotuner.prune_configs, "__wrapped__", None) is None:
@@ -243,3 +271,5 @@ def install_shims():
         rewriter._compile_and_exec = _with_loop_helper(rewriter._compile_and_exec)
         # A kernel rewritten before shim 2 was installed would keep its unshimmed code.
         interpreter.InterpretedFunction.rewritten_fn.clear()
+    if getattr(interpreter.GridExecutor.__call__, "__wrapped__", None) is None:
+        interpreter.GridExecutor.__call__ = _one_launch_at_a_time(interpreter.GridExecutor.__call__)
