@@ -44,7 +44,7 @@ kernel's arithmetic):
   for ``tl.exp`` itself.
 
 Triton interpreter fixes (:func:`install_interpreter_fixes`, on top of kernels/triton_interpret.py's shims: the
-first autotune config, loop indices with ``.to``), installed when an engine loads:
+largest-block autotune config, loop indices with ``.to``, one launch at a time), installed when an engine loads:
 
 * masked load / store take the mask as bool: the interpreter makes ``bool_vector & (int_scalar < constexpr)`` an
   int32 mask (a scalar comparison comes back as an integer, and ``&`` keeps the wider type), which its ``load``
