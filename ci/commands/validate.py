@@ -409,14 +409,16 @@ COMPILED_CORE_SECONDS = {  # (a program cold, a call cold, a call warm)
 # A kernel run in an interpreter (Triton's, for FLA's and the engines' Triton kernels; Pallas's interpret=1), or a
 # torch kernel (no XLA program of its own), compiles nothing: its call costs grow with the problem, seconds per
 # token-head (B * T * HV over the case's calls; the oracle, grading and start-up included) on one core, by the
-# kernel's kind (:func:`interpreted_kind`), warm or cold alike. Fitted as whole-run wall / the run's token-heads to cold
-# smoke float32 runs (10,432 token-heads; 7,568 for vllm-gdn-chunk, 12,832 for fla-gdn-naive-recurrent in both dtypes)
-# on this repository's 2-core CPU host, the geometric mean where two were measured (ci/benchmarks/bench_estimates.py;
-# under load average ~7-9, niced, and the earlier runs a session reported): fla-gdn-chunk[interpret=1] 131 s and
-# 207 s, fla-gdn-fused-recurrent[interpret=1] 139 s, fla-kda-chunk[interpret=1,signature=kda] 1,199 s and 532 s,
-# vllm-gdn-chunk 59.5 s (forward only), fla-gdn-naive-recurrent 29.3 s (docs/performance.md#the-estimate-line).
-INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0158, "chunk-forward": 0.0079, "recurrent": 0.0133,
-                                      "kda-chunk": 0.0766, "torch": 0.0023}
+# kernel's kind (:func:`interpreted_kind`), warm or cold alike. Fitted as (whole-run wall - START_SECONDS) / the run's
+# token-heads to cold float32 runs (ci/benchmarks/bench_estimates.py) on this repository's 2-core CPU host, otherwise
+# idle, 2026-12-07 (Triton's interpreter with the largest-block autotune config and one launch at a time,
+# kernels/triton_interpret.py), the geometric mean where two were measured: fla-gdn-chunk[interpret=1] smoke 67.5 s
+# (10,432 token-heads) and quick 175 s (27,175); fla-gdn-fused-recurrent[interpret=1] smoke 78.5 s;
+# fla-kda-chunk[interpret=1] smoke 243.6 s; fla-gdn2-chunk[interpret=1] smoke 142.5 s (1,784) and quick 414 s (6,283).
+# Not refitted (an earlier fit, under load average ~7-9): vllm-gdn-chunk 59.5 s (forward only, 7,568 token-heads),
+# fla-gdn-naive-recurrent 29.3 s (torch, 12,832) (docs/performance.md#the-estimate-line).
+INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0062, "chunk-forward": 0.0079, "recurrent": 0.0071,
+                                      "kda-chunk": 0.0230, "gdn2-chunk": 0.0712, "torch": 0.0023}
 
 
 def interpreted_kind(spec, fn):
@@ -429,6 +431,8 @@ def interpreted_kind(spec, fn):
         return "recurrent"
     if "kda" in spec.name:
         return "kda-chunk"
+    if "gdn2" in spec.name:
+        return "gdn2-chunk"
     return "chunk-forward" if getattr(fn, "no_backward", None) else "chunk"
 
 
