@@ -161,11 +161,11 @@ def alive(pid):
         return False
 
 
-def interrupt_after(argv, ready, *, sig=signal.SIGINT, timeout=120):
-    """Run ``python -m argv``; once a stderr line contains ``ready``, send ``sig``. Returns
-    ``(returncode, stdout, stderr, child pids it had when signalled)``."""
+def interrupt_after(argv, ready, *, sig=signal.SIGINT, timeout=120, cwd=None):
+    """Run ``python -m argv`` (from ``cwd``: its modules importable); once a stderr line contains ``ready``, send
+    ``sig``. Returns ``(returncode, stdout, stderr, child pids it had when signalled)``."""
     proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, cwd=cwd)
     lines, kids, deadline = [], [], time.monotonic() + timeout
     try:
         for line in proc.stderr:

@@ -220,9 +220,9 @@ def test_concurrent_regenerations_keep_every_manifest_entry(tmp_path):
 
 # --- 6. Ctrl-C: exit 130, the finished part reported, no traceback ------------------------------
 
-def _interrupt_after(argv, ready):
+def _interrupt_after(argv, ready, cwd=None):
     """Run ``python -m argv`` and send SIGINT once a stderr line contains ``ready``."""
-    return interrupt_after(argv, ready)[:3]
+    return interrupt_after(argv, ready, cwd=cwd)[:3]
 
 
 VALIDATE_CASES = ["len_1", "len_c16", "kv_16x32", "kv_32x8", "len_c64"]  # five shapes: five compilations
@@ -245,12 +245,30 @@ def test_interrupted_validate_exits_130_and_writes_the_finished_cases(tmp_path, 
     assert "overall: INTERRUPTED" in out
 
 
+SLOW_IN_BF16 = '''
+import time
+from gdn2_oracle import kernels
+
+_base = kernels.get("pairwise", chunk_size=16)
+
+
+def slow_in_bf16(q, k, v, g, b, w, scale=None, initial_state=None):
+    if q.dtype.name == "bfloat16":  # a minute in tracing: the run cannot end before the signal is taken
+        time.sleep(60)
+    return _base(q, k, v, g, b, w, scale=scale, initial_state=initial_state)
+'''
+
+
 @pytest.mark.slow
 def test_interrupted_bench_exits_130_and_writes_the_finished_results(tmp_path):
+    """SIGINT after the first of four results: exit 130 and the finished ones in the JSON. The last result's kernel
+    spends a minute tracing its bfloat16 program (before: two fast kernels, whose other three results were once all
+    done before the signal was taken, exit 0)."""
     path = tmp_path / "b.json"
-    argv = ["gdn2_oracle.ci.cli", "bench", "--kernel", "pairwise[chunk_size=16],factorized[chunk_size=16,leaf=8]",
+    (tmp_path / "slow_kernels.py").write_text(SLOW_IN_BF16)
+    argv = ["gdn2_oracle.ci.cli", "bench", "--kernel", "pairwise[chunk_size=16],slow_kernels:slow_in_bf16",
             "--dtype", "float32,bfloat16", *TINY_BENCH[:-1], "--json", str(path)]
-    code, out, err = _interrupt_after(argv, "bench: 1/")
+    code, out, err = _interrupt_after(argv, "bench: 1/", cwd=tmp_path)
     assert code == 130, out + err
     assert "Traceback" not in err
     report = json.loads(path.read_text())
