@@ -248,7 +248,8 @@ def _one_launch_at_a_time(call):
     thread (ci/running/ahead.py), and tracing a torch kernel runs it once on zeros (kernels/torch_bridge.py's
     probe) while the main thread runs the current case: 45 of 49 cases of ``validate --kernel
     'fla-gdn2-chunk[interpret=1]' --cases quick`` ended in those errors. Each launch now holds one process-wide lock
-    (reentrant); launches never waited on each other before either, as the interpreter runs on the host's GIL.
+    (reentrant). Nothing is lost: the interpreter is Python and NumPy steps under one GIL, so two launches never ran
+    side by side anyway.
     """
 
     def run(self, *args, **kwargs):

@@ -247,15 +247,14 @@ def in_two_threads(programs, rounds):
 
 
 sys.setswitchinterval(1e-6)
-shimmed = interpreter.GridExecutor.__call__
-interpreter.GridExecutor.__call__ = shimmed.__wrapped__
+shimmed = in_two_threads(64, 10)  # first, on an interpreter no race has touched
+interpreter.GridExecutor.__call__ = interpreter.GridExecutor.__call__.__wrapped__
 for attempt in range(1, 31):  # until the race shows (one to three tries on an idle host, more under load)
     unshimmed = in_two_threads(64, 10)
     if unshimmed["wrong"] or unshimmed["errors"]:
         break
 unshimmed["attempts"] = attempt
-interpreter.GridExecutor.__call__ = shimmed
-print("RESULT " + json.dumps({"unshimmed": unshimmed, "shimmed": in_two_threads(64, 10)}))
+print("RESULT " + json.dumps({"unshimmed": unshimmed, "shimmed": shimmed}))
 """
 
 
