@@ -24,7 +24,7 @@ from gdn2_oracle.golden.processes import TERMINATED, is_interrupt, signal_status
 
 from .commands.output import EXIT, PROG, UsageError
 from .grading.grades import INTERRUPTED
-from .running import ast_guard, supervised, xla_cpu
+from .running import ast_guard, collector, supervised, xla_cpu
 
 # The subcommands (modules of ci/commands, imported when the parser is built), in the order ``--help`` lists them.
 COMMANDS = ("validate", "bench", "golden", "domain", "hunt", "cost")
@@ -109,6 +109,7 @@ def main(argv=None):
     if argv is None:
         supervised.start()
         _quick_compile(sys.argv[1:])
+        collector.raise_threshold()  # a fresh process: fewer young collections while kernels trace
     ast_guard.install()  # before any thread: CPython's ast.parse is not thread-safe (ci/running/ast_guard.py)
     supervised.guard_exit()  # a kernel calling os._exit fails its case instead of ending the run
     with terminate_as_interrupt() as received:  # SIGTERM: the same partial report as Ctrl-C, then exit 143

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gdn2_oracle.ci.running import ast_guard, supervised
+from gdn2_oracle.ci.running import ast_guard, collector, supervised
 from gdn2_oracle.ci.running import families as family_running
 from gdn2_oracle.kernels.spec import KernelSpec
 from gdn2_oracle.property_tests import grading, profiles
@@ -50,6 +50,7 @@ def _ours(item):
 def pytest_configure(config):
     ast_guard.install()  # kernels run beside JAX's threads, and CPython's ast.parse is not thread-safe
     supervised.guard_exit()  # a kernel calling os._exit fails its test; nothing supervises a pytest process
+    collector.raise_threshold()  # fewer young collections while kernels trace (ci/running/collector.py)
     config._gdn2_profile = profiles.select(config)
     config._gdn2_kernel_names = _selected_names(config)
     # a bad kernel (or a beta-signature one without its family): one line, before collection
