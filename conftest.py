@@ -13,13 +13,17 @@ from fnmatch import fnmatch
 
 import pytest
 
-from gdn2_oracle.ci.running import map_guard
+from gdn2_oracle.ci.running import collector, map_guard
 
 # A test run started in the background by a script (``cmd &`` without job control) inherits SIGINT ignored, and
 # so would every process a test starts: the tests that send Ctrl-C to a command would see it ignored. Ctrl-C is
 # the default here, as in a terminal (a Python handler, unlike SIG_IGN, is not inherited across exec).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# The suite's own test processes trace kernels as the judging commands do: the same garbage-collector setting
+# (ci/running/collector.py), whatever subset of the tests is collected.
+collector.raise_threshold()
 
 RELEASE = (
     # interpreters: FLA's Triton kernels on the CPU, Pallas TPU kernels in interpret mode
@@ -60,16 +64,35 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "release: the release group (make test-release; conftest.py says which)")
 
 
+# The modules whose tests take the most time, heaviest first (the tests' own seconds in a fresh-clone .ci/run,
+# 2026-12-07: 300, 209, 180, 106, 92). Listed in the slow modules' front: pytest-xdist's worksteal hands the first
+# worker the front half of the list and lets the other steal from the end of it, so the module at the end of the slow
+# block (the family mutants, alphabetically last, with two 2-minute plugin runs) started 20 minutes into the run and
+# ended it on one worker alone.
+HEAVIEST = (
+    "property_tests/tests/test_family_mutants.py",
+    "ci/tests/test_program_cache_staleness.py",
+    "ci/tests/test_families_validate.py",
+    "ci/tests/test_process_boundary.py",
+    "ci/tests/test_signals.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark the release group: tests marked slow and those :data:`RELEASE` matches. Then the modules with a test
-    marked slow go first (otherwise in collection order, a module's tests together for its fixtures): a run on several
-    workers starts its minutes-long tests while the short ones can still fill the other workers, instead of ending
-    on one of them alone."""
+    marked slow go first, the :data:`HEAVIEST` in front of them (otherwise in collection order, a module's tests
+    together for its fixtures): a run on several workers starts its minutes-long tests while the short ones can still
+    fill the other workers, instead of ending on one of them alone."""
     for item in items:
         if item.get_closest_marker("slow") or any(fnmatch(item.nodeid, p) for p in RELEASE):
             item.add_marker(pytest.mark.release)
     slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_modules)
+
+    def place(item):
+        module = item.nodeid.split("::", 1)[0]
+        return (HEAVIEST.index(module) if module in HEAVIEST else len(HEAVIEST)) + (item.path not in slow_modules)
+
+    items.sort(key=place)
 
 
 def pytest_runtest_teardown(item):
