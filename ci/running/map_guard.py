@@ -1,12 +1,13 @@
 """Keeps a long process below Linux's limit on memory mappings (``vm.max_map_count``), which compiled programs fill.
 
-Each XLA CPU executable holds a few hundred memory mappings for as long as it lives (LLVM's JIT code and data: about
-380 for a family kernel's forward and VJP, measured), and JAX's caches keep every executable a process compiled. After
-a few hundred programs a process reaches the limit (65,530 by default): LLVM fails ("LLVM compilation error: Cannot
-allocate memory") and XLA then crashes with a segfault inside ``backend_compile_and_load``; a test worker died so in
-this suite's fresh-clone runs (docs/DESIGN.md §4). :func:`relieve`, called between units of work (the pytest plugin
-after each test, the commands' run loop after each unit), clears JAX's caches when the process holds more than
-:data:`FRACTION` of the limit; programs a caller still holds keep working, the others are compiled again if needed.
+Each XLA CPU executable holds a hundred or a few hundred memory mappings for as long as it lives (LLVM's JIT code
+and data: about 380 for a family kernel's forward and VJP, measured; 86 with the judging commands' CPU flags,
+``xla_cpu.py``), and JAX's caches keep every executable a process compiled. After a few hundred programs a process
+reaches the limit (65,530 by default): LLVM fails ("LLVM compilation error: Cannot allocate memory") and XLA then
+crashes with a segfault inside ``backend_compile_and_load``; a test worker died so in this suite's fresh-clone runs
+(docs/DESIGN.md §4). :func:`relieve`, called between units of work (the pytest plugin after each test, the commands'
+run loop after each unit), clears JAX's caches when the process holds more than :data:`FRACTION` of the limit;
+programs a caller still holds keep working, the others are compiled again if needed.
 
 Counting is not free (``/proc/self/maps`` is read whole: ~20 ms at 17,000 mappings, after every test and every case),
 and only a program JAX builds adds mappings that clearing its caches gives back, so :func:`relieve` counts again only
