@@ -247,15 +247,56 @@ def _validate_hanging(tmp_path, kernel, *extra):
                     str(tmp_path / "v.json"), *extra)
 
 
-def test_a_hung_kernel_is_stopped_by_the_case_timeout_with_the_finished_cases_reported(tmp_path):
+# --case-timeout in validate, bench, domain and hunt: the same option and stop in each (ci/commands/args.py,
+# output.stop_run). LIMIT: well over a cold compile of the pairwise kernel at these tiny shapes on a loaded 2-core
+# machine (about 5 s; the four commands below run side by side, so 20 s), so only the hung kernel passes it. Each
+# command spends most of its time waiting out the limit, so the four are started together (:func:`timed_out`): one
+# wait of the limit for the module instead of four, one after another, on an idle test worker.
+LIMIT = 20
+
+
+def _timeout_runs(root):
+    """name -> the command with a hung kernel and ``--case-timeout LIMIT``, started in its own folder under ``root``."""
+    folders = {name: root / name for name in ("validate", "bench", "domain", "hunt")}
+    for folder in folders.values():
+        folder.mkdir()
+    limit = ("--case-timeout", str(LIMIT))
+    return {
+        "validate": _validate_hanging(folders["validate"], "hanging_kernels:hangs", *limit),
+        "bench": _hanging(folders["bench"], "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel",
+                          "hanging_kernels:hangs", *TINY_BENCH, *limit, "--json", str(folders["bench"] / "b.json")),
+        "domain": _hanging(folders["domain"], "domain", "--kernel", "hanging_kernels:hangs_in_bf16", "--out",
+                           str(folders["domain"] / "d"), *limit, "--no-progress"),
+        "hunt": _hanging(folders["hunt"], "hunt", "--kernel", "hanging_kernels:hangs_in_bf16", "--seed", "3",
+                         "--budget", "40", *limit, "--no-progress"),
+    }, folders
+
+
+@pytest.fixture(scope="module")
+def timed_out(tmp_path_factory):
+    """name -> ``(exit status, stdout, stderr, folder)`` of the four commands of :func:`_timeout_runs`, run side by
+    side (a worker that runs only some of this module's tests still runs all four: each test reads its own)."""
+    procs, folders = _timeout_runs(tmp_path_factory.mktemp("case-timeouts"))
+    done = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            done[name] = (proc.returncode, out, err, folders[name])
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return done
+
+
+def test_a_hung_kernel_is_stopped_by_the_case_timeout_with_the_finished_cases_reported(timed_out):
     """Before: no time limit; a hung kernel held the run for good. Now --case-timeout: that case is FAIL
     (timed out), the run stops with what was finished (JSON written), exit 1."""
-    # 15 s: pairwise's cases (compiled on a loaded 2-core machine) must finish within the limit; only the hung one not
-    proc = _validate_hanging(tmp_path, "hanging_kernels:hangs", "--case-timeout", "15")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, out + err
-    assert "timed out after 15 s" in out and "pairwise" in out and "--case-timeout 15 s" in err, out + err
-    report = json.loads((tmp_path / "v.json").read_text())
+    code, out, err, folder = timed_out["validate"]
+    assert code == 1, out + err
+    assert f"timed out after {LIMIT} s" in out and "pairwise" in out and f"--case-timeout {LIMIT} s" in err, out + err
+    report = json.loads((folder / "v.json").read_text())
     hung = report["kernels"][1]["cases"][-1]
     assert hung["grade"] == "FAIL" and "timed out" in hung["error"]
     assert report["kernels"][0]["cases"], "the finished cases of the other kernel are reported"
@@ -274,19 +315,11 @@ def test_ctrl_c_stops_a_torch_kernel_hung_in_its_callback_with_the_partial_repor
     assert json.loads((tmp_path / "v.json").read_text())["interrupted"] is True
 
 
-# --case-timeout in bench, domain and hunt: the same option and stop as validate's (ci/commands/args.py,
-# output.stop_run). LIMIT: well over a cold compile of the pairwise kernel at these tiny shapes on a loaded 2-core
-# machine (about 5 s), so only the hung kernel passes it.
-LIMIT = 12
-
-
-def test_bench_stops_a_hung_kernel_at_the_case_timeout_with_the_finished_results(tmp_path):
+def test_bench_stops_a_hung_kernel_at_the_case_timeout_with_the_finished_results(timed_out):
     """Before: bench had no time limit; a hung kernel held the run for good."""
-    path = tmp_path / "b.json"
-    proc = _hanging(tmp_path, "bench", "--kernel", "pairwise[chunk_size=16]", "--kernel", "hanging_kernels:hangs",
-                    *TINY_BENCH, "--case-timeout", str(LIMIT), "--json", str(path))
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, out + err
+    code, out, err, folder = timed_out["bench"]
+    path = folder / "b.json"
+    assert code == 1, out + err
     assert f"--case-timeout {LIMIT} s" in err and "REJECTED" in out and f"timed out after {LIMIT} s" in out, out + err
     report = json.loads(path.read_text())
     ok, hung = report["results"] if len(report["results"]) == 2 else pytest.fail(out + err)
@@ -296,13 +329,11 @@ def test_bench_stops_a_hung_kernel_at_the_case_timeout_with_the_finished_results
     assert report["outcome"] == "fail" and report["interrupted"] is False
 
 
-def test_domain_stops_a_hung_kernel_at_the_case_timeout_and_writes_the_cells_done(tmp_path):
+def test_domain_stops_a_hung_kernel_at_the_case_timeout_and_writes_the_cells_done(timed_out):
     """Before: domain had no time limit. Now the cell whose kernel call passes --case-timeout is FAIL (timed out), the
     cells finished before it are written (marked interrupted) and the exit status is 1."""
-    proc = _hanging(tmp_path, "domain", "--kernel", "hanging_kernels:hangs_in_bf16", "--out", str(tmp_path / "d"),
-                    "--case-timeout", str(LIMIT), "--no-progress")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, out + err
+    code, out, err, tmp_path = timed_out["domain"]
+    assert code == 1, out + err
     assert f"--case-timeout {LIMIT} s" in err and "domain: FAIL in 1 of" in out and "(INTERRUPTED)" in out, out + err
     report = json.loads((tmp_path / "d" / "domain.json").read_text())
     assert report["interrupted"] is True
@@ -315,13 +346,11 @@ def test_domain_stops_a_hung_kernel_at_the_case_timeout_and_writes_the_cells_don
     assert "INTERRUPTED" in report["summary"] and (tmp_path / "d" / "domain.png").stat().st_size > 0
 
 
-def test_hunt_stops_a_hung_kernel_at_the_case_timeout_with_its_seed_and_the_worst_so_far(tmp_path):
+def test_hunt_stops_a_hung_kernel_at_the_case_timeout_with_its_seed_and_the_worst_so_far(timed_out):
     """Before: hunt had no time limit. Now the recipe whose kernel call passes --case-timeout is the FAIL (not shrunk:
     the search stops there), printed with its reproducer, the seed and the worst recipe so far; exit 1."""
-    proc = _hanging(tmp_path, "hunt", "--kernel", "hanging_kernels:hangs_in_bf16", "--seed", "3", "--budget", "40",
-                    "--case-timeout", str(LIMIT), "--no-progress")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 1, out + err
+    code, out, err, _ = timed_out["hunt"]
+    assert code == 1, out + err
     assert f"--case-timeout {LIMIT} s" in err and "seed 3" in err, err
     assert f"FAIL (timed out after {LIMIT} s" in out and "not shrunk" in out and "precision='bfloat16'" in out, out
     # the kernel's module is found through PYTHONPATH only: its reproducer says so (kernels.spec.runnable)
