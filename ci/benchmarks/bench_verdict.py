@@ -105,10 +105,13 @@ class Sampler:
 
 def inner(argv, out):
     """Run one command in this process (``validate ...`` through the CLI, ``pytest ...``) and write its profile; the
-    process is fresh, so a judging command compiles as the console script's would (``ci/running/xla_cpu.py``)."""
-    from gdn2_oracle.ci.running import xla_cpu
+    process is fresh, so a judging command compiles and collects garbage as the console script's would
+    (``ci/running/xla_cpu.py``, ``ci/running/collector.py``; a pytest run's conftest sets the latter itself)."""
+    from gdn2_oracle.ci.running import collector, xla_cpu
 
     xla_cpu.apply(argv[0])
+    if argv[0] != "pytest":
+        collector.raise_threshold()
     import jax.monitoring as monitoring
 
     events = Counter()
