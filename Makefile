@@ -18,11 +18,17 @@ $(PY):
 # imports it) caps mpmath < 1.4; sympy 1.14 runs with the mpmath 1.4 installed here (pip warns only).
 # ml_dtypes 0.6.0 (JAX asks for >= 0.5): 0.7.0's import takes 0.83 s here against 0.10 s, in every process that
 # imports JAX -- a third of a console command's start-up, and the suite starts hundreds of them
-# (docs/performance.md, "Start-up").
+# (docs/performance.md, "Start-up"). torch, sympy, fla-core and Triton install while the project does (none of them
+# is a requirement of the project, and --no-deps installs nothing else: the two sets of files are disjoint): a fresh
+# machine's set-up was two single-threaded installs of ~20 s each, one after the other; ml_dtypes after both, as
+# the project's install brings the newest.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps torch==2.13.0 sympy==1.14.0 fla-core==0.6.0 triton==3.9.0 ml_dtypes==0.6.0
+	$(PY) -m pip install -q --no-deps torch==2.13.0 sympy==1.14.0 fla-core==0.6.0 triton==3.9.0 \
+		> $(VENV)/third-party-install.log 2>&1 & third=$$!; \
+	$(PY) -m pip install -q -e '.[test]'; ours=$$?; \
+	wait $$third; theirs=$$?; cat $(VENV)/third-party-install.log; test $$ours -eq 0 && test $$theirs -eq 0
+	$(PY) -m pip install -q --no-deps ml_dtypes==0.6.0
 	$(PY) -m pip install -q filelock 'typing-extensions>=4.10' networkx jinja2 fsspec 'einops>=0.8'
 	touch $(STAMP)
 
