@@ -9,8 +9,10 @@ same (docs/performance.md). The older generations keep their default cadence rel
 young collections, every 10 of those), so garbage in cycles is still freed within a run; reference counting frees
 the rest at once, as before. Only the frequency of collections changes, never what a kernel computes.
 
-Applied by the console script's child (a fresh process, ``ci/cli.py``) and by the conformance suite's pytest
-session (``property_tests/conftest.py``); an in-process ``main(argv)`` leaves its caller's settings alone.
+Applied by the console script's child (a fresh process, ``ci/cli.py``), the conformance suite's pytest session
+(``property_tests/conftest.py``), the repository's own test processes (its ``conftest.py``, whatever subset is
+collected) and ``bench_verdict``'s inner run (as the console's child); an in-process ``main(argv)`` leaves its
+caller's settings alone.
 """
 
 from __future__ import annotations
