@@ -101,6 +101,9 @@ STD = (1, 40, 2, 16, 16)        # ordinary: < 1 chunk of 64, 2.5 chunks of 16
 WIDE = (2, 24, 1, 16, 32)       # K != V, B = 2
 TPU1 = (1, 1, 1, 128, 128)      # TPU lane width
 TPU = (1, 20, 1, 128, 128)
+# Lengths that must differ are chosen once, and every case that needs a length of that kind takes its shape:
+C16_TAIL = (1, 53, 2, 16, 16)   # several chunks of 16 and a tail, H = 2
+C64_TAIL = (1, 201, 1, 8, 16)   # several chunks of 64 and a tail, K != V
 
 CASES: tuple[Case, ...] = (
     # --- every decay regime -------------------------------------------------------------
@@ -112,7 +115,7 @@ CASES: tuple[Case, ...] = (
        decay="extreme", seed=105),
     _c("decay_mixed", STD, "per-channel mix of none / moderate / extreme", decay="mixed", seed=106,
        initial_state=True),
-    _c("decay_resets", (1, 96, 2, 16, 16), "moderate decay with state resets (g ~ -1e3 at some tokens)",
+    _c("decay_resets", C16_TAIL, "moderate decay with state resets (g ~ -1e3 at some tokens)",
        decay="resets", seed=107, initial_state=True),
     _c("decay_extreme_h0", WIDE, "extreme decay from a non-zero initial state", decay="extreme",
        seed=108, initial_state=True),
@@ -135,15 +138,14 @@ CASES: tuple[Case, ...] = (
     _c("len_c16_minus1", (1, 15, 2, 16, 16), "T = 15 = C16 - 1", seed=302),
     _c("len_c16", (1, 16, 2, 16, 16), "T = 16 = C16", seed=303, initial_state=True),
     _c("len_c16_plus1", (1, 17, 2, 16, 16), "T = 17 = C16 + 1", seed=304),
-    _c("len_c16_x3_tail", (1, 53, 2, 16, 16), "T = 3 * 16 + 5", decay="strong", seed=305),
+    _c("len_c16_x3_tail", C16_TAIL, "T = 3 * 16 + 5", decay="strong", seed=305),
     # --- lengths around C = 64 ----------------------------------------------------------
     _c("len_c64_minus1", (1, 63, 1, 16, 16), "T = 63 = C64 - 1", seed=311),
     _c("len_c64", (1, 64, 1, 16, 16), "T = 64 = C64", seed=312, initial_state=True),
     _c("len_c64_plus1", (1, 65, 1, 16, 16), "T = 65 = C64 + 1", decay="strong", seed=313),
-    _c("len_c64_x3_tail", (1, 201, 1, 8, 16), "T = 3 * 64 + 9, K != V", decay="mixed", seed=314,
+    _c("len_c64_x3_tail", C64_TAIL, "T = 3 * 64 + 9, K != V", decay="mixed", seed=314,
        initial_state=True),
-    _c("len_c64_x2_tail_extreme", (1, 150, 1, 8, 8), "T = 2 * 64 + 22, extreme decay",
-       decay="extreme", seed=315),
+    _c("len_c64_x3_tail_extreme", C64_TAIL, "T = 3 * 64 + 9, extreme decay", decay="extreme", seed=315),
     # --- K != V -------------------------------------------------------------------------
     _c("kv_16x32", WIDE, "K = 16 < V = 32", seed=401),
     _c("kv_32x8", (1, 33, 2, 32, 8), "K = 32 > V = 8", seed=402, initial_state=True),
@@ -151,8 +153,8 @@ CASES: tuple[Case, ...] = (
        seed=403),
     # --- scale and qk mode --------------------------------------------------------------
     _c("scale_custom", STD, "custom scale 0.3", scale=0.3, seed=501, initial_state=True),
-    _c("scale_one_raw", (2, 24, 1, 16, 32), "scale 1.0, un-normalised q, k", scale=1.0, qk="raw",
-       seed=502),
+    _c("scale_custom_raw", STD, "custom scale 0.3, un-normalised q, k (at scale 1.0 a scale applied twice, or to one "
+       "side only, would pass)", scale=0.3, qk="raw", seed=502),
     _c("qk_raw_strong", STD, "un-normalised q, k with strong decay", qk="raw", decay="strong",
        seed=503),
     # --- reductions ---------------------------------------------------------------------

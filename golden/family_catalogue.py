@@ -158,7 +158,7 @@ CASES: tuple[FamilyGoldenCase, ...] = (
 )
 
 # The mpmath cost a family golden may have (FamilyGoldenCase.cost): a few seconds at 256 bits and its 512-bit
-# estimate, and a file of ~100-200 KB; the GDN-2 corpus's 96-token ``decay_resets`` (H = 2) fits at G = 1.
+# estimate, and a file of ~100-200 KB; the GDN-2 corpus's 53-token ``decay_resets`` (H = 2) fits at G = 1.
 MAX_COST = 56000
 
 
@@ -180,21 +180,19 @@ def _projected_cases():
     ``oracle.family_recipes.projections``: each gate regime as its beta regime, G cycling over GROUPS per distinct
     shape), named ``<family>_<GDN-2 name>``, each family in turn. A reduction case (``reduction`` kda or gdn) is
     projected into its own family only. A projection over :data:`MAX_COST` (the shapes with G = 2 or 4 beyond ~30
-    tokens: ``decay_resets``, the ``WIDE`` shapes, ``len_c16``, ``len_c16_x3_tail``, ``len_c64_minus1``,
-    ``len_c64_plus1``, ``len_c64_x3_tail``, ``kv_*``, the len65 ones) is kept at the largest smaller G within it
+    tokens: ``decay_resets``, the ``WIDE`` shapes, ``len_c16_x3_tail``, ``len_c64``, the ``C64_TAIL`` ones,
+    ``kv_32x8``) is kept at the largest smaller G within it
     (``<family>_<GDN-2 name>_g<G>``), so every GDN-2 golden has a family golden but two: the K = V = 128
-    ``tpu128_moderate`` and ``tpu128_bf16_strong``, over it at G = 1 (``tpu128_len1`` is in: the ``tpu128_*`` cases
-    are projected apart, so the other shapes' G stay as validate's sets cycle them). Left out as well: a projection
+    ``tpu128_moderate`` and ``tpu128_bf16_strong``, over it at G = 1 (``tpu128_len1`` is in). The catalogue is
+    projected in its order, as validate's sets project it (their generated recipes come after it), so each golden's G
+    is the one validate's projection of its name has. Left out as well: a projection
     that coincides with an earlier one of its family in all but the seed (``gates_erase_zero``, ``gates_erase_one``,
     ``gdn_moderate``, ``kda_moderate``: the family has one beta for b and w)."""
     out = []
     for family in families.MAPPED:
         mine = [(c.name, c.recipe) for c in catalogue.CASES if c.recipe.reduction in (None, family)]
-        recipes = [(n, r) for n, r in mine if not n.startswith("tpu128_")]
-        wide = [(n, r) for n, r in mine if n.startswith("tpu128_")]  # projected apart (the docstring)
         seen = set()
-        for name, r in {**family_recipes.projections(family, recipes),
-                        **family_recipes.projections(family, wide)}.items():
+        for name, r in family_recipes.projections(family, mine).items():
             structure = dataclasses.replace(r, seed=0)
             kept = None if structure in seen else _within_budget(name, r)
             if kept is None:

@@ -26,7 +26,7 @@ def test_header_names_the_dtypes_of_the_cases_run(cli):
 def test_header_counts_the_cases_judged_per_kernel(cli):
     """A kernel taking no mode: ``1 of 2 cases judged for K (1 need a mode ...)``; one judged on all: no such line."""
     code, out, _ = cli("validate", "--kernel", f"{PLAIN_KERNEL},pairwise", "--modes", f"{BASE},{PACKED}",
-                       "--cases", "quick", "--case", "gen_moderate_T100", "--case", f"{PACKED}_quick",
+                       "--cases", "quick", "--case", "gen_moderate_T130", "--case", f"{PACKED}_quick",
                        "--dtype", "float32", "--no-progress")
     assert code == 0, out
     assert f"  1 of 2 cases judged for {PLAIN_KERNEL} (1 need a mode its signature does not take)" in out, out

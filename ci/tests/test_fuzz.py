@@ -234,7 +234,7 @@ def argvs(sandbox):
 
     return st.sampled_from(commands).flatmap(lambda c: st.builds(
         assemble, st.just(c), tokens(c.split()[0]),
-        mostly(st.sampled_from(["len_1", "gen_moderate_T100"]), st.just("no_such_case")),
+        mostly(st.sampled_from(["len_1", "gen_moderate_T130"]), st.just("no_such_case")),
         st.one_of(st.just([]), st.just([]), distributed)))
 
 

@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from gdn2_oracle.ci.commands.validate import GEN
+
 # One host's run: `gdn2-oracle --distributed ... validate --mesh data=2,seq=4` on a mesh spanning both hosts
 # (T=130 does not divide by 4: identity-token padding), then the oracle split over the hosts against the
 # one-process oracle. argv: coordinator address, process id, JSON report path.
@@ -83,8 +85,9 @@ def test_each_host_computes_only_its_share(two_hosts):
     # B=3 over two hosts: batch entries [0, 2) and [2, 3); B=1, H=3: heads [0, 2) and [2, 3)
     assert two_hosts[0][0]["asked"] == [[2, 24, 2, 4, 4], [1, 24, 2, 4, 4]]
     assert two_hosts[1][0]["asked"] == [[1, 24, 2, 4, 4], [1, 24, 1, 4, 4]]
-    # validate's generated case (B=2, T=130, H=1, K=16, V=32): one batch entry a host, not the whole twice
-    assert [r["asked_by_validate"] for r, _ in two_hosts] == [[[1, 130, 1, 16, 32]]] * 2
+    # validate's generated case (B = 2 of validate.GEN): one batch entry a host, not the whole twice
+    B, *rest = GEN
+    assert B == 2 and [r["asked_by_validate"] for r, _ in two_hosts] == [[[1, *rest]]] * 2
 
 
 def test_validate_on_a_mesh_across_hosts_passes_with_identical_reports(two_hosts):

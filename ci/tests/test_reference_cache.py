@@ -299,7 +299,7 @@ def test_validate_reads_the_cache_on_a_warm_run_with_the_same_grades_and_bypasse
     def run(*extra):
         path = tmp_path / "v.json"
         code, out, err = cli("validate", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick", "--case",
-                             "gen_moderate_T100", "--case", "varlen_quick", "--dtype", "float32", "--no-progress",
+                             "gen_moderate_T130", "--case", "varlen_quick", "--dtype", "float32", "--no-progress",
                              "--json", path, *extra)
         assert code == 0, out + err
         report = json.loads(path.read_text())

@@ -396,7 +396,7 @@ def test_a_signal_to_validate_with_oracle_workers_leaves_no_process_of_its_tree_
     script.write_text(ORACLE_IN_WORKERS)
     path = tmp_path / "v.json"
     proc = _hanging(tmp_path, "validate", "--kernel", "pairwise[chunk_size=16]", "--cases", "quick", "--modes",
-                    "dense", "--dtype", "float32", "--case", "gen_moderate_T100", "--case", "gen_strong_negative_T100",
+                    "dense", "--dtype", "float32", "--case", "gen_moderate_T130", "--case", "gen_strong_negative_T130",
                     "--case", "gen_extreme_h0_T130", "--jobs", "2", "--json", str(path), "--no-progress",
                     "--no-reference-cache",  # the oracle's workers must run: no reference read from a cache
                     script=script)

@@ -100,14 +100,13 @@ def test_the_catalogue_covers_both_families_and_every_flag():
 
 def test_the_projected_goldens_are_the_family_projections_of_the_gdn2_goldens():
     """Each case named ``<family>_<GDN-2 golden>`` is that golden's family projection (``family_recipes.projections``
-    over the catalogue less the ``tpu128_*`` cases, a reduction in its own family only), as ``validate``'s quick set
-    projects it (the ``tpu128_*`` cases projected apart); one over MAX_COST is ``<family>_<GDN-2 golden>_g<G>``, the
+    over the catalogue, a reduction in its own family only), as ``validate``'s quick set projects it; one over
+    MAX_COST is ``<family>_<GDN-2 golden>_g<G>``, the
     same recipe at the largest smaller G of GROUPS within MAX_COST; every projection is one of the two unless an
     earlier one of its family differs only in seed or it is over MAX_COST even at G = 1."""
     for family in families.MAPPED:
         recipes = [(c.name, c.recipe) for c in catalogue.CASES if c.recipe.reduction in (None, family)]
-        projected = {**family_recipes.projections(family, [x for x in recipes if not x[0].startswith("tpu128_")]),
-                     **family_recipes.projections(family, [x for x in recipes if x[0].startswith("tpu128_")])}
+        projected = family_recipes.projections(family, recipes)
         mine = [c.name for c in family_catalogue.PROJECTED if c.family == family]
         assert set(mine) <= set(family_names(family)) and len(mine) >= 30
         assert {family_catalogue.get(n).precision for n in mine} == {"float32", "bfloat16"}
@@ -293,7 +292,7 @@ def test_regenerating_a_family_case_of_each_family_reproduces_its_bytes(tmp_path
 # The cases the slow check recomputes: the hand-made ones and one projected case per regime group (decay, gates,
 # lengths, bf16), the families in turn (every one of the 78 would take ~5 minutes of CPU); the members test
 # rebuilds every case's inputs and the float64 test checks every stored result.
-RECOMPUTED = HAND_MADE + ["gdn_decay_extreme", "kda_gates_zero", "gdn_len_c64_x2_tail_extreme", "kda_bf16_strong_h0"]
+RECOMPUTED = HAND_MADE + ["gdn_decay_extreme", "kda_gates_zero", "gdn_len_c64_x3_tail_extreme_g1", "kda_bf16_strong_h0"]
 
 
 @pytest.mark.slow
