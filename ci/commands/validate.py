@@ -417,10 +417,15 @@ COMPILED_CORE_SECONDS = {  # (a program cold, a call cold, a call warm)
 # kernels/triton_interpret.py), the geometric mean where two were measured: fla-gdn-chunk[interpret=1] smoke 67.5 s
 # (10,432 token-heads) and quick 175 s (27,175); fla-gdn-fused-recurrent[interpret=1] smoke 78.5 s;
 # fla-kda-chunk[interpret=1] smoke 243.6 s; fla-gdn2-chunk[interpret=1] smoke 142.5 s (1,784) and quick 414 s (6,283).
-# Not refitted (an earlier fit, under load average ~7-9): vllm-gdn-chunk 59.5 s (forward only, 7,568 token-heads),
+# A kernel without a backward (the engines' peers: ``no_backward``) runs only the forward: its kinds are their own
+# (:data:`FORWARD_ONLY`), fitted the same way (two runs at a time, 2026-12-07): vllm-gdn-chunk smoke 24.4 s (7,568
+# token-heads); vllm-gdn-fused-recurrent 41.0 s and 33.7 s and sglang-gdn-fused-recurrent 22.4 s (the geometric mean
+# over the two kernels); vllm-kda-chunk 56.7 s. Not refitted (an earlier fit, under load average ~7-9):
 # fla-gdn-naive-recurrent 29.3 s (torch, 12,832) (docs/performance.md#the-estimate-line).
-INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0062, "chunk-forward": 0.0079, "recurrent": 0.0071,
-                                      "kda-chunk": 0.0230, "gdn2-chunk": 0.0712, "torch": 0.0023}
+INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0062, "recurrent": 0.0071, "kda-chunk": 0.0230, "gdn2-chunk": 0.0712,
+                                      "chunk-forward": 0.0027, "recurrent-forward": 0.0033,
+                                      "kda-chunk-forward": 0.0070, "torch": 0.0023}
+FORWARD_ONLY = {"chunk": "chunk-forward", "recurrent": "recurrent-forward", "kda-chunk": "kda-chunk-forward"}
 
 
 def interpreted_kind(spec, fn):
@@ -429,13 +434,9 @@ def interpreted_kind(spec, fn):
     peers) or is a torch kernel, else None (a compiled kernel)."""
     if not (spec.options.get("interpret") in (1, True, "1") or getattr(fn, "interpreted", False)):
         return "torch" if isinstance(fn, TorchKernel) else None
-    if "chunk" not in spec.name:
-        return "recurrent"
-    if "kda" in spec.name:
-        return "kda-chunk"
-    if "gdn2" in spec.name:
-        return "gdn2-chunk"
-    return "chunk-forward" if getattr(fn, "no_backward", None) else "chunk"
+    kind = ("recurrent" if "chunk" not in spec.name else "kda-chunk" if "kda" in spec.name
+            else "gdn2-chunk" if "gdn2" in spec.name else "chunk")
+    return FORWARD_ONLY.get(kind, kind) if getattr(fn, "no_backward", None) else kind
 
 
 def token_heads(case):
@@ -499,8 +500,11 @@ def estimate_seconds(run, warm=False):
 
 
 def about(seconds):
-    """``about N s`` / ``about N min``."""
-    return f"about {round(seconds / 60)} min" if seconds >= 90 else f"about {max(10, round(seconds, -1)):.0f} s"
+    """``about N min`` from 90 s, ``about N s`` to the nearest 10 s below it, ``about 5 s`` below 7.5 s (a line that
+    said 10 s for a 3-s run was 3x off)."""
+    if seconds >= 90:
+        return f"about {round(seconds / 60)} min"
+    return f"about {round(seconds, -1):.0f} s" if seconds >= 7.5 else "about 5 s"
 
 
 def estimate_line(run):

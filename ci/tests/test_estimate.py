@@ -68,10 +68,23 @@ def test_interpreted_kind(name, options, attribute, kind):
     assert validate.interpreted_kind(spec, SimpleNamespace(interpreted=attribute)) == kind
 
 
-def test_forward_only_chunk_and_torch_kinds():
+@pytest.mark.parametrize("name, kind", [("vllm-gdn-chunk", "chunk-forward"), ("vllm-kda-chunk", "kda-chunk-forward"),
+                                        ("vllm-gdn-fused-recurrent", "recurrent-forward"),
+                                        ("sglang-gdn-fused-recurrent", "recurrent-forward")])
+def test_forward_only_kinds(name, kind):
     forward_only = SimpleNamespace(interpreted=True, no_backward="forward only")
-    spec = KernelSpec("vllm-gdn-chunk", "vllm-gdn-chunk", {})
-    assert validate.interpreted_kind(spec, forward_only) == "chunk-forward"
+    assert validate.interpreted_kind(KernelSpec(name, name, {}), forward_only) == kind
+    assert validate.INTERPRETED_SECONDS_PER_TOKEN_HEAD[kind] < validate.INTERPRETED_SECONDS_PER_TOKEN_HEAD[
+        validate.interpreted_kind(KernelSpec(name, name, {}), SimpleNamespace(interpreted=True))]
+
+
+@pytest.mark.parametrize("seconds, said", [(3.0, "about 5 s"), (7.4, "about 5 s"), (7.5, "about 10 s"),
+                                           (64.0, "about 60 s"), (89.0, "about 90 s"), (90.0, "about 2 min")])
+def test_about(seconds, said):
+    assert validate.about(seconds) == said
+
+
+def test_torch_kind():
     torch = KernelSpec.parse("torch:gdn2_oracle.kernels.testing_torch:recurrent")
     assert validate.interpreted_kind(torch, torch.build()) == "torch"
 
