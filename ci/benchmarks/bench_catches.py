@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gdn2_oracle.ci.benchmarks.bench_estimates import run_validate
 from gdn2_oracle.kernels import testing_families, testing_modes
 
 # The wrong kernels, by module (``module:attr`` under gdn2_oracle.kernels): the lists of the modules that keep one,
@@ -56,20 +53,13 @@ def smoke_names():
 
 
 def run_quick(spec, home):
-    """One ``validate --cases quick`` of ``spec`` in a fresh process: ``(exit code, wall seconds, cases)``, ``cases``
-    the report's ``[(name, dtype, outcome)]``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "validate.json"
-        cmd = [str(Path(sys.executable).parent / "gdn2-oracle"), "validate", "--kernel", spec, "--cases", "quick",
-               "--no-progress", "--json", str(report)]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env={**os.environ, "XDG_CACHE_HOME": str(home)}, capture_output=True, text=True,
-                              cwd=tmp)
-        wall = time.perf_counter() - t0
-        if not report.exists():
-            raise RuntimeError(f"{spec}: no report (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        [kernel] = json.loads(report.read_text())["kernels"]
-    return proc.returncode, wall, [(c["case"], c.get("dtype"), c["outcome"]) for c in kernel["cases"]]
+    """One ``validate --cases quick`` of ``spec`` in a fresh process (``bench_estimates.run_validate``): ``(exit code,
+    wall seconds, cases)``, ``cases`` the report's ``[(name, dtype, outcome)]``."""
+    _, wall, report, code = run_validate(spec, "quick", None, home)
+    if report is None:
+        raise RuntimeError(f"{spec}: validate wrote no report (exit {code})")
+    [kernel] = report["kernels"]
+    return code, wall, [(c["case"], c.get("dtype"), c["outcome"]) for c in kernel["cases"]]
 
 
 def row(name, code, wall, cases, smoke):

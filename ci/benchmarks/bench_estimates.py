@@ -35,11 +35,12 @@ def said_seconds(line, warm=False):
 
 
 def run_validate(kernel, cases, dtype, home, extra=()):
-    """One ``validate`` run in a fresh process on cache home ``home``: ``(estimate line, wall seconds, report)``."""
+    """One ``validate`` run in a fresh process on cache home ``home`` (``dtype`` None: every dtype): ``(estimate line,
+    wall seconds, report, exit status)``, the report None when the run wrote none."""
     with tempfile.TemporaryDirectory() as tmp:
         report_path = Path(tmp) / "validate.json"
         cmd = [str(Path(sys.executable).parent / "gdn2-oracle"), "validate", "--kernel", kernel, "--cases", cases,
-               "--dtype", dtype, "--no-progress", "--json", str(report_path), *extra]
+               *(("--dtype", dtype) if dtype else ()), "--no-progress", "--json", str(report_path), *extra]
         env = {**os.environ, "XDG_CACHE_HOME": str(home)}
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp)
@@ -47,7 +48,7 @@ def run_validate(kernel, cases, dtype, home, extra=()):
         line = next((s for s in proc.stdout.splitlines() + proc.stderr.splitlines()
                      if s.startswith("gdn2-oracle validate: starting")), None)
         report = json.loads(report_path.read_text()) if report_path.exists() else None
-    return line, wall, report
+    return line, wall, report, proc.returncode
 
 
 def build_parser():
@@ -73,7 +74,7 @@ def main(argv=None):
     for kernel in args.kernel:
         with tempfile.TemporaryDirectory() as home:
             for run in ("cold", "warm") if args.warm else ("cold",):
-                line, wall, report = run_validate(kernel, args.cases, args.dtype, home, extra)
+                line, wall, report, _ = run_validate(kernel, args.cases, args.dtype, home, extra)
                 said = said_seconds(line, warm=run == "warm")
                 ratio = wall / said if said else None
                 rows.append({"kernel": kernel, "set": args.cases, "run": run, "line": line, "said_s": said,
