@@ -1,8 +1,8 @@
 """Chunked GDN-2 (docs/DESIGN.md §1, chunkwise form) with a hand-written chunkwise backward (custom_vjp).
 
 Forward: state-independent chunk work (G, tiles T and Aqk, A = (I+T)^{-1}, Y = A Ebar, U = A Z) for all
-chunks in parallel groups (lax.map), the state recurrence R = U - Y S0, S_C = ... by lax.scan, then
-O = scale((gamma q) S0 + Aqk R) in parallel. Backward: reverse lax.scan carrying dS, then every chunk's
+chunks in parallel (at once, or in groups by lax.map), the state recurrence R = U - Y S0, S_C = ... by
+lax.scan, then O = scale((gamma q) S0 + Aqk R) in parallel. Backward: reverse lax.scan carrying dS, then every chunk's
 gradients in parallel. Saved between passes (``Saved``): each chunk's starting state S0 and the per-chunk
 tiles and products the forward already made (A, Aqk, R, Y, Kd, gC, Qg: C x C or C x dim per chunk, less
 than the K x V states), so the backward builds the score tiles only once (their VJP).
@@ -145,9 +145,13 @@ def _bwd_grads(cfg, with_dx, x, *rest):
 
 
 def _map(cfg, fn, xs):
-    """fn over chunks in parallel, in groups bounded by the decay strategy's workspace (lax.map + vmap)."""
+    """fn over chunks in parallel: all at once (the chunk axis is one more batch axis of fn's ``...``) when the
+    decay strategy's workspace allows, else in groups (lax.map + vmap). At once, a program traces in ~60% of the
+    time: lax.map's scan and vmap's batching rules ran over every equation (docs/performance.md)."""
     N, B, H, C, K = xs[0][0].shape
     group = max(1, min(N, WORKSPACE_FLOATS // (B * H * cfg.decay.workspace(C, K))))
+    if group == N:
+        return fn(*xs)
     return jax.lax.map(lambda a: fn(*a), xs, batch_size=group)
 
 

@@ -25,6 +25,7 @@ from gdn2_oracle.ci.grading import tolerance
 from gdn2_oracle.ci.grading.tolerance import RESULTS
 from gdn2_oracle.ci.running import harness
 from gdn2_oracle.ci.testing import assert_matches_oracle, oracle_case
+from gdn2_oracle.kernels import chunked
 from gdn2_oracle.kernels.testing import without_initial_state
 from gdn2_oracle.oracle import DECAYS, Recipe
 
@@ -145,6 +146,25 @@ def test_pairwise_matches_factorized(decay):
     fz = harness.kernel_results(_kernel("factorized", opts), problem, do, dfs)
     report = agreement(problem, do, dfs, fz, pw, ref, "factorized~pairwise")
     assert report.passed, f"factorized vs pairwise ({decay}):\n{report.format()}"
+
+
+@pytest.mark.parametrize("name", ["pairwise", "factorized"])
+def test_chunks_in_groups_match_all_chunks_at_once(monkeypatch, name):
+    """A workspace too small for every chunk at once (5 chunks in groups of 2: two full groups and a remainder,
+    ``lax.map``) gives what one pass over all chunks gives (the path every shape of the suite takes): the same
+    math, so they agree within the tight bound, forward and gradients."""
+    B, H, K, C = 2, 2, 16, 32
+    problem, do, dfs, ref = reference((B, 5 * C - 3, H, K, 24), decay="moderate", initial_state=True, seed=5)
+    opts = (("chunk_size", C),)
+    at_once = harness.kernel_results(kernels.get(name, **dict(opts)), problem, do, dfs)
+    jax.clear_caches()  # chunked.run's traces hold the workspace they were traced with
+    monkeypatch.setattr(chunked, "WORKSPACE_FLOATS", 2 * B * H * _kernel(name, opts).decay.workspace(C, K))
+    try:
+        grouped = harness.kernel_results(kernels.get(name, **dict(opts)), problem, do, dfs)
+    finally:
+        jax.clear_caches()
+    report = agreement(problem, do, dfs, grouped, at_once, ref, "grouped~at once")
+    assert report.passed, report.format()
 
 
 def _shapes_in_jaxpr(jaxpr):
