@@ -5,7 +5,9 @@ chunks in parallel (at once, or in groups by lax.map), the state recurrence R = 
 lax.scan, then O = scale((gamma q) S0 + Aqk R) in parallel. Backward: reverse lax.scan carrying dS, then every chunk's
 gradients in parallel. Saved between passes (``Saved``): each chunk's starting state S0 and the per-chunk
 tiles and products the forward already made (A, Aqk, R, Y, Kd, gC, Qg: C x C or C x dim per chunk, less
-than the K x V states), so the backward builds the score tiles only once (their VJP).
+than the K x V states), so the backward builds the score tiles only once (their VJP). Both passes are jitted
+functions of the configuration and float32 chunk-major arrays, so JAX traces each once per shape: the float32 and
+bfloat16 programs of one shape share them.
 The decay strategy (kernels/decay.py) is the only difference between the pairwise and factorized kernels:
 it builds the score tiles in the forward and their gradients in the backward. ``affine_core`` is the same
 core with additive terms and the chunk states and R as outputs (packed sequences, intermediate states:
@@ -146,8 +148,8 @@ def _bwd_grads(cfg, with_dx, x, *rest):
 
 def _map(cfg, fn, xs):
     """fn over chunks in parallel: all at once (the chunk axis is one more batch axis of fn's ``...``) when the
-    decay strategy's workspace allows, else in groups (lax.map + vmap). At once, a program traces in ~60% of the
-    time: lax.map's scan and vmap's batching rules ran over every equation (docs/performance.md)."""
+    decay strategy's workspace allows, else in groups (lax.map + vmap, whose scan and batching rules made tracing
+    a program ~1.6x as long: docs/performance.md)."""
     N, B, H, C, K = xs[0][0].shape
     group = max(1, min(N, WORKSPACE_FLOATS // (B * H * cfg.decay.workspace(C, K))))
     if group == N:
@@ -155,6 +157,7 @@ def _map(cfg, fn, xs):
     return jax.lax.map(lambda a: fn(*a), xs, batch_size=group)
 
 
+@partial(jax.jit, static_argnums=0)
 def _forward(cfg, xs, h0, dz=None, hc=None):
     """Parallel local stage, sequential state scan, parallel output O = scale((gamma q) S0 + Aqk R)."""
     extra = () if dz is None else (dz,)
@@ -189,6 +192,7 @@ def _core_fwd(cfg, q, k, v, g, b, w, h0):
     return (o, hT), ((q, k, v, g, b, w), saved)
 
 
+@partial(jax.jit, static_argnums=0, static_argnames="with_dx")
 def _backward(cfg, xs, sv, do, dhT, dS0s=None, dR=None, with_dx=False):
     """dO terms of dS (all chunks at once), reverse scan carrying dS, then per-chunk gradients (parallel).
 

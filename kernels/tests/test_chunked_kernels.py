@@ -167,6 +167,34 @@ def test_chunks_in_groups_match_all_chunks_at_once(monkeypatch, name):
     assert report.passed, report.format()
 
 
+def test_a_shape_traces_its_chunk_passes_once_for_both_input_dtypes(monkeypatch):
+    """The forward-and-gradients programs of one shape in float32 and in bfloat16 share the chunk passes' traces
+    (``_forward`` and ``_backward`` are jitted on float32 chunk-major arrays): the bfloat16 program runs neither
+    pass's Python again. (The float32 one runs the forward's twice: the custom_vjp's result and its forward rule
+    are traced in two of JAX's contexts.)"""
+    calls = {"forward": 0, "backward": 0}
+
+    def counting(key, fn):
+        def wrapped(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(chunked, "_fwd_local", counting("forward", chunked._fwd_local))
+    monkeypatch.setattr(chunked, "_bwd_chunk", counting("backward", chunked._bwd_chunk))
+    jax.clear_caches()  # a trace of this shape from an earlier test would be reused and count nothing
+    fn = kernels.get("factorized", chunk_size=16)
+    seen = []
+    try:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            xs = _inputs(T=37, K=12, V=20, dtype=dtype)
+            jax.jit(lambda *a: jax.vjp(lambda *b: fn(*b), *a)[1](fn(*a))).trace(*xs)
+            seen.append(dict(calls))
+    finally:
+        jax.clear_caches()
+    assert seen[0]["backward"] == 1 and seen[0]["forward"] >= 1 and seen[1] == seen[0], seen
+
+
 def _shapes_in_jaxpr(jaxpr):
     """Every intermediate shape of a closed jaxpr, sub-jaxprs (scan/map/custom_vjp bodies) included."""
     shapes = []
