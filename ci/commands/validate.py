@@ -399,14 +399,18 @@ class ValidateOptions:
 # The time model of the line said before a run: a compiled kernel costs core-seconds per program compiled (a case
 # dtype, shape, kind and modes) and per kernel call judged, cold (empty compilation, program and reference caches),
 # and per call warm (every cache filled by an earlier run), divided by the cores, plus START_SECONDS (the process
-# starting, the cases built). One set of constants per way XLA compiles (ci/running/xla_cpu.py), fitted to
-# `bench_verdict` runs of `factorized` (smoke: 6 programs, 12 calls; quick: 31 programs, 62 calls) on this
-# repository's 2-core host, otherwise idle: quick-compile cold 11.0 s / 31.6 s, warm 7.6 s / 18.5 s; default cold
-# 27.9 s / 116.4 s, warm 8.5 s / 18.5 s. A guess, never a measurement: docs/performance.md#the-estimate-line.
+# starting, the cases built). One set of constants per way XLA compiles (ci/running/xla_cpu.py) and per kind of case:
+# a GDN-2 case, or a family case (FLA's signature mapped onto GDN-2: the family oracle, the map's own program, about
+# twice the cost a call). Quick-compile refitted 2026-12-07, after the chunked kernels' cheaper trace, to
+# `bench_estimates` runs (fresh process, empty cache home, both dtypes) on this repository's 2-core host, otherwise
+# idle: factorized smoke 7.1 s cold / 4.5 s warm (6 programs, 12 calls), quick 16.3 / 9.6 s (27, 62); pairwise quick
+# 10.9 / 8.3 s; gdn-factorized smoke 7.6 / 5.0 s (6, 13), quick 44.3 / 24.5 s (43, 92); kda-factorized quick
+# 55.3 / 27.1 s (49, 98). XLA's default (not refitted since 2026-12-06): factorized quick cold 116.4 s, warm 18.5 s.
+# A guess, never a measurement: docs/performance.md#the-estimate-line.
 START_SECONDS = 4.0
-COMPILED_CORE_SECONDS = {  # (a program cold, a call cold, a call warm)
-    "quick-compile": (1.0, 0.45, 0.55),
-    "default": (5.5, 1.2, 0.55),
+COMPILED_CORE_SECONDS = {  # way of compiling -> kind of case -> (a program cold, a call cold, a call warm)
+    "quick-compile": {"gdn2": (0.6, 0.22, 0.2), "family": (0.9, 0.45, 0.45)},
+    "default": {"gdn2": (5.5, 1.2, 0.55), "family": (5.5, 1.2, 0.55)},
 }
 # A kernel run in an interpreter (Triton's, for FLA's and the engines' Triton kernels; Pallas's interpret=1), or a
 # torch kernel (no XLA program of its own), compiles nothing: its call costs grow with the problem, seconds per
@@ -422,21 +426,44 @@ COMPILED_CORE_SECONDS = {  # (a program cold, a call cold, a call warm)
 # token-heads); vllm-gdn-fused-recurrent 41.0 s and 33.7 s and sglang-gdn-fused-recurrent 22.4 s (the geometric mean
 # over the two kernels); vllm-kda-chunk 56.7 s. Not refitted (an earlier fit, under load average ~7-9):
 # fla-gdn-naive-recurrent 29.3 s (torch, 12,832) (docs/performance.md#the-estimate-line).
+# Our Pallas kernels where Pallas's TPU interpreter runs them (a backend other than a TPU, interpret None, "auto",
+# "tpu" or True): the interpreter's grid steps, not the compile, are the time (cold and warm alike), so they are the
+# kind "pallas-tpu": pallas-factorized smoke 12.9 s / 12.1 s warm (1,648 token-heads), quick 52.5 / 53.6 s (12,461),
+# 2026-12-07, the geometric mean. With interpret="xla" they are compiled kernels.
 INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0062, "recurrent": 0.0071, "kda-chunk": 0.0230, "gdn2-chunk": 0.0712,
                                       "chunk-forward": 0.0027, "recurrent-forward": 0.0033,
-                                      "kda-chunk-forward": 0.0070, "torch": 0.0023}
+                                      "kda-chunk-forward": 0.0070, "torch": 0.0023, "pallas-tpu": 0.0045}
 FORWARD_ONLY = {"chunk": "chunk-forward", "recurrent": "recurrent-forward", "kda-chunk": "kda-chunk-forward"}
 
 
 def interpreted_kind(spec, fn):
     """The kind (a key of :data:`INTERPRETED_SECONDS_PER_TOKEN_HEAD`) of kernel ``fn``, built from ``spec``, when it
     runs in an interpreter (the spec's ``interpret`` option, or the kernel's ``interpreted`` attribute: the engines'
-    peers) or is a torch kernel, else None (a compiled kernel)."""
+    peers) or is a torch kernel, ``pallas-tpu`` for our Pallas kernels in Pallas's TPU interpreter, else None (a
+    compiled kernel)."""
+    if pallas_tpu_interpreted(fn):
+        return "pallas-tpu"
     if not (spec.options.get("interpret") in (1, True, "1") or getattr(fn, "interpreted", False)):
         return "torch" if isinstance(fn, TorchKernel) else None
     kind = ("recurrent" if "chunk" not in spec.name else "kda-chunk" if "kda" in spec.name
             else "gdn2-chunk" if "gdn2" in spec.name else "chunk")
     return FORWARD_ONLY.get(kind, kind) if getattr(fn, "no_backward", None) else kind
+
+
+def pallas_tpu_interpreted(fn):
+    """Whether ``fn`` is one of our Pallas kernels (``kernels/pallas``: a ``TileConfig`` as its ``config``) that
+    Pallas's TPU interpreter runs here (``interpret`` True, 1, ``"tpu"``, or None / ``"auto"`` off a TPU backend)."""
+    import sys
+
+    config = sys.modules.get("gdn2_oracle.kernels.pallas.config")  # not imported: fn cannot be one of them
+    if config is None or not isinstance(getattr(fn, "config", None), config.TileConfig):
+        return False
+    interpret = getattr(fn, "interpret", None)
+    if interpret is None or (isinstance(interpret, str) and interpret == "auto"):
+        import jax
+
+        return jax.default_backend() != "tpu"
+    return interpret is True or (isinstance(interpret, (int, str)) and str(interpret) in ("1", "tpu"))
 
 
 def token_heads(case):
@@ -464,6 +491,17 @@ def compiled_constants():
     return COMPILED_CORE_SECONDS["quick-compile" if quick else "default"]
 
 
+def compiled_core_seconds(cases, warm=False):
+    """Core-seconds a compiled kernel spends on ``cases``: per program and call cold (or per call ``warm``), each case
+    at the constants of its kind (:data:`COMPILED_CORE_SECONDS`: GDN-2 or family)."""
+    constants, total = compiled_constants(), 0.0
+    for kind in ("gdn2", "family"):
+        mine = [c for c in cases if (case_family(c) == GDN2) == (kind == "gdn2")]
+        per_program, per_call, per_call_warm = constants[kind]
+        total += per_call_warm * len(mine) if warm else per_program * case_programs(mine) + per_call * len(mine)
+    return total
+
+
 def kernel_cases(run):
     """``[(spec, fn, cases)]``: each kernel of ``run`` with the cases it takes part in."""
     return [(spec, fn, [c for c in run.case_list
@@ -485,17 +523,14 @@ def estimate_seconds(run, warm=False):
     """``(seconds, calls, compiles)``: how long a run of ``run`` takes on this machine by the model above, cold (or
     ``warm``: every cache filled by an earlier run), its kernel calls, and whether any of its kernels is compiled."""
     cores = estimate_cores()
-    per_program, per_call, per_call_warm = compiled_constants()
     calls, core_seconds, seconds = 0, 0.0, 0.0
     for spec, fn, mine in kernel_cases(run):
         calls += len(mine)
         kind = interpreted_kind(spec, fn)
         if kind is not None:  # one core runs the interpreter
             seconds += INTERPRETED_SECONDS_PER_TOKEN_HEAD[kind] * sum(token_heads(c) for c in mine)
-        elif warm:
-            core_seconds += per_call_warm * len(mine)
         else:
-            core_seconds += per_program * case_programs(mine) + per_call * len(mine)
+            core_seconds += compiled_core_seconds(mine, warm)
     return START_SECONDS + core_seconds / cores + seconds, calls, core_seconds > 0
 
 

@@ -136,4 +136,35 @@ def test_quick_compile_flags_cost_a_program_less(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", xla_cpu.FLAGS[0])
     assert quick == validate.COMPILED_CORE_SECONDS["quick-compile"]
     assert validate.compiled_constants() == validate.COMPILED_CORE_SECONDS["default"]
-    assert quick[0] < validate.compiled_constants()[0]
+    assert all(quick[kind][0] < validate.compiled_constants()[kind][0] for kind in ("gdn2", "family"))
+
+
+def test_a_family_case_is_costed_at_the_family_constants(monkeypatch):
+    """A compiled kernel's GDN-2 and family cases each at the constants of their kind: doubling the family's doubles
+    a family kernel's core-seconds and leaves a GDN-2 kernel's as they were."""
+    def core_seconds(spec, warm):
+        run = validate.ValidationRun([KernelSpec.parse(spec)], validate.ValidateOptions(cases="smoke"))
+        [(_, _, mine)] = validate.kernel_cases(run)
+        return validate.compiled_core_seconds(mine, warm)
+
+    before = {(s, w): core_seconds(s, w) for s in ("gdn-factorized", "factorized") for w in (False, True)}
+    constants = validate.compiled_constants()
+    doubled = {**constants, "family": tuple(2 * x for x in constants["family"])}
+    monkeypatch.setattr(validate, "compiled_constants", lambda: doubled)
+    for warm in (False, True):
+        assert core_seconds("gdn-factorized", warm) == pytest.approx(2 * before["gdn-factorized", warm])
+        assert core_seconds("factorized", warm) == pytest.approx(before["factorized", warm])
+
+
+@pytest.mark.parametrize("interpret, kind", [(None, "pallas-tpu"), ("auto", "pallas-tpu"), (True, "pallas-tpu"),
+                                             ("tpu", "pallas-tpu"), ("xla", None)])
+def test_our_pallas_kernels_in_the_tpu_interpreter_are_costed_by_their_work(interpret, kind):
+    """On this CPU, Pallas's TPU interpreter runs our Pallas kernels (cold and warm alike): costed per token-head;
+    ``interpret="xla"`` makes them compiled kernels. A kernel that is not ours is never this kind."""
+    from gdn2_oracle.kernels import pallas
+
+    fn = pallas.pallas_factorized(interpret=interpret)
+    spec = KernelSpec("pallas-factorized", "pallas-factorized", {"interpret": interpret})
+    assert validate.interpreted_kind(spec, fn) == kind
+    other = KernelSpec("mine", "mod:fn", {})
+    assert validate.interpreted_kind(other, SimpleNamespace(config="TileConfig", interpret=interpret)) is None
