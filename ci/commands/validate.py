@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -452,18 +453,15 @@ def interpreted_kind(spec, fn):
 
 def pallas_tpu_interpreted(fn):
     """Whether ``fn`` is one of our Pallas kernels (``kernels/pallas``: a ``TileConfig`` as its ``config``) that
-    Pallas's TPU interpreter runs here (``interpret`` True, 1, ``"tpu"``, or None / ``"auto"`` off a TPU backend)."""
-    import sys
-
+    Pallas's TPU interpreter runs here (its ``interpret`` as ``kernels.pallas.resolve_interpret`` reads it)."""
     config = sys.modules.get("gdn2_oracle.kernels.pallas.config")  # not imported: fn cannot be one of them
     if config is None or not isinstance(getattr(fn, "config", None), config.TileConfig):
         return False
-    interpret = getattr(fn, "interpret", None)
-    if interpret is None or (isinstance(interpret, str) and interpret == "auto"):
-        import jax
+    from jax.experimental.pallas import tpu as pltpu
 
-        return jax.default_backend() != "tpu"
-    return interpret is True or (isinstance(interpret, (int, str)) and str(interpret) in ("1", "tpu"))
+    from gdn2_oracle.kernels.pallas import resolve_interpret
+
+    return isinstance(resolve_interpret(getattr(fn, "interpret", None)), pltpu.InterpretParams)
 
 
 def token_heads(case):
