@@ -15,9 +15,10 @@ compiler, a few seconds for a small problem. It is how a kernel author runs FLA'
   (:func:`interpret_loaded`: each gets the interpreter's methods, which Triton's knobs read at call time as
   well), so a kernel loaded before gives bit for bit what it gives when the variable was set first. The
   variable stays set for the process: every Triton kernel decorated afterwards is interpreted too.
-* **Three shims** (:func:`install_shims`), each a workaround for the interpreter, not for the kernel:
-  :func:`_largest_blocks_when_interpreting` (the autotuner), :func:`_loop_indices` (loop indices) and
-  :func:`_one_launch_at_a_time` (launches from two threads).
+* **Four shims** (:func:`install_shims`), each a workaround for the interpreter, not for the kernel:
+  :func:`_largest_blocks_when_interpreting` (the autotuner), :func:`_loop_indices` (loop indices),
+  :func:`_one_launch_at_a_time` (launches from two threads) and :func:`_patch_once_per_launch` (speed: one patch of
+  ``triton.language`` per launch, not one per device-function call).
 * **float32 only** (:data:`BF16_DOT_NOTE`): the interpreter's ``tl.dot`` on bfloat16 operands is wrong.
 
 Nothing here imports Triton at module import; the functions do, when asked.
@@ -254,14 +255,67 @@ def _one_launch_at_a_time(call):
 
     def run(self, *args, **kwargs):
         with _LAUNCH:
-            return call(self, *args, **kwargs)
+            outer = _Launch.thread, _Launch.patched
+            _Launch.thread, _Launch.patched = threading.get_ident(), frozenset()  # shim 4: a launch begins
+            try:
+                return call(self, *args, **kwargs)
+            finally:
+                _Launch.thread, _Launch.patched = outer
 
     run.__wrapped__ = call
     return run
 
 
+# --- shim 4: one patch of triton.language per launch ----------------------------------------------------
+
+class _Launch:
+    """The launch in progress (:func:`_one_launch_at_a_time` sets it): its thread and the ids of the
+    ``triton.language`` modules patched since it began."""
+
+    thread = None
+    patched = frozenset()
+
+
+class _Unpatched:
+    """The patch scope of a device call that patched nothing: nothing to restore."""
+
+    @staticmethod
+    def restore():
+        pass
+
+
+def _patch_once_per_launch(patch_lang):
+    """Shim 4, for ``triton.runtime.interpreter._patch_lang`` (triton 3.9.0): a speed-up; the kernels' results do not
+    change (bit for bit, tested).
+
+    Works around: every call of a ``@triton.jit`` device function (``tl.sum``, ``tl.cumsum``, FLA's ``exp``, ...)
+    inside a kernel, in every program of the grid, patches ``triton.language`` again
+    (``InterpretedFunction.__call__`` -> ``_patch_lang``: ``inspect.getmembers`` over ``tl``, ``tl.core``,
+    ``tl.math`` and ``tl.tensor``, about a millisecond), though nothing restores the launch's patch before the launch
+    ends: a second patch of a module finds its builtins replaced already and sets its other names to equal
+    functions. A quarter of the interpreter's time on FLA's KDA chunk kernel. Within a launch, the first patch of
+    each module is made as before (the launch's own; a device function's module the launch had not patched) and the
+    later ones are skipped; outside a launch, or on another thread, every patch is made as before.
+    """
+
+    def patch(fn):
+        if _Launch.thread != threading.get_ident():
+            return patch_lang(fn)
+        from triton import language as tl
+
+        langs = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+        if langs and langs <= _Launch.patched:
+            return _Unpatched
+        scope = patch_lang(fn)
+        _Launch.patched |= langs
+        return scope
+
+    patch.__wrapped__ = patch_lang
+    return patch
+
+
 def install_shims():
-    """Install the three shims into the imported Triton (idempotent). Triton must be imported in interpreter mode."""
+    """Install the four shims into the imported Triton (idempotent). Triton must be imported in interpreter mode."""
     from triton.runtime import autotuner, interpreter
 
     if getattr(autotuner.Autotuner.prune_configs, "__wrapped__", None) is None:
@@ -274,3 +328,5 @@ def install_shims():
         interpreter.InterpretedFunction.rewritten_fn.clear()
     if getattr(interpreter.GridExecutor.__call__, "__wrapped__", None) is None:
         interpreter.GridExecutor.__call__ = _one_launch_at_a_time(interpreter.GridExecutor.__call__)
+    if getattr(interpreter._patch_lang, "__wrapped__", None) is None:
+        interpreter._patch_lang = _patch_once_per_launch(interpreter._patch_lang)

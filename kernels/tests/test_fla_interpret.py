@@ -267,3 +267,90 @@ def test_interpreted_launches_from_two_threads_do_not_corrupt_each_other():
     got = interpreted_script(THREADS, {}, timeout=300)
     assert got["unshimmed"]["wrong"] + len(got["unshimmed"]["errors"]) > 0, got  # the race this test guards
     assert got["shimmed"] == {"equal": 20, "wrong": 0, "errors": []}, got
+
+
+PATCHES = r"""
+import json, os
+import numpy as np
+os.environ["TRITON_INTERPRET"] = "1"
+import triton
+import triton.language as tl
+from triton.runtime import interpreter
+original, made = interpreter._patch_lang, []
+
+
+def counted(fn):
+    made.append(fn.__name__)
+    return original(fn)
+
+
+interpreter._patch_lang = counted  # every patch the interpreter makes; the shim wraps it
+import torch
+from gdn2_oracle import kernels
+from gdn2_oracle.kernels import triton_interpret
+triton_interpret.enable("test")
+kda = kernels.get("fla-kda-chunk[interpret=1]")  # made once: a second enable() would install the shim again
+assert interpreter._patch_lang.__wrapped__ is counted
+
+
+@triton.jit
+def _scaled(x):
+    return x * 2.0
+
+
+@triton.jit
+def _tile(out, N: tl.constexpr):
+    pid = tl.program_id(0)
+    x = tl.arange(0, N).to(tl.float32) + pid
+    y = tl.cumsum(_scaled(x), 0) + tl.sum(x, 0)  # device functions seeing tl (here) and tl.core (standard.py)
+    tl.store(out + pid * N + tl.arange(0, N), y)
+
+
+def tile():
+    out = torch.zeros(8 * 16)
+    _tile[(8,)](out, N=16)
+    return out.numpy()
+
+
+def fla(kernel, seed):  # FLA's KDA kernel on a small call: its output, final state and gradients
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    B, T, H, K = 1, 20, 2, 16
+    q, k, v = (jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32) for _ in range(3))
+    g = jnp.asarray(-rng.uniform(0.01, 0.3, (B, T, H, K)), jnp.float32)
+    beta = jnp.asarray(rng.uniform(0, 1, (B, T, H)), jnp.float32)
+    out, pull = jax.vjp(lambda *x: kernel(*x, output_final_state=True), q, k, v, g, beta)
+    return [np.asarray(x) for x in (*out, *pull(out))]
+
+
+def run():  # the results, then the patches made by the tile's launch and by FLA's
+    del made[:]
+    got = [tile()]
+    tiled = list(made)
+    got += fla(kda, 1)
+    return got, tiled, made[len(tiled):]
+
+
+shimmed_got, *shimmed_made = run()
+interpreter._patch_lang = counted
+plain_got, *plain_made = run()
+print("RESULT " + json.dumps({"shim": shimmed_made, "plain": plain_made,
+                              "equal": all(np.array_equal(a, b) for a, b in zip(shimmed_got, plain_got))}))
+"""
+
+
+def test_interpreted_launch_patches_the_language_once_per_module_with_the_same_results():
+    """Shim 4: a kernel of 8 programs, each calling a device function of its own module (which sees ``tl``) and
+    two of ``triton/language/standard.py`` (which see ``tl.core``), then FLA's KDA chunk kernel (forward and
+    backward): the same results bit for bit with the shim and without it, and ``triton.language`` patched once per
+    launch and module with it (the launch's own patch of ``tl``, then the first device call's of ``tl.core``) instead
+    of once per device call and program."""
+    assert _triton_installed(), f"Triton is not installed: this test needs it; {INSTALL}"
+    got = interpreted_script(PATCHES, {}, timeout=300)
+    assert got["equal"], got
+    (shim, shim_fla), (plain, plain_fla) = ([collections.Counter(p) for p in got[k]] for k in ("shim", "plain"))
+    assert plain["_scaled"] == plain["sum"] == plain["cumsum"] == 8, plain  # one each per program
+    assert shim["_tile"] == plain["_tile"] == 1 and shim["cumsum"] == 1 and shim["sum"] == shim["_scaled"] == 0, shim
+    assert sum(shim_fla.values()) < sum(plain_fla.values()) / 2, (shim_fla, plain_fla)
