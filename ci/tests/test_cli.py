@@ -235,6 +235,42 @@ def test_global_options_are_in_every_subcommands_help_and_work_after_its_name(cl
     assert build_parser().parse_args(["--no-compile-cache", command, *rest]).no_compile_cache is True
 
 
+@pytest.mark.parametrize("command, rest", [("validate", ["--kernel", "pairwise", "--cases", "golden"]),
+                                           ("golden", ["check"]), ("hunt", ["--kernel", "pairwise"]), ("cost", [])])
+def test_a_command_line_builds_only_the_commands_it_names_and_parses_as_with_all(command, rest):
+    """``build_parser(argv)``: the named commands' subparsers are the full ones (the same help, the same parse as
+    with every command built); the others are empty, still choices; help before any command name builds them all."""
+    argv = [command, *rest]
+    lazy, full = build_parser(argv), build_parser()
+
+    def subparsers(parser):
+        return next(a for a in parser._actions if a.dest == "command").choices
+
+    assert vars(lazy.parse_args(argv)) == vars(full.parse_args(argv))
+    named = set(argv) & set(subparsers(full))  # "golden" is a command and a --cases value
+    for name, sub in subparsers(lazy).items():
+        want = subparsers(full)[name].format_help()
+        assert (sub.format_help() == want) == (name in named), name
+    assert list(subparsers(lazy)) == list(subparsers(full))
+    assert build_parser(["--help", *argv]).format_help() == full.format_help()
+
+
+def test_a_console_run_imports_only_its_own_command():
+    """``gdn2-oracle validate --help`` in a fresh process: neither hunt's module (with Hypothesis) nor cost's
+    (the cost model) is imported; ``gdn2-oracle --help`` lists every command with its help line."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gdn2_oracle.ci import cli; cli.main(['validate', '--help']); "
+            "print(sorted(m for m in ('gdn2_oracle.ci.commands.hunt', 'gdn2_oracle.ci.commands.cost', 'hypothesis') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300).stdout
+    assert out.splitlines()[-1] == "[]", out
+    out = subprocess.run([sys.executable, "-c", "from gdn2_oracle.ci import cli; cli.main(['--help'])"],
+                         capture_output=True, text=True, timeout=300).stdout
+    assert "Hypothesis search for a FAIL" in out and "roofline TPU time ESTIMATE" in out, out
+
+
 def test_max_failures_counts_cases_and_json_counts_match_the_table(cli, tmp_path):
     """--max-failures 1 prints one whole case (with its diagnosis); n_failed counts FAIL only (PRECISION apart)."""
     path = tmp_path / "v.json"
