@@ -417,23 +417,23 @@ COMPILED_CORE_SECONDS = {  # way of compiling -> kind of case -> (a program cold
 # torch kernel (no XLA program of its own), compiles nothing: its call costs grow with the problem, seconds per
 # token-head (B * T * HV over the case's calls; the oracle, grading and start-up included) on one core, by the
 # kernel's kind (:func:`interpreted_kind`), warm or cold alike. Fitted as (whole-run wall - START_SECONDS) / the run's
-# token-heads to cold float32 runs (ci/benchmarks/bench_estimates.py) on this repository's 2-core CPU host, otherwise
-# idle, 2026-12-07 (Triton's interpreter with the largest-block autotune config and one launch at a time,
-# kernels/triton_interpret.py), the geometric mean where two were measured: fla-gdn-chunk[interpret=1] smoke 67.5 s
-# (10,432 token-heads) and quick 175 s (27,175); fla-gdn-fused-recurrent[interpret=1] smoke 78.5 s;
-# fla-kda-chunk[interpret=1] smoke 243.6 s; fla-gdn2-chunk[interpret=1] smoke 142.5 s (1,784) and quick 414 s (6,283).
-# A kernel without a backward (the engines' peers: ``no_backward``) runs only the forward: its kinds are their own
-# (:data:`FORWARD_ONLY`), fitted the same way (two runs at a time, 2026-12-07): vllm-gdn-chunk smoke 24.4 s (7,568
-# token-heads); vllm-gdn-fused-recurrent 41.0 s and 33.7 s and sglang-gdn-fused-recurrent 22.4 s (the geometric mean
-# over the two kernels); vllm-kda-chunk 56.7 s. Not refitted (an earlier fit, under load average ~7-9):
-# fla-gdn-naive-recurrent 29.3 s (torch, 12,832) (docs/performance.md#the-estimate-line).
+# token-heads to cold float32 smoke runs (ci/benchmarks/bench_estimates.py, two at a time) on this repository's
+# 2-core CPU host, 2026-12-07, after Triton's interpreter patched triton.language once per launch
+# (kernels/triton_interpret.py, shim 4): fla-gdn-chunk[interpret=1] 54.6 s (10,432 token-heads);
+# fla-kda-chunk[interpret=1] 172.3 s; fla-gdn2-chunk[interpret=1] 108.4 s (1,784).
+# A kernel without a backward (FLA's fused-recurrent kernels, the engines' peers: ``no_backward``) runs only the
+# forward: its kinds are their own (:data:`FORWARD_ONLY`), fitted the same way: vllm-gdn-chunk 21.1 s (7,568
+# token-heads); fla-gdn-fused-recurrent[interpret=1] 46.6 s, vllm-gdn-fused-recurrent 23.1 s and
+# sglang-gdn-fused-recurrent 14.3 s (the geometric mean over the three: each within 2x of it); vllm-kda-chunk 42.9 s.
+# Not refitted: "recurrent" (a recurrent kernel with a backward) and torch (an earlier fit, under load average ~7-9:
+# fla-gdn-naive-recurrent 29.3 s, 12,832 token-heads) (docs/performance.md#the-estimate-line).
 # Our Pallas kernels where Pallas's TPU interpreter runs them (a backend other than a TPU, interpret None, "auto",
 # "tpu" or True): the interpreter's grid steps, not the compile, are the time (cold and warm alike), so they are the
 # kind "pallas-tpu": pallas-factorized smoke 12.9 s / 12.1 s warm (1,648 token-heads), quick 52.5 / 53.6 s (12,461),
 # 2026-12-07, the geometric mean. With interpret="xla" they are compiled kernels.
-INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0062, "recurrent": 0.0071, "kda-chunk": 0.0230, "gdn2-chunk": 0.0712,
-                                      "chunk-forward": 0.0027, "recurrent-forward": 0.0033,
-                                      "kda-chunk-forward": 0.0070, "torch": 0.0023, "pallas-tpu": 0.0045}
+INTERPRETED_SECONDS_PER_TOKEN_HEAD = {"chunk": 0.0049, "recurrent": 0.0071, "kda-chunk": 0.0161, "gdn2-chunk": 0.0585,
+                                      "chunk-forward": 0.0023, "recurrent-forward": 0.0024,
+                                      "kda-chunk-forward": 0.0051, "torch": 0.0023, "pallas-tpu": 0.0045}
 FORWARD_ONLY = {"chunk": "chunk-forward", "recurrent": "recurrent-forward", "kda-chunk": "kda-chunk-forward"}
 
 
