@@ -93,14 +93,8 @@ TEST_XLA_FLAGS := --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitte
 # the reference cache off where they watch the oracle work. A command a test starts without the GDN2_ variables
 # uses the default caches under XDG_CACHE_HOME: .test-cache-home/ (gitignored), never the user's home.
 # ruff first: the lint rules of pyproject.toml [tool.ruff] are part of the suite.
-# One OpenMP / BLAS thread a process (torch's and NumPy's pools): the workers fill the cores already, and the small
-# arrays of the torch, transformers and Triton-interpreter tests gain nothing from a second thread but the contention
-# (the six modules of the interpreted kernels, both workers: 184 s -> 155 s, measured side by side). XLA's own thread
-# pool is not affected.
 TEST_WORKERS ?= auto
-TEST_THREADS ?= 1
 PYTEST := XDG_CACHE_HOME=$(CURDIR)/.test-cache-home \
-	OMP_NUM_THREADS=$(TEST_THREADS) OPENBLAS_NUM_THREADS=$(TEST_THREADS) MKL_NUM_THREADS=$(TEST_THREADS) \
 	GDN2_COMPILE_CACHE=off GDN2_TEST_COMPILE_CACHE=$(CURDIR)/.test-cache-home/gdn2-oracle/jax \
 	XLA_FLAGS="$(TEST_XLA_FLAGS) $(XLA_FLAGS)" \
 	GDN2_REFERENCE_CACHE=$(CURDIR)/.reference-cache GDN2_PROGRAM_CACHE=$(CURDIR)/.program-cache GDN2_PEERS=$(PEERS) \
