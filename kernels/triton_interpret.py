@@ -298,11 +298,11 @@ def _patch_once_per_launch(patch_lang):
     later ones are skipped; outside a launch, or on another thread, every patch is made as before.
     """
 
+    from triton import language as tl  # imported already: the interpreter being shimmed imports it
+
     def patch(fn):
         if _Launch.thread != threading.get_ident():
             return patch_lang(fn)
-        from triton import language as tl
-
         langs = {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
         if langs and langs <= _Launch.patched:
             return _Unpatched
