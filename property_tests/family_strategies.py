@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from gdn2_oracle import oracle
@@ -81,6 +82,11 @@ EXAMPLES = (
 )
 
 
+def thorough():
+    """Whether the Hypothesis profile in force is ``thorough`` (every flag combination drawn, every mode recipe)."""
+    return getattr(settings, "_current_profile", None) == "thorough"
+
+
 def takes(recipe, accepted):
     """Whether a kernel taking FLA's flags ``accepted`` can be called on ``recipe`` (every flag it sets is taken)."""
     return set(recipe.flags()) <= set(accepted)
@@ -109,11 +115,23 @@ def activations(family, accepted):
     return out
 
 
+def extreme_activations(family, accepted):
+    """The :func:`activations` that set no flag and those that set every flag the kernel takes (``accepted``): two
+    flag settings, so two compiled programs a shape."""
+    probe = CORE[0]
+    options = activations(family, accepted)
+    flags = [frozenset(probe.recipe(family, beta=b, neg_eigval=n, qk_l2norm=q).flags()) for b, n, q in options]
+    every = frozenset().union(*flags)
+    return [a for a, f in zip(options, flags) if f in (frozenset(), every)]
+
+
 @st.composite
-def recipes(draw, family, config, accepted):
+def recipes(draw, family, config, accepted, *, extremes=False):
     """A :class:`FamilyRecipe` of ``family`` on ``config``: decay and beta regimes, negative eigenvalues, in-kernel
-    q/k norm, q/k mode, initial state and seed, drawn among what a kernel taking the flags ``accepted`` takes."""
-    beta, neg, norm = draw(st.sampled_from(activations(family, accepted)))
+    q/k norm, q/k mode, initial state and seed, drawn among what a kernel taking the flags ``accepted`` takes;
+    ``extremes``: among :func:`extreme_activations` only (no flag, or every flag the kernel takes)."""
+    options = extreme_activations(family, accepted) if extremes else activations(family, accepted)
+    beta, neg, norm = draw(st.sampled_from(options))
     return config.recipe(family, decay=draw(st.sampled_from(DECAYS)), beta=beta, neg_eigval=neg, qk_l2norm=norm,
                          qk=draw(st.sampled_from(oracle.QK_MODES)), initial_state=draw(st.booleans()),
                          seed=draw(seeds))
@@ -166,11 +184,28 @@ def mode_recipes(thorough=False):
     return chosen
 
 
-@st.composite
-def mode_variants(draw, recipe, accepted):
-    """``recipe`` (in a training-call recipe's structure) with drawn seed, decay and beta regime (negative
-    eigenvalues included) among those a kernel taking the flags ``accepted`` takes; its structure kept."""
+def variant_betas(recipe, accepted):
+    """``[(beta, neg_eigval), ...]``: the beta regimes of :func:`mode_variants` on ``recipe`` for a kernel taking the
+    flags ``accepted``, all setting the same flags, so one compiled program serves every drawn variant: a recipe with
+    beta logits keeps logits and adds ``allow_neg_eigval`` where the kernel takes it (each logit structure is judged
+    with and without negative eigenvalues: the recipe itself is the fixed example); any other keeps plain betas."""
     options = [(b, n) for b, n, norm in activations(recipe.family, accepted) if not norm]
+    logits = [(b, n) for b, n in options if b in LOGIT_BETAS]
+    if recipe.beta in LOGIT_BETAS and logits:
+        neg = any(n for _, n in logits)
+        return [(b, n) for b, n in logits if n == neg]
+    return [(b, n) for b, n in options if b not in LOGIT_BETAS]
+
+
+@st.composite
+def mode_variants(draw, recipe, accepted, *, thorough=False):
+    """``recipe`` (in a training-call recipe's structure) with drawn seed, decay and beta regime among those a kernel
+    taking the flags ``accepted`` takes; its structure kept. The beta regimes are :func:`variant_betas` (one program
+    for every draw); ``thorough``: any of them, negative eigenvalues included, each flag setting its own program."""
+    if thorough:
+        options = [(b, n) for b, n, norm in activations(recipe.family, accepted) if not norm]
+    else:
+        options = variant_betas(recipe, accepted)
     beta, neg = draw(st.sampled_from(options))
     out = recipe.replace(seed=draw(seeds), decay=draw(st.sampled_from(DECAYS)), beta=beta, neg_eigval=neg)
     return out if takes(out, accepted) else recipe.replace(seed=out.seed, decay=out.decay)

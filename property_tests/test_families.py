@@ -59,16 +59,12 @@ def check(report, recipe, kernel_name):
                                 f"reproduce: {repro(recipe, kernel_name)}")
 
 
-def _thorough():
-    return getattr(settings, "_current_profile", None) == "thorough"
-
-
 def test_family_kernel_matches_the_oracle(kernel, kernel_families):
     """o, the final state and the gradients w.r.t. q, k, v, g, beta and h0 match the float64 family oracle, on drawn
     family calls of the kernel's family (the flags it takes only) and on the fixed examples of every regime."""
     family, accepted = kernel_families[kernel.name], accepted_flags(kernel.fn)
 
-    @given(recipe=family_strategies.drawn_recipes(family, accepted, thorough=_thorough()))
+    @given(recipe=family_strategies.drawn_recipes(family, accepted, thorough=family_strategies.thorough()))
     def matches(recipe):
         report = check_oracle(kernel.fn, recipe)
         target_ratios(report)  # hypothesis.target on error / tolerance: steers the thorough profile's search
@@ -86,15 +82,19 @@ def _mode_param(name):
     return pytest.param(r.family, name, marks=pytest.mark.gdn2_modes(*r.modes), id=name)
 
 
-@pytest.mark.parametrize("family,name", [_mode_param(n) for n in family_strategies.mode_recipes(_thorough())])
+MODE_RECIPES = family_strategies.mode_recipes(family_strategies.thorough())
+
+
+@pytest.mark.parametrize("family,name", [_mode_param(n) for n in MODE_RECIPES])
 def test_family_mode_call_matches_the_oracle(kernel, family, name):
     """A family call in a training-call recipe's structure (packed sequences, the in-kernel gate's forms with A_log
     and dt_bias, the q/k norm, the state layout, the chunk states) against the float64 family oracle, every result
-    it has; the catalogued recipe, then drawn seeds, decay and beta regimes."""
+    it has; the catalogued recipe, then drawn seeds, decay and beta regimes that set one flag setting
+    (``family_strategies.variant_betas``: a recipe with beta logits adds negative eigenvalues), one program for them."""
     accepted = accepted_flags(kernel.fn)
     base = family_recipes.get(name)
 
-    @given(recipe=family_strategies.mode_variants(base, accepted))
+    @given(recipe=family_strategies.mode_variants(base, accepted, thorough=family_strategies.thorough()))
     @settings(max_examples=max(1, settings().max_examples // 4))  # ~16 (GDN) to ~28 (KDA) recipes
     def matches(recipe):
         check(check_oracle(kernel.fn, recipe), recipe, kernel.name)

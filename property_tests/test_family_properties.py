@@ -335,9 +335,12 @@ def _accepted(kernel, kernel_families):
 
 
 def _drawn(family, accepted, configs, **fixed):
-    """Recipes of ``family`` on ``configs`` (the flags the kernel takes), ``fixed`` fields replaced."""
+    """Recipes of ``family`` on ``configs`` (the flags the kernel takes), ``fixed`` fields replaced: with no flag or
+    with every flag the kernel takes (``family_strategies.extreme_activations``: two programs a shape; ``thorough``:
+    every combination, as the oracle property draws in every profile)."""
     def on(config):
-        return family_strategies.recipes(family, config, accepted).map(lambda r: r.replace(**fixed) if fixed else r)
+        return family_strategies.recipes(family, config, accepted, extremes=not family_strategies.thorough()).map(
+            lambda r: r.replace(**fixed) if fixed else r)
 
     return st.sampled_from(configs).flatmap(on)
 
