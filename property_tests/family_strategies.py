@@ -184,12 +184,17 @@ def mode_recipes(thorough=False):
     return chosen
 
 
+def _betas(recipe, accepted):
+    """``[(beta, neg_eigval), ...]``: every beta regime a kernel taking ``accepted`` takes on ``recipe``'s family."""
+    return [(b, n) for b, n, norm in activations(recipe.family, accepted) if not norm]
+
+
 def variant_betas(recipe, accepted):
     """``[(beta, neg_eigval), ...]``: the beta regimes of :func:`mode_variants` on ``recipe`` for a kernel taking the
     flags ``accepted``, all setting the same flags, so one compiled program serves every drawn variant: a recipe with
     beta logits keeps logits and adds ``allow_neg_eigval`` where the kernel takes it (each logit structure is judged
     with and without negative eigenvalues: the recipe itself is the fixed example); any other keeps plain betas."""
-    options = [(b, n) for b, n, norm in activations(recipe.family, accepted) if not norm]
+    options = _betas(recipe, accepted)
     logits = [(b, n) for b, n in options if b in LOGIT_BETAS]
     if recipe.beta in LOGIT_BETAS and logits:
         neg = any(n for _, n in logits)
@@ -202,11 +207,7 @@ def mode_variants(draw, recipe, accepted, *, thorough=False):
     """``recipe`` (in a training-call recipe's structure) with drawn seed, decay and beta regime among those a kernel
     taking the flags ``accepted`` takes; its structure kept. The beta regimes are :func:`variant_betas` (one program
     for every draw); ``thorough``: any of them, negative eigenvalues included, each flag setting its own program."""
-    if thorough:
-        options = [(b, n) for b, n, norm in activations(recipe.family, accepted) if not norm]
-    else:
-        options = variant_betas(recipe, accepted)
-    beta, neg = draw(st.sampled_from(options))
+    beta, neg = draw(st.sampled_from(_betas(recipe, accepted) if thorough else variant_betas(recipe, accepted)))
     out = recipe.replace(seed=draw(seeds), decay=draw(st.sampled_from(DECAYS)), beta=beta, neg_eigval=neg)
     return out if takes(out, accepted) else recipe.replace(seed=out.seed, decay=out.decay)
 

@@ -1,7 +1,8 @@
-"""The family mode properties' drawn variants (``family_strategies.mode_variants``): in the ``dev`` and ``ci``
-profiles every draw of one mode recipe sets the same FLA flags (one compiled program a property), and across the
-mode recipes each call mode is still judged with every beta flag setting a kernel takes: plain, logits, logits with
-negative eigenvalues. No kernel runs here: the recipes' own ``flags()`` say which program a call compiles."""
+"""The family properties' draws of FLA's flags: in the ``dev`` and ``ci`` profiles every draw of one mode recipe
+sets the same flags (``family_strategies.mode_variants``: one compiled program a property), across the mode recipes
+each call mode is still judged with every beta flag setting a kernel takes (plain, logits, logits with negative
+eigenvalues), and the family-lens properties draw no flag or every flag the kernel takes (``recipes(extremes=True)``:
+two programs a shape). No kernel runs here: the recipes' own ``flags()`` say which program a call compiles."""
 
 from __future__ import annotations
 
@@ -23,17 +24,21 @@ def _bases(accepted):
             if family_strategies.takes(r, accepted)]
 
 
-def _variants(recipe, accepted, thorough=False, n=40):
-    """``n`` draws of ``mode_variants`` on ``recipe``."""
+def _draws(strategy, n):
+    """``n`` derandomized draws of ``strategy``."""
     out = []
 
-    @given(family_strategies.mode_variants(recipe, accepted, thorough=thorough))
+    @given(strategy)
     @settings(max_examples=n, derandomize=True, database=None)
     def collect(r):
         out.append(r)
 
     collect()
     return out
+
+
+def _variants(recipe, accepted, thorough=False, n=40):
+    return _draws(family_strategies.mode_variants(recipe, accepted, thorough=thorough), n)
 
 
 def _beta_flags(recipe):
@@ -77,15 +82,7 @@ def test_thorough_draws_every_beta_flag_setting_on_one_recipe():
 
 
 def _drawn_recipes(family, accepted, config, extremes, n=60):
-    out = []
-
-    @given(family_strategies.recipes(family, config, accepted, extremes=extremes))
-    @settings(max_examples=n, derandomize=True, database=None)
-    def collect(r):
-        out.append(r)
-
-    collect()
-    return out
+    return _draws(family_strategies.recipes(family, config, accepted, extremes=extremes), n)
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
